@@ -1,0 +1,2 @@
+//! Framing benchmark placeholder.
+fn main() {}

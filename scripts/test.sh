@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The project's test command: formatting, lints, docs, the dependency-direction check, every
+# test, and a short fuzz smoke run of every fuzz target. Installs what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain"
+cargo --version
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "dependency directions (design.md)"
+python3 scripts/check-deps.py
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+
+step "tests"
+cargo nextest run --workspace --locked --no-fail-fast
+cargo test --workspace --doc --locked
+
+step "fuzz smoke (${FUZZ_SECONDS}s per target)"
+bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
+
+step "all checks passed"

@@ -1,0 +1,2 @@
+//! The `iwarp` command.
+fn main() {}
