@@ -1,2 +1,30 @@
-//! The `iwarp` command.
-fn main() {}
+//! The `iwarp` command: tools around the userspace iWARP stack.
+//!
+//! One module per subcommand; each returns the process exit status.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod dissect;
+
+/// Tools for the userspace iWARP (RDMA over TCP) stack.
+#[derive(Debug, Parser)]
+#[command(name = "iwarp", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Decode the MPA connections in a pcap/pcapng capture: handshakes and every FPDU.
+    Dissect(dissect::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Dissect(args) => dissect::run(&args),
+    }
+}

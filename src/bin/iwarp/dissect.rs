@@ -1,0 +1,231 @@
+//! `iwarp dissect FILE`: decode the MPA traffic of a capture.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use iwarp::dissect::{self, Connection, DissectError, FpduInfo, FrameInfo, Options, Report};
+
+/// Exit status when the capture decoded with protocol violations.
+const EXIT_VIOLATIONS: u8 = 1;
+/// Exit status when the file could not be dissected at all.
+const EXIT_ERROR: u8 = 2;
+
+/// Decode the MPA connections in a capture.
+///
+/// Reads a pcap or pcapng file (Ethernet, raw IP, Linux cooked or loopback link types),
+/// reassembles every TCP connection in both directions, finds the MPA connections by their
+/// Request/Reply, and prints the handshake and every FPDU (length, pad, CRC verdict, marker
+/// positions, DDP/RDMAP control octets), one line each.
+///
+/// Exit status: 0 when everything decoded cleanly, 1 when there were protocol violations (bad
+/// CRC, bad marker, malformed frame; a one-line summary goes to stderr), 2 when the file could
+/// not be read or is not a capture.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The capture file (pcap or pcapng).
+    file: PathBuf,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Add a hex dump of each FPDU's ULPDU (16 bytes a line; in JSON a hex string).
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// Runs the subcommand and returns the exit status.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    let options = Options { keep_ulpdu: args.verbose };
+    let shown = args.file.display();
+    let report = match dissect::dissect_file(&args.file, &options) {
+        Ok(r) => r,
+        Err(DissectError::Io(e)) => {
+            eprintln!("error: cannot open {shown}: {}", io_message(&e));
+            return ExitCode::from(EXIT_ERROR);
+        }
+        Err(DissectError::NotACapture) => {
+            eprintln!("error: {shown} is not a pcap or pcapng capture");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let text = if args.json { json(args, &report) } else { Ok(text(args, &report)) };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot encode the report as JSON: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe (`| head`) is not an error worth reporting.
+    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+    match report.violation_summary() {
+        Some(summary) => {
+            eprintln!("dissect: {summary}");
+            ExitCode::from(EXIT_VIOLATIONS)
+        }
+        None => ExitCode::SUCCESS,
+    }
+}
+
+/// The message of an I/O error without the "(os error N)" suffix.
+fn io_message(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+fn json(args: &Args, report: &Report) -> Result<String, serde_json::Error> {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        file: String,
+        mpa_connections: usize,
+        fpdu_count: usize,
+        violation_count: usize,
+        #[serde(flatten)]
+        report: &'a Report,
+    }
+    let doc = Doc {
+        file: args.file.display().to_string(),
+        mpa_connections: report.mpa_connections(),
+        fpdu_count: report.fpdus(),
+        violation_count: report.violations.len(),
+        report,
+    };
+    let mut s = serde_json::to_string_pretty(&doc)?;
+    s.push('\n');
+    Ok(s)
+}
+
+fn flags(f: &FrameInfo) -> String {
+    let mut names = Vec::new();
+    for (set, name) in [(f.markers, "M"), (f.crc, "C"), (f.reject, "R"), (f.enhanced, "H")] {
+        if set {
+            names.push(name.to_string());
+        }
+    }
+    if f.flags & 0x0f != 0 {
+        names.push(format!("res 0x{:x}", f.flags & 0x0f));
+    }
+    format!("0x{:02x} [{}]", f.flags, names.join(" "))
+}
+
+fn frame_line(name: &str, f: &FrameInfo) -> String {
+    let mut s = format!("  {name} rev {} flags {}", f.revision, flags(f));
+    if let Some(w) = f.ird_ord {
+        s.push_str(&format!(" IRD {} ORD {}", w.ird, w.ord));
+        if w.p2p {
+            let rtr: Vec<&str> = [(w.rtr_send, "send"), (w.rtr_write, "write"), (w.rtr_read, "read")]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, n)| *n)
+                .collect();
+            s.push_str(&format!(
+                " P2P RTR {}",
+                if rtr.is_empty() { "none".to_string() } else { rtr.join("+") }
+            ));
+        }
+    }
+    s.push_str(&format!(" pd {} bytes", f.pd_len));
+    if !f.private_data.is_empty() {
+        s.push_str(&format!(" {}", dissect::hex(&f.private_data)));
+    }
+    if let Some(fr) = f.frame {
+        s.push_str(&format!(" (frame {fr})"));
+    }
+    s
+}
+
+fn fpdu_line(f: &FpduInfo) -> String {
+    let mut s = format!("  {} FPDU #{} @{}", f.dir, f.index, f.offset);
+    if let Some(fr) = f.frame {
+        s.push_str(&format!(" frame {fr}"));
+    }
+    s.push_str(&format!(" len {} pad {} CRC {}", f.ulpdu_len, f.pad, f.crc));
+    if !f.markers.is_empty() {
+        let m: Vec<String> = f.markers.iter().map(|p| format!("@{p}")).collect();
+        s.push_str(&format!(" markers {}", m.join(",")));
+    }
+    if let Some(d) = f.ddp {
+        s.push_str(&format!(
+            " ddp 0x{:02x} rdmap 0x{:02x} ({} {}{})",
+            d.ddp,
+            d.rdmap,
+            if d.tagged { "tagged" } else { "untagged" },
+            if d.last { "L " } else { "" },
+            d.opcode_name
+        ));
+    }
+    s
+}
+
+fn hexdump(out: &mut String, bytes: &[u8]) {
+    for (i, chunk) in bytes.chunks(16).enumerate() {
+        let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!("      {:04x}  {}\n", i * 16, hex.join(" ")));
+    }
+}
+
+fn connection(out: &mut String, c: &Connection, verbose: bool) {
+    if !c.mpa {
+        out.push_str(&format!("conn {} {} -> {} (TCP, no MPA)\n", c.id, c.initiator, c.responder));
+        return;
+    }
+    out.push_str(&format!("conn {} {} -> {} (initiator -> responder)\n", c.id, c.initiator, c.responder));
+    if let Some(r) = &c.request {
+        out.push_str(&frame_line("Request", r));
+        out.push('\n');
+    }
+    if let Some(r) = &c.reply {
+        out.push_str(&frame_line("Reply", r));
+        out.push('\n');
+    }
+    if let Some(n) = &c.negotiated {
+        let on = |b: bool| if b { "on" } else { "off" };
+        if n.rejected {
+            out.push_str("  negotiated: REJECTED by the responder\n");
+        } else {
+            out.push_str(&format!(
+                "  negotiated: CRC {}, markers {}/{} (i->r/r->i), RTR {}\n",
+                on(n.crc),
+                on(n.markers_to_responder),
+                on(n.markers_to_initiator),
+                n.rtr.unwrap_or("none")
+            ));
+        }
+    }
+    for f in &c.fpdus {
+        out.push_str(&fpdu_line(f));
+        out.push('\n');
+        if verbose {
+            if let Some(u) = &f.ulpdu {
+                hexdump(out, u);
+            }
+        }
+    }
+}
+
+fn text(args: &Args, report: &Report) -> String {
+    let mut out = format!("{}: {}, {} packets\n", args.file.display(), report.format, report.packets);
+    for c in &report.connections {
+        connection(&mut out, c, args.verbose);
+    }
+    if !report.notes.is_empty() {
+        out.push_str("notes:\n");
+        for n in &report.notes {
+            out.push_str(&format!("  {n}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "{} MPA connections, {} FPDUs, {} violations\n",
+        report.mpa_connections(),
+        report.fpdus(),
+        report.violations.len()
+    ));
+    for v in &report.violations {
+        out.push_str(&format!("  violation: {v}\n"));
+    }
+    out
+}
