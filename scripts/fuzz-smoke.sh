@@ -11,7 +11,7 @@ export RUSTC_BOOTSTRAP=1
 targets=$(cd fuzz && cargo fuzz list)
 [ -n "$targets" ] || { echo "no fuzz targets found" >&2; exit 1; }
 cd fuzz
-cargo fuzz build --release $targets >/dev/null 2>&1 || cargo fuzz build --release
+cargo fuzz build --release
 for t in $targets; do
   work="target/smoke-corpus/$t"
   rm -rf "$work" && mkdir -p "$work"

@@ -491,6 +491,53 @@ impl StreamDeframer {
     }
 }
 
+/// Fuzz entry point (fuzz/fuzz_targets/mpa_deframe.rs): deframes `stream` whole and in
+/// chunks, with CRC, markers and the start position chosen by `sel`, and checks that both
+/// give the same ULPDUs and that every ULPDU respects the limits. Panics only on a bug.
+#[doc(hidden)]
+pub fn fuzz_deframe(sel: u8, stream: &[u8]) {
+    let crc = sel & 1 != 0;
+    let markers = sel & 2 != 0;
+    let start = u64::from(sel >> 2) * 4 * 9;
+    let chunk = usize::from(sel >> 4) + 1;
+    let limit = if sel & 0x80 != 0 { 1500 } else { MAX_ULPDU };
+    let mut whole = Vec::new();
+    let mut d = Deframer::new(crc, markers).with_position(start).with_max_ulpdu(limit);
+    let mut rest = stream;
+    let whole_end = loop {
+        match d.deframe(rest) {
+            Ok(Deframed::Fpdu(f)) => {
+                assert!(f.ulpdu.len() <= limit && f.wire_len <= rest.len());
+                whole.push(f.ulpdu.to_vec());
+                rest = &rest[f.wire_len..];
+            }
+            Ok(Deframed::NeedMore(n)) => {
+                assert!(n > rest.len());
+                break None;
+            }
+            Err(e) => break Some(e),
+        }
+    };
+    let mut s = StreamDeframer::new(Deframer::new(crc, markers).with_position(start).with_max_ulpdu(limit));
+    let mut chunked = Vec::new();
+    let mut chunked_end = None;
+    'outer: for c in stream.chunks(chunk) {
+        s.push(c);
+        loop {
+            match s.next_fpdu() {
+                Ok(Some(f)) => chunked.push(f.ulpdu.to_vec()),
+                Ok(None) => break,
+                Err(e) => {
+                    chunked_end = Some(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    assert_eq!(whole, chunked);
+    assert_eq!(whole_end, chunked_end);
+}
+
 #[cfg(test)]
 #[expect(clippy::cast_possible_truncation, reason = "test data patterns wrap on purpose")]
 mod tests {

@@ -506,3 +506,51 @@ impl Policy {
         })
     }
 }
+
+/// Fuzz entry point (fuzz/fuzz_targets/mpa_frame.rs): parses `frame` as a peer's Request or
+/// Reply and runs it through a policy chosen by `sel`, in the role the frame asks for; a frame
+/// that parses must re-emit to the same bytes, and an accepted Request's Reply must parse.
+/// Panics only on a bug.
+#[doc(hidden)]
+pub fn fuzz_negotiation(sel: u8, frame: &[u8]) {
+    let crc = match sel & 3 {
+        0 => CrcPolicy::Off,
+        1 => CrcPolicy::Wanted,
+        2 => CrcPolicy::Required,
+        _ => CrcPolicy::Strict,
+    };
+    let policy = Policy {
+        revision: if sel & 4 != 0 { 1 } else { 2 },
+        crc,
+        markers_wanted: sel & 8 != 0,
+        markers_supported: sel & 16 != 0,
+        ird: u16::from(sel >> 5),
+        ord: u16::from(sel >> 6),
+        relaxed_ird_ord: sel & 0x20 != 0,
+        peer_to_peer: sel & 0x80 != 0 && sel & 4 == 0,
+        rtr: RtrTypes { send: sel & 1 != 0, write: true, read: sel & 2 != 0 },
+    };
+    let Ok(Some((repr, len))) = FrameRepr::parse_prefix(frame) else { return };
+    let again = repr.to_vec().unwrap_or_default();
+    assert_eq!(again.get(..), frame.get(..len));
+    match repr.kind {
+        FrameKind::Request => match policy.respond(&repr, b"fuzz") {
+            Ok((reply, params)) => {
+                let bytes = reply.to_vec().unwrap_or_default();
+                assert_eq!(FrameRepr::parse(&bytes).ok(), Some(reply));
+                assert!(params.ird <= IRD_ORD_MAX && params.ord <= IRD_ORD_MAX);
+                assert_eq!(params.crc, reply.crc || repr.crc);
+            }
+            Err(refusal) => {
+                if let Some(r) = refusal.reply {
+                    assert!(r.reject && r.to_vec().is_ok());
+                }
+            }
+        },
+        FrameKind::Reply => {
+            if let Ok(params) = policy.accept_reply(&repr) {
+                assert!(params.ord <= policy.ord.max(1) && !repr.reject);
+            }
+        }
+    }
+}
