@@ -11,7 +11,7 @@ const EXIT_VIOLATIONS: u8 = 1;
 /// Exit status when the file could not be dissected at all.
 const EXIT_ERROR: u8 = 2;
 
-/// Decode the MPA connections in a capture.
+/// Decode the MPA connections in a pcap/pcapng capture: handshakes and every FPDU.
 ///
 /// Reads a pcap or pcapng file (Ethernet, raw IP, Linux cooked or loopback link types),
 /// reassembles every TCP connection in both directions, finds the MPA connections by their

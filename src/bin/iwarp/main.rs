@@ -10,7 +10,7 @@ mod dissect;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
 #[derive(Debug, Parser)]
-#[command(name = "iwarp", version, about, long_about = None)]
+#[command(name = "iwarp", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,7 +18,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Decode the MPA connections in a pcap/pcapng capture: handshakes and every FPDU.
+    // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
 }
 

@@ -1,0 +1,262 @@
+//! `iwarp::dissect` against the real siw/rxe captures in `tests/data/siw` (see its README).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
+
+use iwarp::dissect::{self, Connection, CrcVerdict, Dir, Options, Report};
+
+fn dissect(name: &str) -> Report {
+    let path = iwarp_tests::testdata_dir().join("siw").join(name);
+    dissect::dissect_file(&path, &Options::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn mpa_conns(r: &Report) -> Vec<&Connection> {
+    r.connections.iter().filter(|c| c.mpa).collect()
+}
+
+/// Every capture in the directory, so that a new one cannot be forgotten.
+fn all_captures() -> Vec<String> {
+    let dir = iwarp_tests::testdata_dir().join("siw");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".pcap") || n.ends_with(".pcapng"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 16, "{names:?}");
+    names
+}
+
+/// rev 2 + H, IRD/ORD as given, no markers, no P2P.
+fn assert_v2(c: &Connection, ird_ord: u16, crc: bool) {
+    for f in [c.request.as_ref().unwrap(), c.reply.as_ref().unwrap()] {
+        assert_eq!(f.revision, 2);
+        assert!(f.enhanced);
+        assert_eq!(f.flags & 0xf0, if crc { 0x50 } else { 0x10 });
+        assert!(!f.markers && !f.reject);
+        let w = f.ird_ord.unwrap();
+        assert_eq!((w.ird, w.ord, w.p2p), (ird_ord, ird_ord, false));
+        assert_eq!(f.pd_len, 4);
+    }
+    let n = c.negotiated.unwrap();
+    assert_eq!(n.crc, crc);
+    assert!(!n.markers_to_initiator && !n.markers_to_responder && !n.rejected);
+    assert_eq!(n.rtr, None);
+}
+
+fn assert_crc(c: &Connection, on: bool) {
+    assert!(!c.fpdus.is_empty());
+    for f in &c.fpdus {
+        match f.crc {
+            CrcVerdict::Good { .. } => assert!(on, "{f:?}"),
+            CrcVerdict::NotChecked { value } => assert!(!on && value == 0, "{f:?}"),
+            CrcVerdict::Bad { .. } => panic!("bad CRC {f:?}"),
+        }
+        assert!(f.markers.is_empty());
+        assert_eq!((2 + f.ulpdu_len + f.pad) % 4, 0);
+    }
+}
+
+#[test]
+fn every_capture_decodes_without_violations() {
+    for name in all_captures() {
+        let r = dissect(&name);
+        assert!(r.violations.is_empty(), "{name}: {:?}", r.violations);
+        assert_eq!(r.truncated, None, "{name}");
+        assert!(r.packets > 0, "{name}");
+        let expected_mpa = if name.starts_with("rxe") { 0 } else { 1 };
+        assert!(r.mpa_connections() >= expected_mpa, "{name}");
+        for c in mpa_conns(&r) {
+            assert!(c.request.is_some() && c.reply.is_some(), "{name} conn {}", c.id);
+            // The siw guest B (10.77.0.2) is the initiator in the two-guest captures.
+            if name.starts_with("siw-") {
+                assert_eq!(c.initiator.ip().to_string(), "10.77.0.2", "{name}");
+                assert_eq!(c.responder.ip().to_string(), "10.77.0.1", "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rping_defaults() {
+    let r = dissect("siw-rping.pcap");
+    let conns = mpa_conns(&r);
+    assert_eq!(conns.len(), 1);
+    let c = conns[0];
+    assert_v2(c, 1, false);
+    assert_eq!(c.request.as_ref().unwrap().private_data, [0, 1, 0, 1]);
+    assert_crc(c, false);
+    // The initiator speaks first: a Send (untagged, last, opcode 3).
+    let first = c.fpdus.first().unwrap();
+    assert_eq!(first.dir, Dir::InitiatorToResponder);
+    let ddp = first.ddp.unwrap();
+    assert!(!ddp.tagged && ddp.last);
+    assert_eq!(ddp.opcode_name, "Send");
+    // Per ping: Send, Read Req, Read Resp, Send, Send, Write, Send: all four opcodes occur.
+    for op in ["Send", "ReadReq", "ReadResp", "Write"] {
+        assert!(c.fpdus.iter().any(|f| f.ddp.unwrap().opcode_name == op), "{op}");
+    }
+    // Offsets chain: each FPDU starts where the previous one of its direction ended.
+    for d in [Dir::InitiatorToResponder, Dir::ResponderToInitiator] {
+        let mut next = 0;
+        for (i, f) in c.fpdus.iter().filter(|f| f.dir == d).enumerate() {
+            assert_eq!(f.index, i + 1);
+            assert_eq!(f.offset, next);
+            next += f.wire_len as u64;
+        }
+    }
+}
+
+#[test]
+fn rping_crc_21_good_fpdus() {
+    let r = dissect("siw-rping-crc.pcap");
+    let c = mpa_conns(&r)[0];
+    assert_v2(c, 1, true);
+    assert_eq!(c.fpdus.len(), 21);
+    assert_crc(c, true);
+}
+
+#[test]
+fn write_bw_crc_80_good_fpdus() {
+    let r = dissect("siw-write-bw-crc.pcap");
+    assert_eq!(r.mpa_connections(), 2);
+    assert_eq!(r.fpdus(), 80);
+    for c in mpa_conns(&r) {
+        assert!(c.negotiated.unwrap().crc);
+        if !c.fpdus.is_empty() {
+            assert_crc(c, true);
+        }
+    }
+    // 8 KiB Writes: 5 x 1442 + 1066 tagged FPDUs.
+    let lens: Vec<usize> = r.connections.iter().flat_map(|c| &c.fpdus).map(|f| f.ulpdu_len).collect();
+    assert!(lens.iter().filter(|&&l| l == 1442).count() >= 40);
+    assert!(lens.contains(&1066));
+}
+
+#[test]
+fn perftest_two_connections() {
+    for name in ["siw-write-bw.pcap", "siw-read-bw.pcap", "siw-send-bw.pcap", "siw-write-bw-crc.pcap"] {
+        let r = dissect(name);
+        let conns = mpa_conns(&r);
+        assert_eq!(conns.len(), 2, "{name}");
+        assert_eq!(conns[0].request.as_ref().unwrap().private_data, [0, 0, 0, 0], "{name}");
+        assert_crc(conns[1], name.contains("crc"));
+    }
+    let r = dissect("siw-read-bw.pcap");
+    let conns = mpa_conns(&r);
+    assert_v2(conns[0], 0, false);
+    assert_v2(conns[1], 128, false);
+    assert_eq!(conns[1].reply.as_ref().unwrap().private_data, [0, 0x80, 0, 0x80]);
+    assert!(conns[1].fpdus.iter().any(|f| f.ddp.unwrap().opcode_name == "ReadResp"));
+    assert!(conns[1].fpdus.iter().any(|f| f.ddp.unwrap().opcode_name == "ReadReq"));
+}
+
+#[test]
+fn mpa_v1_captures() {
+    for name in ["siw-rping-mpav1.pcap", "siw-send-bw-mpav1.pcap"] {
+        let r = dissect(name);
+        for c in mpa_conns(&r) {
+            for f in [c.request.as_ref().unwrap(), c.reply.as_ref().unwrap()] {
+                assert_eq!(f.revision, 1, "{name}");
+                assert!(!f.enhanced && f.ird_ord.is_none() && f.pd_len == 0, "{name}");
+            }
+        }
+    }
+    // rping v1: the client sends one Send, then FIN.
+    let r = dissect("siw-rping-mpav1.pcap");
+    let c = mpa_conns(&r)[0];
+    assert_eq!(c.fpdus.len(), 1);
+    assert_eq!(c.fpdus[0].dir, Dir::InitiatorToResponder);
+    assert_eq!(c.fpdus[0].ddp.unwrap().opcode_name, "Send");
+    assert_eq!(dissect("siw-send-bw-mpav1.pcap").mpa_connections(), 2);
+}
+
+#[test]
+fn peer_to_peer_rtr() {
+    for name in ["siw-rping-p2p.pcap", "siw-ucmatose-p2p.pcap"] {
+        let r = dissect(name);
+        let c = mpa_conns(&r)[0];
+        let req = c.request.as_ref().unwrap();
+        let rep = c.reply.as_ref().unwrap();
+        assert_eq!(req.private_data, [0x80, 0x01, 0xc0, 0x01], "{name}");
+        assert_eq!(rep.private_data, [0x80, 0x01, 0x80, 0x01], "{name}");
+        let (q, p) = (req.ird_ord.unwrap(), rep.ird_ord.unwrap());
+        assert!(q.p2p && q.rtr_write && q.rtr_read && !q.rtr_send);
+        assert!(p.p2p && p.rtr_write && !p.rtr_read && !p.rtr_send);
+        assert_eq!(c.negotiated.unwrap().rtr, Some("write"));
+        // First FPDU: the initiator's zero-length tagged RDMA Write (14-byte tagged header only).
+        let first = &c.fpdus[0];
+        assert_eq!(first.dir, Dir::InitiatorToResponder, "{name}");
+        assert_eq!(first.offset, 0);
+        assert_eq!(first.ulpdu_len, 14, "{name}");
+        let ddp = first.ddp.unwrap();
+        assert!(ddp.tagged && ddp.last);
+        assert_eq!(ddp.opcode_name, "Write");
+    }
+}
+
+#[test]
+fn ucmatose_responder_sends_first_without_mpa_violation() {
+    let r = dissect("siw-ucmatose.pcap");
+    assert!(r.violations.is_empty());
+    let c = mpa_conns(&r)[0];
+    assert_v2(c, 1, false);
+    assert_eq!(c.fpdus.len(), 2);
+    assert!(c.fpdus.iter().all(|f| f.dir == Dir::ResponderToInitiator));
+    assert!(r.notes.iter().any(|n| n.message.contains("responder sent")), "{:?}", r.notes);
+}
+
+#[test]
+fn host_probes() {
+    for name in ["host-probe-netns.pcap", "host-probe-hostfwd.pcap"] {
+        let r = dissect(name);
+        let conns = mpa_conns(&r);
+        assert_eq!(conns.len(), 3, "{name}");
+        let revs: Vec<(u8, u8, bool)> = conns
+            .iter()
+            .map(|c| {
+                let (q, p) = (c.request.as_ref().unwrap(), c.reply.as_ref().unwrap());
+                (q.revision, p.revision, p.crc)
+            })
+            .collect();
+        assert_eq!(revs, [(1, 1, false), (2, 2, false), (1, 1, true)], "{name}");
+        let w = conns[1].reply.as_ref().unwrap().ird_ord.unwrap();
+        assert_eq!((w.ird, w.ord), (4, 4));
+        assert_eq!(conns[1].reply.as_ref().unwrap().private_data, [0, 4, 0, 4]);
+        assert!(conns[2].negotiated.unwrap().crc);
+        assert!(conns.iter().all(|c| c.fpdus.is_empty()));
+    }
+    for name in ["host-probe-netns-rev.pcap", "host-probe-guestfwd.pcap"] {
+        let r = dissect(name);
+        let c = mpa_conns(&r)[0];
+        let q = c.request.as_ref().unwrap();
+        assert_eq!((q.revision, q.private_data.as_slice()), (2, &[0, 1, 0, 1][..]), "{name}");
+        // siw's first Send: the 16-byte rping buffer advert after an 18-byte untagged header.
+        let f = &c.fpdus[0];
+        assert_eq!(f.dir, Dir::InitiatorToResponder);
+        assert_eq!(f.ulpdu_len, 18 + 16, "{name}");
+        assert_eq!(f.ddp.unwrap().opcode_name, "Send");
+    }
+}
+
+#[test]
+fn rxe_has_no_mpa() {
+    let r = dissect("rxe-rping.pcap");
+    assert_eq!(r.mpa_connections(), 0);
+    assert_eq!(r.fpdus(), 0);
+    assert!(r.violations.is_empty());
+    assert!(r.notes.iter().any(|n| n.message.contains("no MPA connection")));
+}
+
+#[test]
+fn ulpdu_bytes_kept_on_request() {
+    let path = iwarp_tests::testdata_dir().join("siw/siw-rping-crc.pcap");
+    let r = dissect::dissect_file(&path, &Options { keep_ulpdu: true }).unwrap();
+    for f in r.connections.iter().flat_map(|c| &c.fpdus) {
+        let u = f.ulpdu.as_ref().unwrap();
+        assert_eq!(u.len(), f.ulpdu_len);
+        assert_eq!(u[0], f.ddp.unwrap().ddp);
+    }
+    assert!(
+        dissect("siw-rping-crc.pcap").connections.iter().flat_map(|c| &c.fpdus).all(|f| f.ulpdu.is_none())
+    );
+}
