@@ -1,7 +1,18 @@
 //! DDP, the Direct Data Placement protocol (RFC 5041).
 //!
-//! This crate will hold the tagged (14-byte) and untagged (18-byte) header views and
-//! representations, segmentation of messages into MULPDU-sized segments, the tagged buffer
-//! table (STag -> registered region) with its placement checks, and the untagged queues.
+//! - [`header`]: the tagged (14-byte) and untagged (18-byte) headers: the [`Segment`] view and
+//!   the [`SegmentRepr`] / [`HeaderRepr`] forms with `parse` and `emit`; the protocol
+//!   quantities [`STag`], [`Msn`], [`TaggedOffset`], [`QueueNumber`].
+//! - [`terminate`]: the Terminate `layer / type / code` triple ([`TerminateCode`]) every peer
+//!   error maps to.
+//!
 //! It is sans-IO: no sockets, no threads, no clock.
 #![forbid(unsafe_code)]
+
+pub mod header;
+pub mod terminate;
+
+pub use header::{
+    HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
+};
+pub use terminate::{TerminateCode, TerminateLayer};
