@@ -3,6 +3,7 @@
 //! - [`header`]: the tagged (14-byte) and untagged (18-byte) headers: the [`Segment`] view and
 //!   the [`SegmentRepr`] / [`HeaderRepr`] forms with `parse` and `emit`; the protocol
 //!   quantities [`STag`], [`Msn`], [`TaggedOffset`], [`QueueNumber`].
+//! - [`segment`]: one message -> MULPDU-sized segments ([`Segmenter`]).
 //! - [`terminate`]: the Terminate `layer / type / code` triple ([`TerminateCode`]) every peer
 //!   error maps to.
 //!
@@ -10,9 +11,11 @@
 #![forbid(unsafe_code)]
 
 pub mod header;
+pub mod segment;
 pub mod terminate;
 
 pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
 };
+pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use terminate::{TerminateCode, TerminateLayer};

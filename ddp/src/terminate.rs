@@ -16,15 +16,28 @@ pub enum TerminateLayer {
     Ddp,
     /// 2: the lower layer protocol (MPA).
     Llp,
+    /// Any other value, as read off the wire.
+    Unknown(u8),
 }
 
 impl TerminateLayer {
+    /// The layer for a 4-bit wire value.
+    pub fn from_u8(v: u8) -> TerminateLayer {
+        match v & 0x0f {
+            0 => TerminateLayer::Rdmap,
+            1 => TerminateLayer::Ddp,
+            2 => TerminateLayer::Llp,
+            other => TerminateLayer::Unknown(other),
+        }
+    }
+
     /// The 4-bit wire value.
     pub fn to_u8(self) -> u8 {
         match self {
             TerminateLayer::Rdmap => 0,
             TerminateLayer::Ddp => 1,
             TerminateLayer::Llp => 2,
+            TerminateLayer::Unknown(v) => v & 0x0f,
         }
     }
 }
@@ -35,6 +48,7 @@ impl fmt::Display for TerminateLayer {
             TerminateLayer::Rdmap => "RDMAP",
             TerminateLayer::Ddp => "DDP",
             TerminateLayer::Llp => "LLP",
+            TerminateLayer::Unknown(_) => "layer?",
         })
     }
 }
@@ -81,6 +95,21 @@ impl TerminateCode {
         TerminateCode { layer: TerminateLayer::Rdmap, error_type, code }
     }
 
+    /// Whether the triple is one RFC 5040 (and RFC 5044 for the LLP) defines, per the table
+    /// in protocol-notes.md. A received control word that decodes to an undefined triple was
+    /// probably written with siw's bit-field layout.
+    pub fn is_defined(&self) -> bool {
+        match (self.layer, self.error_type) {
+            (TerminateLayer::Rdmap, 0) | (TerminateLayer::Ddp, 0) => self.code == 0,
+            (TerminateLayer::Rdmap, 1) => matches!(self.code, 0x00..=0x04 | 0x09 | 0xff),
+            (TerminateLayer::Rdmap, 2) => matches!(self.code, 0x05..=0x09 | 0xff),
+            (TerminateLayer::Ddp, 1) => matches!(self.code, 0x00..=0x04),
+            (TerminateLayer::Ddp, 2) => matches!(self.code, 0x01..=0x06),
+            (TerminateLayer::Llp, 0) => matches!(self.code, 0x01..=0x07),
+            _ => false,
+        }
+    }
+
     /// The first two bytes of the RFC 5040 Terminate control word: `layer:4 | type:4`, `code:8`
     /// (the RFC layout, layer in the high nibble; siw sends it the other way round, see
     /// protocol-notes.md).
@@ -106,5 +135,21 @@ mod tests {
         assert_eq!(c.to_string(), "DDP type 2 code 0x01");
         assert_eq!(TerminateCode::rdmap(1, 0x04).to_bytes(), [0x01, 0x04]);
         assert_eq!(TerminateLayer::Llp.to_u8(), 2);
+        for v in 0u8..16 {
+            assert_eq!(TerminateLayer::from_u8(v).to_u8(), v);
+        }
+    }
+
+    #[test]
+    fn defined_codes_follow_the_table() {
+        let def = |l, t, c| TerminateCode { layer: l, error_type: t, code: c }.is_defined();
+        assert!(def(TerminateLayer::Rdmap, 1, 0x04));
+        assert!(!def(TerminateLayer::Rdmap, 1, 0x05));
+        assert!(def(TerminateLayer::Rdmap, 2, 0x06));
+        assert!(def(TerminateLayer::Ddp, 1, 0x04));
+        assert!(!def(TerminateLayer::Ddp, 2, 0x00));
+        assert!(def(TerminateLayer::Llp, 0, 0x07));
+        assert!(!def(TerminateLayer::Llp, 1, 0x02));
+        assert!(!def(TerminateLayer::Unknown(5), 0, 0));
     }
 }
