@@ -9,4 +9,4 @@
 
 pub mod wire;
 
-pub use wire::{Control, Layer, Opcode, ReadRequest, TerminateCause, TerminateHeader};
+pub use wire::{Control, Opcode, ReadRequest, TerminateHeader};

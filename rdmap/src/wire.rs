@@ -3,6 +3,8 @@
 
 use core::fmt;
 
+use iwarp_ddp::{TerminateCode, TerminateLayer};
+
 /// RDMAP version carried in the top two bits of the control byte (RFC 5040 section 4.2: RV
 /// is 01b).
 pub const RDMAP_VERSION: u8 = 1;
@@ -240,87 +242,11 @@ impl ReadRequest {
     }
 }
 
-/// The layer a Terminate names (RFC 5040 section 4.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Layer {
-    /// 0: RDMAP.
-    Rdmap,
-    /// 1: DDP.
-    Ddp,
-    /// 2: the LLP (MPA).
-    Llp,
-    /// Any other value.
-    Unknown(u8),
-}
-
-impl Layer {
-    /// The layer for its 4-bit value.
-    pub fn from_bits(v: u8) -> Layer {
-        match v & 0xf {
-            0 => Layer::Rdmap,
-            1 => Layer::Ddp,
-            2 => Layer::Llp,
-            other => Layer::Unknown(other),
-        }
-    }
-
-    /// The 4-bit value.
-    pub fn bits(self) -> u8 {
-        match self {
-            Layer::Rdmap => 0,
-            Layer::Ddp => 1,
-            Layer::Llp => 2,
-            Layer::Unknown(v) => v & 0xf,
-        }
-    }
-}
-
-/// The error a Terminate reports: layer, error type and code (RFC 5040 section 4.8 table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TerminateCause {
-    /// The layer that found the error.
-    pub layer: Layer,
-    /// The error type within the layer.
-    pub etype: u8,
-    /// The error code within the type.
-    pub code: u8,
-}
-
-impl TerminateCause {
-    /// Whether this (layer, type, code) triple is one RFC 5040 / RFC 5044 define. A received
-    /// control word that decodes to an undefined triple was probably written with siw's
-    /// bit-field layout ([`TerminateHeader::parse_siw`]).
-    pub fn is_defined(&self) -> bool {
-        match (self.layer, self.etype) {
-            (Layer::Rdmap, 0) => self.code == 0,
-            (Layer::Rdmap, 1) => matches!(self.code, 0x00..=0x04 | 0x09 | 0xff),
-            (Layer::Rdmap, 2) => matches!(self.code, 0x05..=0x09 | 0xff),
-            (Layer::Ddp, 0) => self.code == 0,
-            (Layer::Ddp, 1) => matches!(self.code, 0x00..=0x04),
-            (Layer::Ddp, 2) => matches!(self.code, 0x01..=0x06),
-            (Layer::Llp, 0) => matches!(self.code, 0x01..=0x07),
-            _ => false,
-        }
-    }
-}
-
-impl fmt::Display for TerminateCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let layer = match self.layer {
-            Layer::Rdmap => "RDMAP",
-            Layer::Ddp => "DDP",
-            Layer::Llp => "LLP",
-            Layer::Unknown(_) => "layer?",
-        };
-        write!(f, "{layer}({}) type {} code 0x{:02x}", self.layer.bits(), self.etype, self.code)
-    }
-}
-
 /// The Terminate control word and the header-copy flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TerminateHeader {
     /// What went wrong.
-    pub cause: TerminateCause,
+    pub cause: TerminateCode,
     /// M: the DDP segment length field is valid.
     pub m: bool,
     /// D: the terminated DDP header follows.
@@ -339,7 +265,11 @@ impl TerminateHeader {
     pub fn parse(b: &[u8]) -> Result<TerminateHeader, Truncated> {
         let w = Self::word(b)?;
         Ok(TerminateHeader {
-            cause: TerminateCause { layer: Layer::from_bits(w[0] >> 4), etype: w[0] & 0xf, code: w[1] },
+            cause: TerminateCode {
+                layer: TerminateLayer::from_u8(w[0] >> 4),
+                error_type: w[0] & 0xf,
+                code: w[1],
+            },
             m: w[2] & 0x80 != 0,
             d: w[2] & 0x40 != 0,
             r: w[2] & 0x20 != 0,
@@ -353,7 +283,11 @@ impl TerminateHeader {
     pub fn parse_siw(b: &[u8]) -> Result<TerminateHeader, Truncated> {
         let w = Self::word(b)?;
         Ok(TerminateHeader {
-            cause: TerminateCause { layer: Layer::from_bits(w[0] & 0xf), etype: w[0] >> 4, code: w[1] },
+            cause: TerminateCode {
+                layer: TerminateLayer::from_u8(w[0] & 0xf),
+                error_type: w[0] >> 4,
+                code: w[1],
+            },
             m: w[2] & 0x01 != 0,
             d: w[2] & 0x02 != 0,
             r: w[2] & 0x04 != 0,
@@ -374,7 +308,8 @@ impl TerminateHeader {
                 flags |= bit;
             }
         }
-        [self.cause.layer.bits() << 4 | (self.cause.etype & 0xf), self.cause.code, flags, 0]
+        let [lt, code] = self.cause.to_bytes();
+        [lt, code, flags, 0]
     }
 }
 
@@ -430,12 +365,7 @@ mod tests {
 
     #[test]
     fn terminate_rfc_layout() {
-        let t = TerminateHeader {
-            cause: TerminateCause { layer: Layer::Ddp, etype: 2, code: 0x01 },
-            m: true,
-            d: true,
-            r: false,
-        };
+        let t = TerminateHeader { cause: TerminateCode::ddp(2, 0x01), m: true, d: true, r: false };
         assert_eq!(t.to_bytes(), [0x12, 0x01, 0xc0, 0x00]);
         assert_eq!(TerminateHeader::parse(&t.to_bytes()).unwrap(), t);
         assert!(t.cause.is_defined());
@@ -446,27 +376,14 @@ mod tests {
         // From siw 6.1: invalid QN, sent with C bit-fields.
         let wire = [0x21, 0x01, 0x03, 0x00];
         let siw = TerminateHeader::parse_siw(&wire).unwrap();
-        assert_eq!(siw.cause, TerminateCause { layer: Layer::Ddp, etype: 2, code: 0x01 });
+        assert_eq!(siw.cause, TerminateCode::ddp(2, 0x01));
         assert!(siw.m && siw.d && !siw.r);
         assert!(siw.cause.is_defined());
         // Read the RFC way, the same bytes name an impossible layer: the hint to try siw's.
         let rfc = TerminateHeader::parse(&wire).unwrap();
-        assert_eq!(rfc.cause.layer, Layer::Llp);
+        assert_eq!(rfc.cause.layer, TerminateLayer::Llp);
         assert!(!rfc.cause.is_defined());
         assert!(!rfc.m && !rfc.d);
         assert!(TerminateHeader::parse(&wire[..3]).is_err());
-    }
-
-    #[test]
-    fn defined_causes_follow_the_table() {
-        let def = |l, t, c| TerminateCause { layer: l, etype: t, code: c }.is_defined();
-        assert!(def(Layer::Rdmap, 1, 0x04));
-        assert!(!def(Layer::Rdmap, 1, 0x05));
-        assert!(def(Layer::Rdmap, 2, 0x06));
-        assert!(def(Layer::Ddp, 1, 0x04));
-        assert!(!def(Layer::Ddp, 2, 0x00));
-        assert!(def(Layer::Llp, 0, 0x07));
-        assert!(!def(Layer::Llp, 1, 0x02));
-        assert!(!def(Layer::Unknown(5), 0, 0));
     }
 }
