@@ -4,6 +4,8 @@
 //!   the [`SegmentRepr`] / [`HeaderRepr`] forms with `parse` and `emit`; the protocol
 //!   quantities [`STag`], [`Msn`], [`TaggedOffset`], [`QueueNumber`].
 //! - [`segment`]: one message -> MULPDU-sized segments ([`Segmenter`]).
+//! - [`stag_table`]: the tagged buffer table ([`TaggedBufferTable`]): regions, windows,
+//!   invalidation, and the placement checks with their Terminate codes.
 //! - [`terminate`]: the Terminate `layer / type / code` triple ([`TerminateCode`]) every peer
 //!   error maps to.
 //!
@@ -12,10 +14,15 @@
 
 pub mod header;
 pub mod segment;
+pub mod stag_table;
 pub mod terminate;
 
 pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
 };
 pub use segment::{MessageTarget, SegmentError, Segmenter};
+pub use stag_table::{
+    Access, AccessError, Addressing, Entry, EntryKind, Placement, ProtectionDomainId, RegionSpec, TableError,
+    TaggedBufferTable,
+};
 pub use terminate::{TerminateCode, TerminateLayer};

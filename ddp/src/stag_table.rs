@@ -1,0 +1,848 @@
+//! The tagged buffer table: STag index -> registered region or memory window, and the checks
+//! every tagged placement passes (RFC 5040 section 6.4 / RFC 5041 section 7.2).
+//!
+//! This module holds metadata only; it touches no memory. [`TaggedBufferTable::check`] turns
+//! `(STag, PD, access, TO, length)` into a [`Placement`] (which region, at which byte offset)
+//! or an [`AccessError`], checking in this order:
+//!
+//! 1. the STag's index names an entry, the entry is valid and the key matches
+//!    ([`AccessError::InvalidStag`]; a window whose parent region is gone or invalid is invalid
+//!    too);
+//! 2. the entry's protection domain is the stream's ([`AccessError::StagNotAssociated`]);
+//! 3. the entry grants the access needed ([`AccessError::AccessRights`]);
+//! 4. `TO + len` does not wrap ([`AccessError::ToWrap`]) and `[TO, TO + len)` lies inside the
+//!    entry ([`AccessError::BaseOrBounds`]).
+//!
+//! Invalidation takes effect at once: a check after [`TaggedBufferTable::invalidate`] fails
+//! with `InvalidStag`; it never succeeds.
+//!
+//! Index 0 is never allocated, so an STag with index 0 (STag 0 included, which some RNICs
+//! reject for tagged traffic) is always invalid. Free indices are kept on an intrusive free
+//! list: register and deregister are O(1), and so is lookup (a vector index). Each index keeps
+//! the last key it was handed out with, and a reuse of the index gets the next key, so a stale
+//! STag of a deregistered region does not match the next region at the same index (until the
+//! 8-bit key wraps, as on an RNIC).
+
+use core::fmt;
+
+use crate::header::{STag, TaggedOffset};
+use crate::terminate::{TerminateCode, ddp_type, rdmap_type};
+
+/// Access rights of a region or window: a small set of four flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access {
+    /// The local consumer may write (verbs `IBV_ACCESS_LOCAL_WRITE`).
+    pub local_write: bool,
+    /// A peer may RDMA Read from it.
+    pub remote_read: bool,
+    /// A peer may RDMA Write into it.
+    pub remote_write: bool,
+    /// A peer may perform atomic operations on it (RFC 7306).
+    pub remote_atomic: bool,
+}
+
+impl Access {
+    /// No rights.
+    pub const NONE: Access =
+        Access { local_write: false, remote_read: false, remote_write: false, remote_atomic: false };
+    /// Local write only.
+    pub const LOCAL_WRITE: Access = Access { local_write: true, ..Access::NONE };
+    /// Remote read only.
+    pub const REMOTE_READ: Access = Access { remote_read: true, ..Access::NONE };
+    /// Remote write only.
+    pub const REMOTE_WRITE: Access = Access { remote_write: true, ..Access::NONE };
+    /// Remote atomic only.
+    pub const REMOTE_ATOMIC: Access = Access { remote_atomic: true, ..Access::NONE };
+    /// All four rights.
+    pub const ALL: Access =
+        Access { local_write: true, remote_read: true, remote_write: true, remote_atomic: true };
+
+    /// The rights in either set.
+    pub const fn union(self, other: Access) -> Access {
+        Access {
+            local_write: self.local_write || other.local_write,
+            remote_read: self.remote_read || other.remote_read,
+            remote_write: self.remote_write || other.remote_write,
+            remote_atomic: self.remote_atomic || other.remote_atomic,
+        }
+    }
+
+    /// Whether every right in `needed` is in `self`.
+    pub const fn contains(self, needed: Access) -> bool {
+        (self.local_write || !needed.local_write)
+            && (self.remote_read || !needed.remote_read)
+            && (self.remote_write || !needed.remote_write)
+            && (self.remote_atomic || !needed.remote_atomic)
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for (on, name) in [
+            (self.local_write, "local-write"),
+            (self.remote_read, "remote-read"),
+            (self.remote_write, "remote-write"),
+            (self.remote_atomic, "remote-atomic"),
+        ] {
+            if on {
+                if !first {
+                    f.write_str("+")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        if first {
+            f.write_str("none")?;
+        }
+        Ok(())
+    }
+}
+
+/// A protection domain identifier. An STag may only be used on streams (QPs) of its PD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProtectionDomainId(pub u32);
+
+impl fmt::Display for ProtectionDomainId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PD {}", self.0)
+    }
+}
+
+/// How a tagged offset names a byte of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Addressing {
+    /// TO is a virtual address: the entry covers `[base_va, base_va + len)` (Linux verbs).
+    VirtualAddress,
+    /// TO is zero-based: the entry covers `[0, len)`.
+    ZeroBased,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// A memory region: it owns the memory placement writes to.
+    Region {
+        /// How many memory windows are bound to it (it cannot be deregistered while any is).
+        windows: u32,
+    },
+    /// A memory window bound to a region.
+    Window {
+        /// The table index of the region it is bound to.
+        parent: u32,
+    },
+}
+
+/// One table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Entry {
+    /// The virtual address of the entry's first byte (for a window: inside its region).
+    pub base_va: u64,
+    /// The entry's length in bytes.
+    pub len: u64,
+    /// The rights it grants.
+    pub access: Access,
+    /// Its protection domain.
+    pub pd: ProtectionDomainId,
+    /// The current key (the low 8 bits of its STag).
+    pub key: u8,
+    /// Whether the STag may be used; false after invalidation and before fast-register.
+    pub valid: bool,
+    /// How tagged offsets address it.
+    pub addressing: Addressing,
+    /// Region or window.
+    pub kind: EntryKind,
+}
+
+impl Entry {
+    /// The TO of the entry's first byte.
+    fn first_to(&self) -> u64 {
+        match self.addressing {
+            Addressing::VirtualAddress => self.base_va,
+            Addressing::ZeroBased => 0,
+        }
+    }
+}
+
+/// What a region or window is registered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionSpec {
+    /// The virtual address of the first byte.
+    pub base_va: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The rights granted.
+    pub access: Access,
+    /// How tagged offsets address it.
+    pub addressing: Addressing,
+}
+
+/// Where a checked tagged access goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Placement {
+    /// The table index of the region that owns the memory (for a window: its parent region).
+    pub region_index: u32,
+    /// The byte offset of the access's first byte from the region's first byte.
+    pub offset_in_region: u64,
+}
+
+/// A tagged access refused by [`TaggedBufferTable::check`] (a peer protection error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AccessError {
+    /// No entry at the index, the entry is invalid, or the key does not match.
+    InvalidStag,
+    /// The entry belongs to another protection domain than the stream.
+    StagNotAssociated,
+    /// The entry does not grant the access needed.
+    AccessRights,
+    /// `[TO, TO + len)` is not inside the entry.
+    BaseOrBounds,
+    /// `TO + len` wraps past 2^64.
+    ToWrap,
+}
+
+impl AccessError {
+    /// The Terminate code when DDP detects the error on a tagged segment (RFC 5040 section 7
+    /// table: layer 1 DDP, type 1 tagged buffer).
+    ///
+    /// DDP has no "access rights" code: access rights are an RDMAP check, so
+    /// [`AccessError::AccessRights`] maps to the RDMAP code (layer 0, type 1, 0x02), the same
+    /// as [`AccessError::rdmap_terminate_code`].
+    pub fn terminate_code(self) -> TerminateCode {
+        let t = ddp_type::TAGGED_BUFFER;
+        match self {
+            AccessError::InvalidStag => TerminateCode::ddp(t, 0x00),
+            AccessError::BaseOrBounds => TerminateCode::ddp(t, 0x01),
+            AccessError::StagNotAssociated => TerminateCode::ddp(t, 0x02),
+            AccessError::ToWrap => TerminateCode::ddp(t, 0x03),
+            AccessError::AccessRights => self.rdmap_terminate_code(),
+        }
+    }
+
+    /// The Terminate code when RDMAP reports the error (e.g. on an RDMA Read Request's source
+    /// STag): layer 0 RDMAP, type 1 remote protection.
+    pub fn rdmap_terminate_code(self) -> TerminateCode {
+        let t = rdmap_type::REMOTE_PROTECTION;
+        match self {
+            AccessError::InvalidStag => TerminateCode::rdmap(t, 0x00),
+            AccessError::BaseOrBounds => TerminateCode::rdmap(t, 0x01),
+            AccessError::AccessRights => TerminateCode::rdmap(t, 0x02),
+            AccessError::StagNotAssociated => TerminateCode::rdmap(t, 0x03),
+            AccessError::ToWrap => TerminateCode::rdmap(t, 0x04),
+        }
+    }
+}
+
+impl fmt::Display for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AccessError::InvalidStag => "invalid STag",
+            AccessError::StagNotAssociated => "STag not associated with the stream's protection domain",
+            AccessError::AccessRights => "access rights violation",
+            AccessError::BaseOrBounds => "tagged access outside the buffer's base and bounds",
+            AccessError::ToWrap => "tagged offset wraps",
+        })
+    }
+}
+
+impl std::error::Error for AccessError {}
+
+/// A refused table operation (local API misuse: register, bind, invalidate, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TableError {
+    /// Every index up to the table's capacity is in use.
+    TableFull,
+    /// `base_va + len` wraps past 2^64.
+    RangeWraps,
+    /// No entry at the STag's index, or the key does not match.
+    NoSuchStag(STag),
+    /// The operation needs a memory region and the STag names a window (or the reverse).
+    WrongKind(STag),
+    /// The STag is valid and the operation needs an invalid one (fast-register).
+    StillValid(STag),
+    /// The STag is invalid and the operation needs a valid one (bind to a region).
+    NotValid(STag),
+    /// The region still has memory windows bound to it.
+    WindowsBound(STag),
+    /// The region and the caller are in different protection domains.
+    PdMismatch(STag),
+    /// A window's range is not inside its region.
+    OutOfBounds,
+    /// A window asks for rights its region does not grant.
+    AccessNotSubset,
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableError::TableFull => f.write_str("tagged buffer table full"),
+            TableError::RangeWraps => f.write_str("region base + length wraps past 2^64"),
+            TableError::NoSuchStag(s) => write!(f, "no entry for STag {s}"),
+            TableError::WrongKind(s) => write!(f, "STag {s} is the wrong kind (region / window)"),
+            TableError::StillValid(s) => write!(f, "STag {s} is still valid"),
+            TableError::NotValid(s) => write!(f, "STag {s} is not valid"),
+            TableError::WindowsBound(s) => write!(f, "region {s} still has memory windows bound"),
+            TableError::PdMismatch(s) => write!(f, "STag {s} is in another protection domain"),
+            TableError::OutOfBounds => f.write_str("memory window outside its region"),
+            TableError::AccessNotSubset => f.write_str("memory window rights exceed its region's"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// Unused; `next_free` links the free list, `last_key` is the key last handed out here.
+    Free {
+        next_free: Option<u32>,
+        last_key: u8,
+    },
+    Used(Entry),
+}
+
+/// The tagged buffer table. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct TaggedBufferTable {
+    /// `slots[i]` is index `i`; slot 0 is a permanent placeholder, never handed out.
+    slots: Vec<Slot>,
+    free_head: Option<u32>,
+    /// The largest number of slots (index 0 included), at most 2^24.
+    capacity: u32,
+    used: u32,
+}
+
+impl TaggedBufferTable {
+    /// A table that hands out at most `max_entries` STags (clamped to the 2^24 - 1 indices
+    /// an STag can carry). Memory grows with use, not with `max_entries`.
+    pub fn new(max_entries: u32) -> TaggedBufferTable {
+        let capacity = max_entries.min(STag::MAX_INDEX).saturating_add(1);
+        TaggedBufferTable {
+            slots: vec![Slot::Free { next_free: None, last_key: 0 }],
+            free_head: None,
+            capacity,
+            used: 0,
+        }
+    }
+
+    /// How many entries are in use.
+    pub fn len(&self) -> usize {
+        usize::try_from(self.used).unwrap_or(usize::MAX)
+    }
+
+    /// Whether no entry is in use.
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    /// The entry at the STag's index, if any and if its key matches (valid or not).
+    pub fn get(&self, stag: STag) -> Option<&Entry> {
+        match self.slot(stag.index())? {
+            Slot::Used(e) if e.key == stag.key() => Some(e),
+            _ => None,
+        }
+    }
+
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        if index == 0 {
+            return None;
+        }
+        self.slots.get(usize::try_from(index).ok()?)
+    }
+
+    fn entry_mut(&mut self, stag: STag) -> Result<&mut Entry, TableError> {
+        let index = stag.index();
+        if index == 0 {
+            return Err(TableError::NoSuchStag(stag));
+        }
+        match usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i)) {
+            Some(Slot::Used(e)) if e.key == stag.key() => Ok(e),
+            _ => Err(TableError::NoSuchStag(stag)),
+        }
+    }
+
+    /// Takes a free index (O(1)) and stores the entry with the index's next key.
+    fn allocate(&mut self, mut entry: Entry) -> Result<STag, TableError> {
+        let (index, key) = if let Some(index) = self.free_head {
+            let i = usize::try_from(index).map_err(|_| TableError::TableFull)?;
+            match self.slots.get(i) {
+                Some(&Slot::Free { next_free, last_key }) => {
+                    self.free_head = next_free;
+                    (index, last_key.wrapping_add(1))
+                }
+                // The free list only links free slots (invariant kept by `allocate` and
+                // `release`); treat a broken link as a full table rather than panic.
+                _ => return Err(TableError::TableFull),
+            }
+        } else {
+            let index = u32::try_from(self.slots.len()).map_err(|_| TableError::TableFull)?;
+            if index >= self.capacity {
+                return Err(TableError::TableFull);
+            }
+            self.slots.push(Slot::Free { next_free: None, last_key: 0 });
+            (index, 0)
+        };
+        let stag = STag::from_parts(index, key).ok_or(TableError::TableFull)?;
+        entry.key = key;
+        let i = usize::try_from(index).map_err(|_| TableError::TableFull)?;
+        if let Some(slot) = self.slots.get_mut(i) {
+            *slot = Slot::Used(entry);
+        }
+        self.used += 1;
+        Ok(stag)
+    }
+
+    /// Returns the index to the free list.
+    fn release(&mut self, index: u32, last_key: u8) {
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i)) {
+            *slot = Slot::Free { next_free: self.free_head, last_key };
+            self.free_head = Some(index);
+            self.used -= 1;
+        }
+    }
+
+    fn new_entry(
+        spec: RegionSpec,
+        pd: ProtectionDomainId,
+        valid: bool,
+        kind: EntryKind,
+    ) -> Result<Entry, TableError> {
+        if spec.base_va.checked_add(spec.len).is_none() {
+            return Err(TableError::RangeWraps);
+        }
+        Ok(Entry {
+            base_va: spec.base_va,
+            len: spec.len,
+            access: spec.access,
+            pd,
+            key: 0,
+            valid,
+            addressing: spec.addressing,
+            kind,
+        })
+    }
+
+    /// Registers a memory region; returns its (valid) STag.
+    pub fn register(&mut self, pd: ProtectionDomainId, spec: RegionSpec) -> Result<STag, TableError> {
+        let entry = Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 })?;
+        self.allocate(entry)
+    }
+
+    /// Allocates an invalid region STag for later [`TaggedBufferTable::fast_register`] (verbs
+    /// `ibv_alloc_mr`): no range, no rights, until fast-registered.
+    pub fn allocate_invalid(&mut self, pd: ProtectionDomainId) -> Result<STag, TableError> {
+        let spec =
+            RegionSpec { base_va: 0, len: 0, access: Access::NONE, addressing: Addressing::VirtualAddress };
+        let entry = Self::new_entry(spec, pd, false, EntryKind::Region { windows: 0 })?;
+        self.allocate(entry)
+    }
+
+    /// Fast-register: an invalid region entry at `stag`'s index takes a new range, rights and
+    /// the key of `stag` (the consumer picks the new key), and becomes valid.
+    pub fn fast_register(&mut self, stag: STag, spec: RegionSpec) -> Result<(), TableError> {
+        let index = stag.index();
+        let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
+        let Some(Slot::Used(e)) = slot else {
+            return Err(TableError::NoSuchStag(stag));
+        };
+        if !matches!(e.kind, EntryKind::Region { .. }) {
+            return Err(TableError::WrongKind(stag));
+        }
+        if e.valid {
+            return Err(TableError::StillValid(stag));
+        }
+        if spec.base_va.checked_add(spec.len).is_none() {
+            return Err(TableError::RangeWraps);
+        }
+        e.base_va = spec.base_va;
+        e.len = spec.len;
+        e.access = spec.access;
+        e.addressing = spec.addressing;
+        e.key = stag.key();
+        e.valid = true;
+        Ok(())
+    }
+
+    /// Deregisters a region, or deallocates a window; the index goes back to the free list.
+    /// A region with windows bound is refused ([`TableError::WindowsBound`]).
+    pub fn deregister(&mut self, stag: STag) -> Result<Entry, TableError> {
+        let entry = *self.entry_mut(stag)?;
+        match entry.kind {
+            EntryKind::Region { windows } if windows > 0 => return Err(TableError::WindowsBound(stag)),
+            EntryKind::Region { .. } => {}
+            EntryKind::Window { parent } => {
+                let parent_slot = usize::try_from(parent).ok().and_then(|i| self.slots.get_mut(i));
+                if let Some(Slot::Used(Entry { kind: EntryKind::Region { windows }, .. })) = parent_slot {
+                    *windows = windows.saturating_sub(1);
+                }
+            }
+        }
+        self.release(stag.index(), entry.key);
+        Ok(entry)
+    }
+
+    /// Invalidates the STag (local invalidate, or a Send with Invalidate already checked by
+    /// the caller): every later [`TaggedBufferTable::check`] fails with `InvalidStag`.
+    pub fn invalidate(&mut self, stag: STag) -> Result<(), TableError> {
+        self.entry_mut(stag)?.valid = false;
+        Ok(())
+    }
+
+    /// Gives the entry a new key and makes it valid again; returns the new STag. The old STag
+    /// stops matching at once.
+    pub fn rekey(&mut self, stag: STag, new_key: u8) -> Result<STag, TableError> {
+        let e = self.entry_mut(stag)?;
+        e.key = new_key;
+        e.valid = true;
+        STag::from_parts(stag.index(), new_key).ok_or(TableError::NoSuchStag(stag))
+    }
+
+    /// Binds a memory window to the valid region `region` in the same protection domain. The
+    /// window's range must lie inside the region's and its rights must be a subset of the
+    /// region's. Returns the window's (valid) STag.
+    pub fn bind_window(
+        &mut self,
+        region: STag,
+        pd: ProtectionDomainId,
+        spec: RegionSpec,
+    ) -> Result<STag, TableError> {
+        let parent = *self.entry_mut(region)?;
+        if !matches!(parent.kind, EntryKind::Region { .. }) {
+            return Err(TableError::WrongKind(region));
+        }
+        if !parent.valid {
+            return Err(TableError::NotValid(region));
+        }
+        if parent.pd != pd {
+            return Err(TableError::PdMismatch(region));
+        }
+        let end = spec.base_va.checked_add(spec.len).ok_or(TableError::RangeWraps)?;
+        // `register` and `fast_register` keep base_va + len from wrapping.
+        let parent_end = parent.base_va.saturating_add(parent.len);
+        if spec.base_va < parent.base_va || end > parent_end {
+            return Err(TableError::OutOfBounds);
+        }
+        if !parent.access.contains(spec.access) {
+            return Err(TableError::AccessNotSubset);
+        }
+        let entry = Self::new_entry(spec, pd, true, EntryKind::Window { parent: region.index() })?;
+        let stag = self.allocate(entry)?;
+        if let Ok(Entry { kind: EntryKind::Region { windows }, .. }) = self.entry_mut(region) {
+            *windows = windows.saturating_add(1);
+        }
+        Ok(stag)
+    }
+
+    /// Checks a tagged access of `len` bytes at `to` through `stag` from a stream in `pd`
+    /// needing `needed` rights. See the module documentation for the order of the checks.
+    pub fn check(
+        &self,
+        stag: STag,
+        pd: ProtectionDomainId,
+        needed: Access,
+        to: TaggedOffset,
+        len: u64,
+    ) -> Result<Placement, AccessError> {
+        let entry = match self.slot(stag.index()) {
+            Some(Slot::Used(e)) if e.valid && e.key == stag.key() => e,
+            _ => return Err(AccessError::InvalidStag),
+        };
+        // A window is only as good as its region: the region must still be there and valid.
+        let region = match entry.kind {
+            EntryKind::Region { .. } => (stag.index(), entry),
+            EntryKind::Window { parent } => match self.slot(parent) {
+                Some(Slot::Used(r)) if r.valid && matches!(r.kind, EntryKind::Region { .. }) => (parent, r),
+                _ => return Err(AccessError::InvalidStag),
+            },
+        };
+        let (region_index, region) = region;
+        if entry.pd != pd {
+            return Err(AccessError::StagNotAssociated);
+        }
+        if !entry.access.contains(needed) {
+            return Err(AccessError::AccessRights);
+        }
+        let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
+        let first = entry.first_to();
+        // first + entry.len cannot wrap (register, fast_register and bind refuse such ranges;
+        // a zero-based entry has first = 0); checked anyway.
+        let limit = first.checked_add(entry.len).ok_or(AccessError::BaseOrBounds)?;
+        if to.0 < first || end > limit {
+            return Err(AccessError::BaseOrBounds);
+        }
+        let offset_in_entry = to.0 - first;
+        // Bind put the window inside its region; the region may have been fast-registered anew
+        // since, so check again that the access lies inside the region's memory.
+        let offset_in_region = entry
+            .base_va
+            .checked_sub(region.base_va)
+            .and_then(|window_offset| window_offset.checked_add(offset_in_entry))
+            .ok_or(AccessError::BaseOrBounds)?;
+        match offset_in_region.checked_add(len) {
+            Some(region_end) if region_end <= region.len => {}
+            _ => return Err(AccessError::BaseOrBounds),
+        }
+        Ok(Placement { region_index, offset_in_region })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PD: ProtectionDomainId = ProtectionDomainId(7);
+    const OTHER_PD: ProtectionDomainId = ProtectionDomainId(8);
+    const BASE: u64 = 0x5609_81e2_4000;
+    const RW: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::LOCAL_WRITE);
+
+    fn spec(base_va: u64, len: u64, access: Access) -> RegionSpec {
+        RegionSpec { base_va, len, access, addressing: Addressing::VirtualAddress }
+    }
+
+    fn table_with_region() -> (TaggedBufferTable, STag) {
+        let mut t = TaggedBufferTable::new(16);
+        let s = t.register(PD, spec(BASE, 8192, RW)).unwrap();
+        (t, s)
+    }
+
+    #[test]
+    fn siw_write_segments_pass() {
+        // siw-write-bw.pcap: an 8 KiB Write to TO 0x560981e24000, 5 x 1428 + 1052 bytes.
+        let (t, s) = table_with_region();
+        for i in 0..6u64 {
+            let len = if i == 5 { 1052 } else { 1428 };
+            let p = t.check(s, PD, Access::REMOTE_WRITE, TaggedOffset(BASE + i * 1428), len).unwrap();
+            assert_eq!(p, Placement { region_index: s.index(), offset_in_region: i * 1428 });
+        }
+        // Exactly the whole region, and zero bytes at its end.
+        assert!(t.check(s, PD, Access::REMOTE_WRITE, TaggedOffset(BASE), 8192).is_ok());
+        assert!(t.check(s, PD, Access::REMOTE_WRITE, TaggedOffset(BASE + 8192), 0).is_ok());
+    }
+
+    #[test]
+    fn check_each_error() {
+        let (t, s) = table_with_region();
+        let w = Access::REMOTE_WRITE;
+        assert_eq!(t.check(STag(0), PD, w, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.check(STag(s.0 ^ 1), PD, w, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.check(STag(0x0f00), PD, w, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.check(s, OTHER_PD, w, TaggedOffset(BASE), 1), Err(AccessError::StagNotAssociated));
+        assert_eq!(
+            t.check(s, PD, Access::REMOTE_ATOMIC, TaggedOffset(BASE), 1),
+            Err(AccessError::AccessRights)
+        );
+        assert_eq!(t.check(s, PD, w, TaggedOffset(BASE - 1), 1), Err(AccessError::BaseOrBounds));
+        assert_eq!(t.check(s, PD, w, TaggedOffset(BASE + 8191), 2), Err(AccessError::BaseOrBounds));
+        assert_eq!(t.check(s, PD, w, TaggedOffset(BASE + 8192), 1), Err(AccessError::BaseOrBounds));
+        assert_eq!(t.check(s, PD, w, TaggedOffset(u64::MAX), 2), Err(AccessError::ToWrap));
+        assert_eq!(t.check(s, PD, w, TaggedOffset(BASE), u64::MAX), Err(AccessError::ToWrap));
+    }
+
+    #[test]
+    fn check_order() {
+        // Everything wrong at once: the first check in the documented order wins.
+        let (mut t, s) = table_with_region();
+        let bad = TaggedOffset(u64::MAX);
+        assert_eq!(t.check(s, OTHER_PD, Access::REMOTE_ATOMIC, bad, 2), Err(AccessError::StagNotAssociated));
+        assert_eq!(t.check(s, PD, Access::REMOTE_ATOMIC, bad, 2), Err(AccessError::AccessRights));
+        assert_eq!(t.check(s, PD, Access::REMOTE_READ, bad, 2), Err(AccessError::ToWrap));
+        t.invalidate(s).unwrap();
+        assert_eq!(t.check(s, OTHER_PD, Access::REMOTE_ATOMIC, bad, 2), Err(AccessError::InvalidStag));
+    }
+
+    /// protocol-notes.md, Terminate table: layer 1 DDP type 1 (tagged buffer) and layer 0
+    /// RDMAP type 1 (remote protection).
+    #[test]
+    fn terminate_codes_match_table() {
+        let ddp = [
+            (AccessError::InvalidStag, 0x00),
+            (AccessError::BaseOrBounds, 0x01),
+            (AccessError::StagNotAssociated, 0x02),
+            (AccessError::ToWrap, 0x03),
+        ];
+        for (e, code) in ddp {
+            let c = e.terminate_code();
+            assert_eq!((c.layer.to_u8(), c.error_type, c.code), (1, 1, code), "{e}");
+        }
+        let c = AccessError::AccessRights.terminate_code();
+        assert_eq!((c.layer.to_u8(), c.error_type, c.code), (0, 1, 0x02));
+        let rdmap = [
+            (AccessError::InvalidStag, 0x00),
+            (AccessError::BaseOrBounds, 0x01),
+            (AccessError::AccessRights, 0x02),
+            (AccessError::StagNotAssociated, 0x03),
+            (AccessError::ToWrap, 0x04),
+        ];
+        for (e, code) in rdmap {
+            let c = e.rdmap_terminate_code();
+            assert_eq!((c.layer.to_u8(), c.error_type, c.code), (0, 1, code), "{e}");
+        }
+    }
+
+    #[test]
+    fn invalidate_takes_effect_at_once_and_rekey_revalidates() {
+        let (mut t, s) = table_with_region();
+        let w = Access::REMOTE_WRITE;
+        assert!(t.check(s, PD, w, TaggedOffset(BASE), 1).is_ok());
+        t.invalidate(s).unwrap();
+        for to in [BASE, BASE + 100] {
+            assert_eq!(t.check(s, PD, w, TaggedOffset(to), 1), Err(AccessError::InvalidStag));
+        }
+        assert!(!t.get(s).unwrap().valid);
+        let s2 = t.rekey(s, 0x5a).unwrap();
+        assert_eq!((s2.index(), s2.key()), (s.index(), 0x5a));
+        assert!(t.check(s2, PD, w, TaggedOffset(BASE), 1).is_ok());
+        // The old key no longer matches.
+        assert_eq!(t.check(s, PD, w, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.invalidate(s), Err(TableError::NoSuchStag(s)));
+    }
+
+    #[test]
+    fn register_deregister_reuses_index_with_new_key() {
+        let mut t = TaggedBufferTable::new(2);
+        assert!(t.is_empty());
+        let a = t.register(PD, spec(0, 10, RW)).unwrap();
+        let b = t.register(PD, spec(0, 10, RW)).unwrap();
+        assert_ne!(a.index(), 0);
+        assert_ne!(a.index(), b.index());
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.register(PD, spec(0, 10, RW)), Err(TableError::TableFull));
+        t.deregister(a).unwrap();
+        assert_eq!(t.deregister(a), Err(TableError::NoSuchStag(a)));
+        let c = t.register(PD, spec(0, 10, RW)).unwrap();
+        assert_eq!(c.index(), a.index());
+        assert_ne!(c.key(), a.key());
+        // The stale STag does not reach the new region.
+        assert_eq!(t.check(a, PD, Access::REMOTE_READ, TaggedOffset(0), 1), Err(AccessError::InvalidStag));
+        assert!(t.check(c, PD, Access::REMOTE_READ, TaggedOffset(0), 1).is_ok());
+        assert_eq!(t.register(PD, spec(u64::MAX, 2, RW)), Err(TableError::RangeWraps));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn zero_based_addressing() {
+        let mut t = TaggedBufferTable::new(4);
+        let s = t
+            .register(
+                PD,
+                RegionSpec { base_va: BASE, len: 100, access: RW, addressing: Addressing::ZeroBased },
+            )
+            .unwrap();
+        assert_eq!(
+            t.check(s, PD, Access::REMOTE_READ, TaggedOffset(40), 60),
+            Ok(Placement { region_index: s.index(), offset_in_region: 40 })
+        );
+        assert_eq!(t.check(s, PD, Access::REMOTE_READ, TaggedOffset(40), 61), Err(AccessError::BaseOrBounds));
+        assert_eq!(
+            t.check(s, PD, Access::REMOTE_READ, TaggedOffset(BASE), 1),
+            Err(AccessError::BaseOrBounds)
+        );
+    }
+
+    #[test]
+    fn memory_windows() {
+        let (mut t, r) = table_with_region();
+        let ro = Access::REMOTE_READ;
+        assert_eq!(t.bind_window(r, OTHER_PD, spec(BASE, 10, ro)), Err(TableError::PdMismatch(r)));
+        assert_eq!(t.bind_window(r, PD, spec(BASE - 1, 10, ro)), Err(TableError::OutOfBounds));
+        assert_eq!(t.bind_window(r, PD, spec(BASE + 8000, 193, ro)), Err(TableError::OutOfBounds));
+        assert_eq!(
+            t.bind_window(r, PD, spec(BASE, 10, Access::REMOTE_ATOMIC)),
+            Err(TableError::AccessNotSubset)
+        );
+        let w = t.bind_window(r, PD, spec(BASE + 4096, 100, ro)).unwrap();
+        assert_eq!(t.bind_window(w, PD, spec(BASE + 4096, 1, ro)), Err(TableError::WrongKind(w)));
+        assert_eq!(t.get(w).unwrap().kind, EntryKind::Window { parent: r.index() });
+        assert_eq!(
+            t.check(w, PD, ro, TaggedOffset(BASE + 4100), 96),
+            Ok(Placement { region_index: r.index(), offset_in_region: 4100 })
+        );
+        assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 97), Err(AccessError::BaseOrBounds));
+        assert_eq!(
+            t.check(w, PD, Access::REMOTE_WRITE, TaggedOffset(BASE + 4100), 1),
+            Err(AccessError::AccessRights)
+        );
+        // The region cannot go while the window is bound; invalidating it kills the window too.
+        assert_eq!(t.deregister(r), Err(TableError::WindowsBound(r)));
+        t.invalidate(r).unwrap();
+        assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.bind_window(r, PD, spec(BASE, 1, ro)), Err(TableError::NotValid(r)));
+        let r2 = t.rekey(r, 9).unwrap();
+        assert!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1).is_ok());
+        t.deregister(w).unwrap();
+        t.deregister(r2).unwrap();
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn fast_register() {
+        let mut t = TaggedBufferTable::new(4);
+        let s = t.allocate_invalid(PD).unwrap();
+        assert_eq!(t.check(s, PD, Access::NONE, TaggedOffset(0), 0), Err(AccessError::InvalidStag));
+        let new = STag::from_parts(s.index(), s.key().wrapping_add(1)).unwrap();
+        t.fast_register(new, spec(0x1000, 0x100, Access::REMOTE_WRITE)).unwrap();
+        assert_eq!(t.fast_register(new, spec(0x1000, 1, Access::NONE)), Err(TableError::StillValid(new)));
+        assert_eq!(
+            t.check(new, PD, Access::REMOTE_WRITE, TaggedOffset(0x10ff), 1),
+            Ok(Placement { region_index: s.index(), offset_in_region: 0xff })
+        );
+        assert_eq!(
+            t.check(s, PD, Access::REMOTE_WRITE, TaggedOffset(0x1000), 1),
+            Err(AccessError::InvalidStag)
+        );
+        t.invalidate(new).unwrap();
+        assert_eq!(t.fast_register(new, spec(u64::MAX, 1, Access::NONE)), Err(TableError::RangeWraps));
+        let w = {
+            t.fast_register(new, spec(0x1000, 0x100, Access::ALL)).unwrap();
+            t.bind_window(new, PD, spec(0x1080, 0x80, Access::REMOTE_READ)).unwrap()
+        };
+        assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE)), Err(TableError::WrongKind(w)));
+        // Re-registering the region smaller leaves the window's old range outside it.
+        t.invalidate(new).unwrap();
+        t.fast_register(new, spec(0x1000, 0x90, Access::ALL)).unwrap();
+        assert!(t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x10).is_ok());
+        assert_eq!(
+            t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x11),
+            Err(AccessError::BaseOrBounds)
+        );
+        assert_eq!(
+            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE)),
+            Err(TableError::NoSuchStag(STag(0x0300)))
+        );
+    }
+
+    #[test]
+    fn access_set() {
+        assert!(Access::ALL.contains(RW));
+        assert!(!RW.contains(Access::REMOTE_ATOMIC));
+        assert!(Access::NONE.contains(Access::NONE));
+        assert_eq!(RW.to_string(), "local-write+remote-read+remote-write");
+        assert_eq!(Access::NONE.to_string(), "none");
+        assert_eq!(TaggedBufferTable::new(u32::MAX).capacity, STag::MAX_INDEX + 1);
+    }
+
+    proptest! {
+        /// Whatever the peer sends, check never panics and a success lies inside the region.
+        #[test]
+        fn check_is_total(stag in any::<u32>(), to in any::<u64>(), len in any::<u64>(), base in any::<u64>(), rlen in 0u64..1 << 20) {
+            let mut t = TaggedBufferTable::new(8);
+            let base = base.min(u64::MAX - rlen);
+            let s = t.register(PD, spec(base, rlen, RW)).unwrap();
+            for candidate in [STag(stag), s] {
+                if let Ok(p) = t.check(candidate, PD, Access::REMOTE_WRITE, TaggedOffset(to), len) {
+                    prop_assert!(p.offset_in_region + len <= rlen);
+                }
+            }
+        }
+
+        /// An invalidated STag is never accepted, whatever the access.
+        #[test]
+        fn invalidated_never_passes(to in any::<u64>(), len in any::<u64>()) {
+            let (mut t, s) = table_with_region();
+            t.invalidate(s).unwrap();
+            prop_assert_eq!(t.check(s, PD, Access::NONE, TaggedOffset(to), len), Err(AccessError::InvalidStag));
+        }
+    }
+}
