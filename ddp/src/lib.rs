@@ -8,6 +8,8 @@
 //!   invalidation, and the placement checks with their Terminate codes.
 //! - [`terminate`]: the Terminate `layer / type / code` triple ([`TerminateCode`]) every peer
 //!   error maps to.
+//! - [`untagged`]: the untagged receive queues 0..=3 ([`UntaggedQueues`]): posted buffers,
+//!   expected MSN and MO checks.
 //!
 //! It is sans-IO: no sockets, no threads, no clock.
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ pub mod header;
 pub mod segment;
 pub mod stag_table;
 pub mod terminate;
+pub mod untagged;
 
 pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
@@ -26,3 +29,4 @@ pub use stag_table::{
     TaggedBufferTable,
 };
 pub use terminate::{TerminateCode, TerminateLayer};
+pub use untagged::{PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};
