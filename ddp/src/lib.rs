@@ -12,6 +12,37 @@
 //!   expected MSN and MO checks.
 //!
 //! It is sans-IO: no sockets, no threads, no clock.
+//!
+//! ```
+//! use iwarp_ddp::{
+//!     Access, Addressing, MessageTarget, ProtectionDomainId, RegionSpec, SegmentKind, SegmentRepr,
+//!     Segmenter, TaggedBufferTable, TaggedOffset,
+//! };
+//!
+//! // The sink registers 8 KiB and hands the STag to the peer.
+//! let pd = ProtectionDomainId(1);
+//! let mut table = TaggedBufferTable::new(1024);
+//! let spec = RegionSpec {
+//!     base_va: 0x4000,
+//!     len: 8192,
+//!     access: Access::REMOTE_WRITE,
+//!     addressing: Addressing::VirtualAddress,
+//! };
+//! let stag = table.register(pd, spec).unwrap();
+//!
+//! // The source segments an RDMA Write (RDMAP control 0x40) for MULPDU 1442, as siw does.
+//! let message = vec![7u8; 8192];
+//! let target = MessageTarget::Tagged { stag, to: TaggedOffset(0x4000) };
+//! for (header, range) in Segmenter::new(target, 0x40, message.len(), 1442).unwrap() {
+//!     let ulpdu = header.with_payload(&message[range]).to_vec();
+//!     // The sink parses each ULPDU and checks it against the table before placing it.
+//!     let seg = SegmentRepr::parse(&ulpdu).unwrap();
+//!     let SegmentKind::Tagged { stag, to } = seg.header.kind else { unreachable!() };
+//!     let len = seg.payload.len() as u64;
+//!     let placement = table.check(stag, pd, Access::REMOTE_WRITE, to, len).unwrap();
+//!     assert_eq!(placement.offset_in_region, to.0 - 0x4000);
+//! }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod header;
