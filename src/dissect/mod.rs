@@ -16,6 +16,7 @@
 //! ```
 
 pub mod capture;
+pub mod ddp;
 pub mod mpa;
 pub mod tcp;
 
@@ -254,6 +255,9 @@ pub struct FpduInfo {
     pub markers: Vec<u64>,
     /// The DDP/RDMAP control octets, when the ULPDU has two.
     pub ddp: Option<DdpControl>,
+    /// The decoded DDP segment and RDMAP message (`None` when malformed: see the violations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment: Option<ddp::Segment>,
     /// The ULPDU (with [`Options::keep_ulpdu`]).
     #[serde(serialize_with = "hex_opt", skip_serializing_if = "Option::is_none")]
     pub ulpdu: Option<Vec<u8>>,
@@ -292,6 +296,18 @@ pub enum ViolationKind {
     BadMarker,
     /// A malformed MPA Request/Reply or FPDU.
     MalformedFrame,
+    /// A malformed DDP segment or RDMAP message.
+    MalformedDdp,
+    /// The responder sent FPDUs before the initiator's first FPDU.
+    ResponderFirst,
+    /// An MSN gap or repeat on an untagged queue.
+    MsnSequence,
+    /// An MO that does not continue the message.
+    MoMismatch,
+    /// A Read Response that does not match its Read Request.
+    ReadResponse,
+    /// A missing or wrong peer-to-peer RTR message.
+    Rtr,
 }
 
 impl fmt::Display for ViolationKind {
@@ -300,6 +316,12 @@ impl fmt::Display for ViolationKind {
             ViolationKind::BadCrc => "bad CRC",
             ViolationKind::BadMarker => "bad marker",
             ViolationKind::MalformedFrame => "malformed frame",
+            ViolationKind::MalformedDdp => "malformed DDP/RDMAP",
+            ViolationKind::ResponderFirst => "responder sent first",
+            ViolationKind::MsnSequence => "MSN sequence",
+            ViolationKind::MoMismatch => "MO mismatch",
+            ViolationKind::ReadResponse => "Read Response mismatch",
+            ViolationKind::Rtr => "RTR",
         })
     }
 }

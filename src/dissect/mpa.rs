@@ -189,38 +189,71 @@ pub fn analyse(
         }
         return out;
     }
+    // siw sets a private GSO bit (0x08) in the MPA flags: a hint that its Terminates use siw's
+    // bit-field layout.
+    let siw = |f: &Option<FrameInfo>| f.as_ref().is_some_and(|f| f.flags & 0x08 != 0);
     let dirs = [
-        (Dir::InitiatorToResponder, init, req_len, neg.markers_to_responder),
-        (Dir::ResponderToInitiator, resp, rep_len, neg.markers_to_initiator),
+        (Dir::InitiatorToResponder, init, req_len, neg.markers_to_responder, siw(&out.request)),
+        (Dir::ResponderToInitiator, resp, rep_len, neg.markers_to_initiator, siw(&out.reply)),
     ];
-    for (dir, stream, start, markers) in dirs {
-        deframe_direction(dir, stream, start, neg.crc, markers, options, &mut out.fpdus, &mut sink);
+    for (dir, stream, start, markers, siw_hint) in dirs {
+        let framing = Framing { crc: neg.crc, markers, siw_hint };
+        deframe_direction(dir, stream, start, framing, options, &mut out.fpdus, &mut sink);
     }
     out.fpdus.sort_by_key(|f| f.frame.unwrap_or(usize::MAX));
     let first = |d: Dir| out.fpdus.iter().find(|f| f.dir == d).and_then(|f| f.frame);
-    match (first(Dir::InitiatorToResponder), first(Dir::ResponderToInitiator)) {
-        (Some(i), Some(r)) if r < i => sink.note(format!(
-            "the responder sent its first FPDU (frame {r}) before the initiator's first FPDU (frame {i})"
-        )),
-        (None, Some(r)) => {
-            sink.note(format!("the responder sent FPDUs (first in frame {r}) but the initiator sent none"))
+    let early = |limit: usize| {
+        out.fpdus
+            .iter()
+            .filter(|f| f.dir == Dir::ResponderToInitiator && f.frame.is_some_and(|fr| fr < limit))
+            .count()
+    };
+    if let Some(r) = first(Dir::ResponderToInitiator) {
+        let i = first(Dir::InitiatorToResponder);
+        if i.is_none_or(|i| r < i) {
+            let n = early(i.unwrap_or(usize::MAX));
+            let after = match i {
+                Some(i) => format!("frame {i}"),
+                None => "the initiator sent none".to_string(),
+            };
+            sink.violation(
+                ViolationKind::ResponderFirst,
+                Some(Dir::ResponderToInitiator),
+                Some(r),
+                None,
+                format!(
+                    "responder sent {n} FPDU{} before the initiator's first FPDU ({after}; RFC 5044 \
+                     section 7.1: the initiator sends first)",
+                    if n == 1 { "" } else { "s" }
+                ),
+            );
         }
-        _ => {}
+    }
+    for v in super::ddp::check_connection(&out) {
+        sink.violation(v.kind, v.dir, v.frame, v.offset, v.message);
     }
     out
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site, all plain inputs")]
+/// How one direction is framed.
+#[derive(Clone, Copy)]
+struct Framing {
+    crc: bool,
+    markers: bool,
+    /// The sender looks like siw (Terminates also read with siw's layout).
+    siw_hint: bool,
+}
+
 fn deframe_direction(
     dir: Dir,
     stream: &Reassembler,
     start: usize,
-    crc: bool,
-    markers: bool,
+    framing: Framing,
     options: &Options,
     fpdus: &mut Vec<FpduInfo>,
     sink: &mut Sink<'_>,
 ) {
+    let Framing { crc, markers, siw_hint } = framing;
     let bytes = stream.contiguous().get(start..).unwrap_or(&[]);
     let mut deframer = Deframer::new(crc, markers).lenient();
     let mut off = 0usize;
@@ -244,6 +277,25 @@ fn deframe_direction(
                     [a, b, ..] => Some(DdpControl::from_bytes(*a, *b)),
                     _ => None,
                 };
+                // A bad-CRC FPDU's contents are not trusted (a receiver drops it): not decoded.
+                let decoded = if matches!(verdict, CrcVerdict::Bad { .. }) {
+                    Ok(None)
+                } else {
+                    super::ddp::decode(f.ulpdu, siw_hint).map(Some)
+                };
+                let segment = match decoded {
+                    Ok(s) => s,
+                    Err(e) => {
+                        sink.violation(
+                            ViolationKind::MalformedDdp,
+                            Some(dir),
+                            frame,
+                            Some(f.position),
+                            format!("FPDU #{}: {e}", index),
+                        );
+                        None
+                    }
+                };
                 let info = FpduInfo {
                     dir,
                     index,
@@ -259,6 +311,7 @@ fn deframe_direction(
                         Vec::new()
                     },
                     ddp,
+                    segment,
                     ulpdu: options.keep_ulpdu.then(|| f.ulpdu.to_vec()),
                 };
                 off += f.wire_len;

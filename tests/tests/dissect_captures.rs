@@ -2,7 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
 
-use iwarp::dissect::{self, Connection, CrcVerdict, Dir, Options, Report};
+use iwarp::dissect::ddp::{Body, Model, Segment};
+use iwarp::dissect::{self, Connection, CrcVerdict, Dir, FpduInfo, Options, Report, ViolationKind};
 
 fn dissect(name: &str) -> Report {
     let path = iwarp_tests::testdata_dir().join("siw").join(name);
@@ -60,7 +61,16 @@ fn assert_crc(c: &Connection, on: bool) {
 fn every_capture_decodes_without_violations() {
     for name in all_captures() {
         let r = dissect(&name);
-        assert!(r.violations.is_empty(), "{name}: {:?}", r.violations);
+        if name == "siw-ucmatose.pcap" {
+            assert_eq!(r.violations.len(), 1, "{name}: {:?}", r.violations);
+            assert_eq!(r.violations[0].kind, ViolationKind::ResponderFirst);
+        } else {
+            assert!(r.violations.is_empty(), "{name}: {:?}", r.violations);
+        }
+        // Every FPDU of every capture decodes as DDP/RDMAP.
+        for c in mpa_conns(&r) {
+            assert!(c.fpdus.iter().all(|f| f.segment.is_some()), "{name}");
+        }
         assert_eq!(r.truncated, None, "{name}");
         assert!(r.packets > 0, "{name}");
         let expected_mpa = if name.starts_with("rxe") { 0 } else { 1 };
@@ -195,14 +205,143 @@ fn peer_to_peer_rtr() {
 }
 
 #[test]
-fn ucmatose_responder_sends_first_without_mpa_violation() {
+fn ucmatose_responder_sends_first_is_the_only_violation() {
     let r = dissect("siw-ucmatose.pcap");
-    assert!(r.violations.is_empty());
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+    let v = &r.violations[0];
+    assert_eq!(v.kind, ViolationKind::ResponderFirst);
+    assert_eq!(v.dir, Some(Dir::ResponderToInitiator));
+    assert!(v.message.contains("responder sent 2 FPDUs before the initiator's first FPDU"), "{v}");
     let c = mpa_conns(&r)[0];
     assert_v2(c, 1, false);
     assert_eq!(c.fpdus.len(), 2);
     assert!(c.fpdus.iter().all(|f| f.dir == Dir::ResponderToInitiator));
-    assert!(r.notes.iter().any(|n| n.message.contains("responder sent")), "{:?}", r.notes);
+    assert_eq!(v.frame, c.fpdus[0].frame);
+    // Two 64-byte Sends, MSN 1 and 2.
+    let msns: Vec<(u32, usize)> = c.fpdus.iter().map(|f| (untagged(f).2, seg(f).payload_len)).collect();
+    assert_eq!(msns, [(1, 64), (2, 64)]);
+}
+
+fn seg(f: &FpduInfo) -> &Segment {
+    f.segment.as_ref().unwrap()
+}
+
+/// (QN, MO, MSN) of an untagged segment.
+fn untagged(f: &FpduInfo) -> (u32, u32, u32) {
+    match seg(f).header.model {
+        Model::Untagged { qn, mo, msn, .. } => (qn, mo, msn),
+        Model::Tagged { .. } => panic!("tagged {f:?}"),
+    }
+}
+
+#[test]
+fn rping_ddp_fields() {
+    let r = dissect("siw-rping.pcap");
+    let c = mpa_conns(&r)[0];
+    let first = seg(&c.fpdus[0]);
+    assert_eq!(first.header.opcode, "Send");
+    assert_eq!(untagged(&c.fpdus[0]), (0, 0, 1));
+    assert_eq!(first.payload_len, 16);
+    // Each Read Request's size equals the total of its Read Response, sink STag/TO match.
+    let reqs: Vec<_> = c
+        .fpdus
+        .iter()
+        .filter_map(|f| match &seg(f).body {
+            Some(Body::ReadRequest(q)) => Some((f.dir, *q)),
+            _ => None,
+        })
+        .collect();
+    let resps: Vec<_> = c.fpdus.iter().filter(|f| seg(f).header.opcode == "ReadResp").collect();
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(resps.len(), 3);
+    for ((dir, q), resp) in reqs.iter().zip(&resps) {
+        assert_eq!(*dir, Dir::ResponderToInitiator);
+        assert_eq!(resp.dir, Dir::InitiatorToResponder);
+        assert!(seg(resp).header.last);
+        assert_eq!(seg(resp).payload_len, q.size as usize);
+        assert_eq!(seg(resp).header.model, Model::Tagged { stag: q.sink_stag, to: q.sink_to });
+    }
+}
+
+#[test]
+fn write_bw_messages_are_8_kib() {
+    let r = dissect("siw-write-bw.pcap");
+    let c = mpa_conns(&r)[1];
+    let writes: Vec<&FpduInfo> = c.fpdus.iter().filter(|f| seg(f).header.opcode == "Write").collect();
+    // Group into messages by L; every message: 5 x 1428 + 1052 = 8192 payload bytes, TO advancing.
+    let mut msgs: Vec<Vec<&FpduInfo>> = vec![vec![]];
+    for w in &writes {
+        msgs.last_mut().unwrap().push(w);
+        if seg(w).header.last {
+            msgs.push(vec![]);
+        }
+    }
+    msgs.pop();
+    assert!(msgs.len() >= 8, "{}", msgs.len());
+    for m in &msgs {
+        let lens: Vec<usize> = m.iter().map(|f| seg(f).payload_len).collect();
+        assert_eq!(lens, [1428, 1428, 1428, 1428, 1428, 1052]);
+        assert_eq!(lens.iter().sum::<usize>(), 8192);
+        assert!(m.iter().all(|f| f.ulpdu_len == seg(f).payload_len + 14));
+        let Model::Tagged { stag, to } = seg(m[0]).header.model else { panic!() };
+        let mut next = to;
+        for f in m {
+            assert_eq!(seg(f).header.model, Model::Tagged { stag, to: next });
+            next += seg(f).payload_len as u64;
+        }
+    }
+}
+
+#[test]
+fn send_bw_msn_progression() {
+    let r = dissect("siw-send-bw.pcap");
+    let c = mpa_conns(&r)[1];
+    for dir in [Dir::InitiatorToResponder, Dir::ResponderToInitiator] {
+        let mut expected_msn = 1;
+        let mut mo = 0;
+        let mut big = 0;
+        // perftest also writes a few 4-byte tagged flags; the Sends are the untagged segments.
+        let sends =
+            c.fpdus.iter().filter(|f| f.dir == dir && matches!(seg(f).header.model, Model::Untagged { .. }));
+        for f in sends {
+            let (qn, m, msn) = untagged(f);
+            assert_eq!((qn, msn, m), (0, expected_msn, mo), "{f:?}");
+            mo += u32::try_from(seg(f).payload_len).unwrap();
+            if seg(f).header.last {
+                if mo == 8192 {
+                    big += 1;
+                }
+                expected_msn += 1;
+                mo = 0;
+            }
+        }
+        if dir == Dir::InitiatorToResponder {
+            // The client's 8 KiB Sends: MSN 1, 2, ... each spread over several segments.
+            assert!(big >= 8 && expected_msn > 8, "{big} {expected_msn}");
+        }
+    }
+}
+
+#[test]
+fn read_bw_requests_and_multi_fpdu_responses() {
+    let r = dissect("siw-read-bw.pcap");
+    let c = mpa_conns(&r)[1];
+    let reqs: Vec<_> = c
+        .fpdus
+        .iter()
+        .filter_map(|f| match &seg(f).body {
+            Some(Body::ReadRequest(q)) => Some(*q),
+            _ => None,
+        })
+        .collect();
+    assert!(reqs.len() >= 8);
+    assert!(reqs.iter().all(|q| q.size == 8192));
+    let resp: Vec<&FpduInfo> = c.fpdus.iter().filter(|f| seg(f).header.opcode == "ReadResp").collect();
+    let total: usize = resp.iter().map(|f| seg(f).payload_len).sum();
+    assert_eq!(total, 8192 * reqs.len());
+    let lasts = resp.iter().filter(|f| seg(f).header.last).count();
+    assert_eq!(lasts, reqs.len());
+    assert!(resp.len() >= 6 * reqs.len());
 }
 
 #[test]

@@ -115,9 +115,12 @@ fn mpa_frame(key: &[u8; 16], flags: u8, rev: u8, pd: &[u8]) -> Vec<u8> {
 fn ulpdus(n: usize, seed: u8) -> Vec<Vec<u8>> {
     (0..n)
         .map(|i| {
-            let len = [18usize, 700, 33, 1442, 14, 520][i % 6];
-            let mut u = vec![0x41, 0x43];
-            u.extend((0..len - 2).map(|j| seed.wrapping_add(((i * 7 + j) % 256).to_le_bytes()[0])));
+            let len = [18usize, 700, 33, 1442, 19, 520][i % 6];
+            // An untagged Send: QN 0, MSN i + 1, MO 0, then filler.
+            let mut u = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0];
+            u.extend_from_slice(&(u32::try_from(i).unwrap() + 1).to_be_bytes());
+            u.extend_from_slice(&[0, 0, 0, 0]);
+            u.extend((0..len - 18).map(|j| seed.wrapping_add(((i * 7 + j) % 256).to_le_bytes()[0])));
             u
         })
         .collect()
@@ -217,7 +220,9 @@ fn reordered_duplicated_and_wrapping_segments() {
     let dups: Vec<Seg> = segs.iter().skip(2).step_by(5).cloned().collect();
     segs.extend(dups);
     let r = run(&pcap(&segs));
-    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    // The swap puts the responder's first FPDU ahead of the initiator's: the one violation.
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+    assert_eq!(r.violations[0].kind, ViolationKind::ResponderFirst);
     assert!(r.notes.iter().all(|n| !n.message.contains("gap")), "{:?}", r.notes);
     assert_eq!(received(&r, Dir::InitiatorToResponder), c.sent_i2r);
     assert_eq!(received(&r, Dir::ResponderToInitiator), c.sent_r2i);

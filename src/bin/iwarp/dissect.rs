@@ -4,6 +4,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use iwarp::dissect::ddp::{Body, DdpHeader, Model, ReadRequestInfo, Segment, TerminateReading};
 use iwarp::dissect::{self, Connection, DissectError, FpduInfo, FrameInfo, Options, Report};
 
 /// Exit status when the capture decoded with protocol violations.
@@ -148,15 +149,91 @@ fn fpdu_line(f: &FpduInfo) -> String {
         let m: Vec<String> = f.markers.iter().map(|p| format!("@{p}")).collect();
         s.push_str(&format!(" markers {}", m.join(",")));
     }
-    if let Some(d) = f.ddp {
-        s.push_str(&format!(
-            " ddp 0x{:02x} rdmap 0x{:02x} ({} {}{})",
+    match (&f.segment, f.ddp) {
+        (Some(seg), _) => {
+            s.push_str(" | ");
+            s.push_str(&segment_text(seg));
+        }
+        (None, Some(d)) => s.push_str(&format!(
+            " | undecoded ddp 0x{:02x} rdmap 0x{:02x} ({} {}{})",
             d.ddp,
             d.rdmap,
             if d.tagged { "tagged" } else { "untagged" },
             if d.last { "L " } else { "" },
             d.opcode_name
-        ));
+        )),
+        (None, None) => {}
+    }
+    s
+}
+
+fn header_text(h: &DdpHeader) -> String {
+    let l = if h.last { "L " } else { "" };
+    match h.model {
+        Model::Tagged { stag, to } => format!("tagged {l}{} STag 0x{stag:08x} TO 0x{to:x}", h.opcode),
+        Model::Untagged { rdmap_word, qn, msn, mo } => {
+            let mut s = format!("untagged {l}{} QN {qn} MSN {msn} MO {mo}", h.opcode);
+            if rdmap_word != 0 || matches!(h.opcode, "SendInv" | "SendSEInv") {
+                s.push_str(&format!(" InvSTag 0x{rdmap_word:08x}"));
+            }
+            s
+        }
+    }
+}
+
+fn reading_text(r: &TerminateReading) -> String {
+    let mut flags: Vec<&str> = Vec::new();
+    for (on, n) in [(r.m, "M"), (r.d, "D"), (r.r, "R")] {
+        if on {
+            flags.push(n);
+        }
+    }
+    format!("{}{} [{}]", r.text, if r.defined { "" } else { " (undefined)" }, flags.join(" "))
+}
+
+fn read_request_text(r: &ReadRequestInfo) -> String {
+    format!(
+        "ReadReq sink 0x{:08x}/0x{:x} size {} source 0x{:08x}/0x{:x}",
+        r.sink_stag, r.sink_to, r.size, r.source_stag, r.source_to
+    )
+}
+
+fn segment_text(seg: &Segment) -> String {
+    let mut s = format!("{} payload {}", header_text(&seg.header), seg.payload_len);
+    match &seg.body {
+        None => {}
+        Some(Body::ReadRequest(r)) => s.push_str(&format!(" | {}", read_request_text(r))),
+        Some(Body::ImmediateData { data }) => s.push_str(&format!(" | data 0x{data:016x}")),
+        Some(Body::AtomicRequest(a)) => s.push_str(&format!(
+            " | {} id {} remote 0x{:08x}/0x{:x} add/swap 0x{:x} mask 0x{:x} compare 0x{:x} mask 0x{:x}",
+            a.op_name,
+            a.request_id,
+            a.remote_stag,
+            a.remote_to,
+            a.add_swap_data,
+            a.add_swap_mask,
+            a.compare_data,
+            a.compare_mask
+        )),
+        Some(Body::AtomicResponse { request_id, original }) => {
+            s.push_str(&format!(" | id {request_id} original 0x{original:x}"))
+        }
+        Some(Body::Terminate(t)) => {
+            s.push_str(&format!(" | RFC reading: {}", reading_text(&t.rfc)));
+            if let Some(w) = &t.siw {
+                s.push_str(&format!("; siw reading: {}", reading_text(w)));
+            }
+            s.push_str(&format!("; decoded with the {} reading", t.used));
+            if let Some(n) = t.segment_len {
+                s.push_str(&format!("; segment length {n}"));
+            }
+            if let Some(h) = &t.ddp_header {
+                s.push_str(&format!("; terminated DDP header: {}", header_text(h)));
+            }
+            if let Some(r) = &t.read_request {
+                s.push_str(&format!("; terminated {}", read_request_text(r)));
+            }
+        }
     }
     s
 }

@@ -69,7 +69,10 @@ fn text_output_of_a_clean_capture() {
     assert!(s.contains("  negotiated: CRC on, markers off/off (i->r/r->i), RTR none"), "{s}");
     assert_eq!(s.lines().filter(|l| l.contains(" FPDU #") && l.contains("CRC good")).count(), 21, "{s}");
     assert!(s.contains("  i->r FPDU #1 @0 "), "{s}");
-    assert!(s.contains("ddp 0x41 rdmap 0x43 (untagged L Send)"), "{s}");
+    assert!(s.contains("CRC good | untagged L Send QN 0 MSN 1 MO 0 payload 16"), "{s}");
+    assert!(s.contains("| tagged L ReadResp STag 0x"), "{s}");
+    assert!(s.contains("untagged L ReadReq QN 1 MSN 1 MO 0 payload 28 | ReadReq sink 0x"), "{s}");
+    assert!(s.contains(" size 64 source 0x"), "{s}");
     assert!(s.contains("1 MPA connections, 21 FPDUs, 0 violations"), "{s}");
     assert!(stderr(&o).is_empty());
 }
@@ -83,9 +86,28 @@ fn p2p_text() {
     assert!(s.contains("IRD 1 ORD 1 P2P RTR write pd 4 bytes 80018001"), "{s}");
     assert!(s.contains("RTR write\n"), "{s}");
     assert!(
-        s.contains("i->r FPDU #1 @0 frame 22 len 14 pad 0 CRC off ddp 0xc1 rdmap 0x40 (tagged L Write)"),
+        s.contains(
+            "i->r FPDU #1 @0 frame 22 len 14 pad 0 CRC off | tagged L Write STag 0x00000001 TO 0x0 payload 0\n"
+        ),
         "{s}"
     );
+}
+
+#[test]
+fn responder_first_is_a_violation() {
+    let o = iwarp(&["dissect", data("siw-ucmatose.pcap").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o), "dissect: 1 violation (1 responder sent first)\n");
+    let s = stdout(&o);
+    assert!(s.contains("responder sent 2 FPDUs before the initiator's first FPDU"), "{s}");
+    let o = iwarp(&["dissect", "--json", data("siw-ucmatose.pcap").to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["violations"][0]["kind"], "responder_first");
+    let f = &v["connections"][0]["fpdus"][0]["segment"];
+    assert_eq!(f["model"], "untagged");
+    assert_eq!(f["opcode"], "Send");
+    assert_eq!((f["qn"].as_u64(), f["msn"].as_u64(), f["mo"].as_u64()), (Some(0), Some(1), Some(0)));
+    assert_eq!(f["payload_len"], 64);
 }
 
 #[test]

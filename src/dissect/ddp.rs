@@ -1,0 +1,546 @@
+//! DDP and RDMAP: decode each FPDU's ULPDU as a DDP segment (RFC 5041) carrying an RDMAP
+//! message (RFC 5040, RFC 7306), and check the message sequence of a connection.
+//!
+//! [`decode`] turns one ULPDU into a [`Segment`] (or a description of why it is malformed);
+//! [`check_connection`] walks a connection's decoded segments and reports MSN gaps and repeats
+//! per untagged queue, MO jumps within a message, Read Responses whose length or sink STag do
+//! not match their Read Request, and a missing or wrong RTR on a peer-to-peer connection.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use iwarp_ddp::header::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
+use iwarp_ddp::{HeaderError, HeaderRepr, SegmentKind, TerminateCode};
+use iwarp_rdmap::wire::{RDMAP_VERSION, READ_REQUEST_LEN, TERMINATE_CONTROL_LEN};
+use iwarp_rdmap::{Control, Opcode, ReadRequest, TerminateHeader};
+use serde::Serialize;
+
+use super::{Connection, Dir, FpduInfo};
+
+/// The model-specific DDP header fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "model", rename_all = "snake_case")]
+pub enum Model {
+    /// Tagged buffer model.
+    Tagged {
+        /// The data sink's STag.
+        stag: u32,
+        /// The tagged offset of the first payload byte.
+        to: u64,
+    },
+    /// Untagged buffer model.
+    Untagged {
+        /// RDMAP's word: the Invalidate STag of a Send with Invalidate, else 0.
+        rdmap_word: u32,
+        /// Queue number.
+        qn: u32,
+        /// Message sequence number.
+        msn: u32,
+        /// Message offset.
+        mo: u32,
+    },
+}
+
+/// A decoded DDP header (of an FPDU or copied into a Terminate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DdpHeader {
+    /// L: last segment of its message.
+    pub last: bool,
+    /// The RDMAP control octet, raw.
+    pub rdmap_control: u8,
+    /// The RDMAP opcode's name.
+    pub opcode: &'static str,
+    /// The model and its fields.
+    #[serde(flatten)]
+    pub model: Model,
+}
+
+/// The RDMAP Read Request body (RFC 5040 section 4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReadRequestInfo {
+    /// Data sink STag.
+    pub sink_stag: u32,
+    /// Data sink tagged offset.
+    pub sink_to: u64,
+    /// RDMA Read message size.
+    pub size: u32,
+    /// Data source STag.
+    pub source_stag: u32,
+    /// Data source tagged offset.
+    pub source_to: u64,
+}
+
+impl From<ReadRequest> for ReadRequestInfo {
+    fn from(r: ReadRequest) -> Self {
+        ReadRequestInfo {
+            sink_stag: r.sink_stag,
+            sink_to: r.sink_to,
+            size: r.size,
+            source_stag: r.source_stag,
+            source_to: r.source_to,
+        }
+    }
+}
+
+/// One reading of a Terminate control word.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TerminateReading {
+    /// Layer (0 RDMAP, 1 DDP, 2 LLP).
+    pub layer: u8,
+    /// Error type.
+    pub error_type: u8,
+    /// Error code.
+    pub code: u8,
+    /// Whether RFC 5040 defines this layer/type/code.
+    pub defined: bool,
+    /// "DDP type 2 code 0x01".
+    pub text: String,
+    /// M: the DDP segment length is valid.
+    pub m: bool,
+    /// D: the terminated DDP header follows.
+    pub d: bool,
+    /// R: the terminated Read Request follows.
+    pub r: bool,
+}
+
+impl From<TerminateHeader> for TerminateReading {
+    fn from(h: TerminateHeader) -> Self {
+        let c: TerminateCode = h.cause;
+        TerminateReading {
+            layer: c.layer.to_u8(),
+            error_type: c.error_type,
+            code: c.code,
+            defined: c.is_defined(),
+            text: c.to_string(),
+            m: h.m,
+            d: h.d,
+            r: h.r,
+        }
+    }
+}
+
+/// A Terminate message (RFC 5040 section 4.8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TerminateInfo {
+    /// The control word read as RFC 5040 lays it out.
+    pub rfc: TerminateReading,
+    /// The control word read with siw's bit-field layout (see protocol-notes.md), when the RFC
+    /// reading names an undefined code or the flag bits sit where siw puts them.
+    pub siw: Option<TerminateReading>,
+    /// Which reading the rest was decoded with: "rfc" or "siw".
+    pub used: &'static str,
+    /// The terminated DDP segment's length (M).
+    pub segment_len: Option<u16>,
+    /// The terminated DDP header (D).
+    pub ddp_header: Option<DdpHeader>,
+    /// The terminated Read Request body (R).
+    pub read_request: Option<ReadRequestInfo>,
+}
+
+/// RFC 7306 Atomic Request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AtomicRequestInfo {
+    /// Atomic operation code: 0 FetchAdd, 1 CompareSwap (per RFC 7306 section 6.x, unverified).
+    pub op: u32,
+    /// The operation's name.
+    pub op_name: &'static str,
+    /// Request identifier.
+    pub request_id: u32,
+    /// Remote STag.
+    pub remote_stag: u32,
+    /// Remote tagged offset.
+    pub remote_to: u64,
+    /// Add or swap data.
+    pub add_swap_data: u64,
+    /// Add or swap mask.
+    pub add_swap_mask: u64,
+    /// Compare data.
+    pub compare_data: u64,
+    /// Compare mask.
+    pub compare_mask: u64,
+}
+
+/// The RDMAP message body, as far as the dissector decodes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Body {
+    /// Read Request.
+    ReadRequest(ReadRequestInfo),
+    /// Terminate.
+    Terminate(TerminateInfo),
+    /// RFC 7306 Immediate Data: 8 bytes.
+    ImmediateData {
+        /// The data, big-endian.
+        data: u64,
+    },
+    /// RFC 7306 Atomic Request.
+    AtomicRequest(AtomicRequestInfo),
+    /// RFC 7306 Atomic Response.
+    AtomicResponse {
+        /// Request identifier.
+        request_id: u32,
+        /// The original remote data.
+        original: u64,
+    },
+}
+
+/// A decoded DDP segment with its RDMAP message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Segment {
+    /// The DDP header.
+    #[serde(flatten)]
+    pub header: DdpHeader,
+    /// The RDMAP opcode (0x0..=0xB).
+    pub opcode_value: u8,
+    /// Payload octets after the DDP header.
+    pub payload_len: usize,
+    /// The decoded RDMAP body, for Read Request, Terminate, Immediate Data and atomics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<Body>,
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_be_bytes)
+}
+
+fn be64(b: &[u8], at: usize) -> Option<u64> {
+    b.get(at..at + 8).and_then(|s| s.try_into().ok()).map(u64::from_be_bytes)
+}
+
+fn header_info(h: &HeaderRepr) -> DdpHeader {
+    let model = match h.kind {
+        SegmentKind::Tagged { stag, to } => Model::Tagged { stag: stag.0, to: to.0 },
+        SegmentKind::Untagged { rdmap_word, qn, msn, mo } => {
+            Model::Untagged { rdmap_word, qn: u32::from(qn), msn: msn.0, mo }
+        }
+    };
+    DdpHeader {
+        last: h.last,
+        rdmap_control: h.rdmap_control,
+        opcode: Control::from_byte(h.rdmap_control).opcode.name(),
+        model,
+    }
+}
+
+/// Decodes a ULPDU as a DDP segment and its RDMAP message; `Err` describes a malformed one.
+///
+/// `siw_hint`: the sender looks like Linux siw, so a Terminate's control word is also read
+/// with siw's layout.
+pub fn decode(ulpdu: &[u8], siw_hint: bool) -> Result<Segment, String> {
+    let (h, hlen) = HeaderRepr::parse(ulpdu).map_err(|e| match e {
+        HeaderError::BadDdpVersion { .. } => e.to_string(),
+        _ => format!("malformed DDP segment: {e}"),
+    })?;
+    let control = Control::from_byte(h.rdmap_control);
+    if control.version != RDMAP_VERSION {
+        return Err(format!("invalid RDMAP version {} (expected {RDMAP_VERSION})", control.version));
+    }
+    let op = control.opcode;
+    if let Opcode::Unknown(v) = op {
+        return Err(format!("unknown RDMAP opcode 0x{v:x}"));
+    }
+    if op.is_tagged() != h.is_tagged() {
+        let (model, want) = if h.is_tagged() { ("tagged", "untagged") } else { ("untagged", "tagged") };
+        return Err(format!("RDMAP {} (a {want} message) in a {model} DDP segment", op.name()));
+    }
+    let payload = ulpdu.get(hlen..).unwrap_or(&[]);
+    let body = decode_body(op, payload, siw_hint)?;
+    Ok(Segment { header: header_info(&h), opcode_value: op.bits(), payload_len: payload.len(), body })
+}
+
+fn short(what: &str, needed: usize, got: usize) -> String {
+    format!("{what} truncated: {needed} bytes needed, {got} present")
+}
+
+fn decode_body(op: Opcode, p: &[u8], siw_hint: bool) -> Result<Option<Body>, String> {
+    Ok(Some(match op {
+        Opcode::ReadRequest => {
+            let r = ReadRequest::parse(p).map_err(|e| format!("Read Request body: {e}"))?;
+            Body::ReadRequest(r.into())
+        }
+        Opcode::Terminate => Body::Terminate(decode_terminate(p, siw_hint)?),
+        Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+            Body::ImmediateData { data: be64(p, 0).ok_or_else(|| short("Immediate Data", 8, p.len()))? }
+        }
+        Opcode::AtomicRequest => {
+            let err = || short("Atomic Request body", 56, p.len());
+            // Layout per RFC 7306 section 6.x, unverified against the RFC text: op code (32),
+            // request id (32), remote STag (32), remote TO (64), add/swap data and mask (64 each),
+            // compare data and mask (64 each).
+            let op = be32(p, 0).ok_or_else(err)?;
+            Body::AtomicRequest(AtomicRequestInfo {
+                op,
+                op_name: match op {
+                    0 => "FetchAdd",
+                    1 => "CompareSwap",
+                    _ => "unknown",
+                },
+                request_id: be32(p, 4).ok_or_else(err)?,
+                remote_stag: be32(p, 8).ok_or_else(err)?,
+                remote_to: be64(p, 12).ok_or_else(err)?,
+                add_swap_data: be64(p, 20).ok_or_else(err)?,
+                add_swap_mask: be64(p, 28).ok_or_else(err)?,
+                compare_data: be64(p, 36).ok_or_else(err)?,
+                compare_mask: be64(p, 44).ok_or_else(err)?,
+            })
+        }
+        Opcode::AtomicResponse => {
+            let err = || short("Atomic Response body", 12, p.len());
+            Body::AtomicResponse {
+                request_id: be32(p, 0).ok_or_else(err)?,
+                original: be64(p, 4).ok_or_else(err)?,
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+fn decode_terminate(p: &[u8], siw_hint: bool) -> Result<TerminateInfo, String> {
+    let rfc = TerminateHeader::parse(p).map_err(|e| format!("Terminate control word: {e}"))?;
+    let siw = TerminateHeader::parse_siw(p).map_err(|e| format!("Terminate control word: {e}"))?;
+    let flags = p.get(2).copied().unwrap_or(0);
+    // siw puts M/D/R in bits 0..2 of the third byte, where the RFC has reserved bits.
+    let siw_flags = flags & 0xe0 == 0 && flags & 0x07 != 0;
+    let show_siw = siw_hint || !rfc.cause.is_defined() || siw_flags;
+    let use_siw = show_siw && (!rfc.cause.is_defined() || siw_flags) && siw.cause.is_defined();
+    let eff = if use_siw { siw } else { rfc };
+    let mut at = TERMINATE_CONTROL_LEN;
+    // Layout after the control word: DDP segment length (16 bits) if M, then the terminated
+    // DDP header if D, then the terminated Read Request if R (RFC 5040 section 4.8; verify
+    // whether the segment length is followed by padding).
+    let segment_len = if eff.m {
+        let v = p
+            .get(at..at + 2)
+            .and_then(|s| s.try_into().ok())
+            .map(u16::from_be_bytes)
+            .ok_or_else(|| short("Terminate DDP segment length", at + 2, p.len()))?;
+        at += 2;
+        Some(v)
+    } else {
+        None
+    };
+    let ddp_header = if eff.d {
+        let rest = p.get(at..).unwrap_or(&[]);
+        let tagged = rest.first().is_some_and(|b| b & 0x80 != 0);
+        let len = if tagged { TAGGED_HEADER_LEN } else { UNTAGGED_HEADER_LEN };
+        let hdr = rest.get(..len).ok_or_else(|| short("Terminate's copied DDP header", len, rest.len()))?;
+        let (h, _) = HeaderRepr::parse(hdr).map_err(|e| format!("Terminate's copied DDP header: {e}"))?;
+        at += len;
+        Some(header_info(&h))
+    } else {
+        None
+    };
+    let read_request = if eff.r {
+        let rest = p.get(at..).unwrap_or(&[]);
+        let r = ReadRequest::parse(rest)
+            .map_err(|_| short("Terminate's copied Read Request", READ_REQUEST_LEN, rest.len()))?;
+        Some(r.into())
+    } else {
+        None
+    };
+    Ok(TerminateInfo {
+        rfc: rfc.into(),
+        siw: show_siw.then(|| siw.into()),
+        used: if use_siw { "siw" } else { "rfc" },
+        segment_len,
+        ddp_header,
+        read_request,
+    })
+}
+
+/// A finding of [`check_connection`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Which check.
+    pub kind: super::ViolationKind,
+    /// Direction.
+    pub dir: Option<Dir>,
+    /// Frame of the FPDU concerned.
+    pub frame: Option<usize>,
+    /// Stream offset of the FPDU concerned.
+    pub offset: Option<u64>,
+    /// What is wrong.
+    pub message: String,
+}
+
+struct Queue {
+    /// The next MSN, unknown after an FPDU that could not be decoded.
+    expected: Option<u32>,
+    /// (MSN, next MO) of a message whose L segment has not come yet.
+    open: Option<(u32, u64)>,
+}
+
+struct ReadResp {
+    stag: u32,
+    to: u64,
+    total: u64,
+    frame: Option<usize>,
+    offset: u64,
+}
+
+/// Checks the DDP/RDMAP sequence of a connection's decoded FPDUs.
+pub fn check_connection(conn: &Connection) -> Vec<Finding> {
+    use super::ViolationKind as K;
+    let mut out = Vec::new();
+    let find = |kind, f: &FpduInfo, message: String| Finding {
+        kind,
+        dir: Some(f.dir),
+        frame: f.frame,
+        offset: Some(f.offset),
+        message,
+    };
+    // Read Requests per direction, answered in order from the other direction.
+    let mut requests: BTreeMap<Dir, VecDeque<(usize, ReadRequestInfo)>> = BTreeMap::new();
+    let mut responses: BTreeMap<Dir, Vec<ReadResp>> = BTreeMap::new();
+    for dir in [Dir::InitiatorToResponder, Dir::ResponderToInitiator] {
+        let mut queues: BTreeMap<u32, Queue> = BTreeMap::new();
+        let mut resp: Option<ReadResp> = None;
+        let mut done = Vec::new();
+        // After an FPDU that did not decode (bad CRC, malformed), the sequence state is unknown.
+        let mut lost = false;
+        for f in conn.fpdus.iter().filter(|f| f.dir == dir) {
+            let Some(s) = &f.segment else {
+                lost = true;
+                for q in queues.values_mut() {
+                    q.expected = None;
+                    q.open = None;
+                }
+                resp = None;
+                continue;
+            };
+            match s.header.model {
+                Model::Untagged { qn, msn, mo, .. } => {
+                    let q = queues.entry(qn).or_insert(Queue { expected: (!lost).then_some(1), open: None });
+                    let mo = u64::from(mo);
+                    match q.open {
+                        Some((m, next)) if m == msn => {
+                            if mo != next {
+                                out.push(find(
+                                    K::MoMismatch,
+                                    f,
+                                    format!(
+                                        "FPDU #{}: QN {qn} MSN {msn}: MO {mo}, expected {next} (the previous segments' payload)",
+                                        f.index
+                                    ),
+                                ));
+                            }
+                        }
+                        open => {
+                            if let Some((m, _)) = open {
+                                out.push(find(
+                                    K::MsnSequence,
+                                    f,
+                                    format!(
+                                        "FPDU #{}: QN {qn}: MSN {msn} starts before message MSN {m} ended (no L segment)",
+                                        f.index
+                                    ),
+                                ));
+                            } else if let Some(expected) = q.expected.filter(|&e| e != msn) {
+                                let what =
+                                    if msn.wrapping_sub(expected) > u32::MAX / 2 { "repeat" } else { "gap" };
+                                out.push(find(
+                                    K::MsnSequence,
+                                    f,
+                                    format!(
+                                        "FPDU #{}: QN {qn}: MSN {what}: MSN {msn}, expected {expected}",
+                                        f.index
+                                    ),
+                                ));
+                            }
+                            if mo != 0 && q.expected.is_some() {
+                                out.push(find(
+                                    K::MoMismatch,
+                                    f,
+                                    format!(
+                                        "FPDU #{}: QN {qn} MSN {msn}: first segment of the message has MO {mo}, expected 0",
+                                        f.index
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    let next = mo + s.payload_len as u64;
+                    if s.header.last {
+                        q.open = None;
+                        q.expected = Some(msn.wrapping_add(1));
+                    } else {
+                        q.open = Some((msn, next));
+                    }
+                    if let Some(Body::ReadRequest(r)) = &s.body {
+                        requests.entry(dir).or_default().push_back((f.index, *r));
+                    }
+                }
+                Model::Tagged { stag, to } => {
+                    if s.opcode_value != Opcode::ReadResponse.bits() {
+                        continue;
+                    }
+                    let r =
+                        resp.get_or_insert(ReadResp { stag, to, total: 0, frame: f.frame, offset: f.offset });
+                    r.total += s.payload_len as u64;
+                    if s.header.last {
+                        done.extend(resp.take());
+                    }
+                }
+            }
+        }
+        responses.insert(dir, done);
+    }
+    for (dir, list) in responses {
+        let other = match dir {
+            Dir::InitiatorToResponder => Dir::ResponderToInitiator,
+            Dir::ResponderToInitiator => Dir::InitiatorToResponder,
+        };
+        let reqs = requests.entry(other).or_default();
+        for r in list {
+            let mk = |message: String| Finding {
+                kind: K::ReadResponse,
+                dir: Some(dir),
+                frame: r.frame,
+                offset: Some(r.offset),
+                message,
+            };
+            let Some((idx, q)) = reqs.pop_front() else {
+                out.push(mk(format!("Read Response (STag 0x{:08x}) without a Read Request", r.stag)));
+                continue;
+            };
+            if r.stag != q.sink_stag || r.to != q.sink_to {
+                out.push(mk(format!(
+                    "Read Response to STag 0x{:08x} TO 0x{:x}, but its Read Request ({other} FPDU #{idx}) names sink 0x{:08x}/0x{:x}",
+                    r.stag, r.to, q.sink_stag, q.sink_to
+                )));
+            }
+            if r.total != u64::from(q.size) {
+                out.push(mk(format!(
+                    "Read Response of {} bytes, but its Read Request ({other} FPDU #{idx}) asked for {}",
+                    r.total, q.size
+                )));
+            }
+        }
+    }
+    rtr_check(conn, &mut out);
+    out
+}
+
+fn rtr_check(conn: &Connection, out: &mut Vec<Finding>) {
+    let Some(w) = conn.reply.as_ref().and_then(|r| r.ird_ord) else { return };
+    if !w.p2p {
+        return;
+    }
+    let Some(first) = conn.fpdus.iter().find(|f| f.dir == Dir::InitiatorToResponder) else { return };
+    let Some(rtr) = conn.negotiated.and_then(|n| n.rtr) else { return };
+    let ok = first.segment.as_ref().is_some_and(|s| match rtr {
+        "write" => s.opcode_value == Opcode::Write.bits() && s.payload_len == 0 && s.header.last,
+        "read" => matches!(s.body, Some(Body::ReadRequest(r)) if r.size == 0),
+        _ => s.opcode_value == Opcode::Send.bits() && s.payload_len == 0,
+    });
+    if !ok {
+        out.push(Finding {
+            kind: super::ViolationKind::Rtr,
+            dir: Some(first.dir),
+            frame: first.frame,
+            offset: Some(first.offset),
+            message: format!(
+                "peer-to-peer: the initiator's first FPDU is not the zero-length {rtr} RTR message"
+            ),
+        });
+    }
+}
