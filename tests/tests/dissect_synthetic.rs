@@ -357,3 +357,150 @@ fn truncated_and_garbage_files_never_panic() {
         Err(dissect::DissectError::NotACapture)
     ));
 }
+
+/// Untagged segment: control octets, RDMAP word 0, QN, MSN, MO, payload.
+fn untagged_seg(last: bool, op: u8, qn: u32, msn: u32, mo: u32, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![if last { 0x41 } else { 0x01 }, 0x40 | op, 0, 0, 0, 0];
+    for w in [qn, msn, mo] {
+        u.extend_from_slice(&w.to_be_bytes());
+    }
+    u.extend_from_slice(payload);
+    u
+}
+
+fn tagged_seg(last: bool, op: u8, stag: u32, to: u64, payload: &[u8]) -> Vec<u8> {
+    let mut u = vec![if last { 0xc1 } else { 0x81 }, 0x40 | op];
+    u.extend_from_slice(&stag.to_be_bytes());
+    u.extend_from_slice(&to.to_be_bytes());
+    u.extend_from_slice(payload);
+    u
+}
+
+/// A connection (no CRC, no markers) carrying the given ULPDUs; the initiator's go first.
+fn custom(i2r_ulpdus: &[Vec<u8>], r2i_ulpdus: &[Vec<u8>]) -> Report {
+    let mut i2r = mpa_frame(b"MPA ID Req Frame", 0x10, 2, &[0, 1, 0, 1]);
+    let mut r2i = mpa_frame(b"MPA ID Rep Frame", 0x10, 2, &[0, 1, 0, 1]);
+    let mut f = Framer::new(false, false);
+    for u in i2r_ulpdus {
+        i2r.extend(f.frame_to_vec(u).unwrap());
+    }
+    let mut f = Framer::new(false, false);
+    for u in r2i_ulpdus {
+        r2i.extend(f.frame_to_vec(u).unwrap());
+    }
+    let c = Conn { i2r, r2i, sent_i2r: vec![], sent_r2i: vec![] };
+    run(&pcap(&segments(&c, 4000)))
+}
+
+fn kinds(r: &Report) -> Vec<ViolationKind> {
+    r.violations.iter().map(|v| v.kind).collect()
+}
+
+#[test]
+fn msn_gap_and_mo_jump() {
+    let r = custom(&[untagged_seg(true, 3, 0, 1, 0, &[1; 8]), untagged_seg(true, 3, 0, 3, 0, &[2; 8])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MsnSequence], "{:?}", r.violations);
+    assert!(r.violations[0].message.contains("MSN gap: MSN 3, expected 2"), "{:?}", r.violations);
+    // MO jump: a two-segment message whose second segment claims MO 100 after 8 bytes.
+    let r =
+        custom(&[untagged_seg(false, 3, 0, 1, 0, &[1; 8]), untagged_seg(true, 3, 0, 1, 100, &[2; 8])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MoMismatch], "{:?}", r.violations);
+    assert!(r.violations[0].message.contains("MO 100, expected 8"), "{:?}", r.violations);
+    // Correct two-segment message, then the next MSN: clean.
+    let r = custom(
+        &[
+            untagged_seg(false, 3, 0, 1, 0, &[1; 8]),
+            untagged_seg(true, 3, 0, 1, 8, &[2; 8]),
+            untagged_seg(true, 3, 0, 2, 0, &[3; 4]),
+        ],
+        &[],
+    );
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+fn read_request(sink: u32, size: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&sink.to_be_bytes());
+    b.extend_from_slice(&0x1000u64.to_be_bytes());
+    b.extend_from_slice(&size.to_be_bytes());
+    b.extend_from_slice(&0x77u32.to_be_bytes());
+    b.extend_from_slice(&0x2000u64.to_be_bytes());
+    untagged_seg(true, 1, 1, 1, 0, &b)
+}
+
+#[test]
+fn read_response_length_checked() {
+    let ok = custom(
+        &[read_request(0x55, 24)],
+        &[tagged_seg(false, 2, 0x55, 0x1000, &[0; 16]), tagged_seg(true, 2, 0x55, 0x1010, &[0; 8])],
+    );
+    assert!(ok.violations.is_empty(), "{:?}", ok.violations);
+    let bad = custom(&[read_request(0x55, 24)], &[tagged_seg(true, 2, 0x55, 0x1000, &[0; 16])]);
+    assert_eq!(kinds(&bad), [ViolationKind::ReadResponse], "{:?}", bad.violations);
+    assert!(bad.violations[0].message.contains("16 bytes"), "{:?}", bad.violations);
+}
+
+#[test]
+fn terminate_rfc_and_siw_layouts() {
+    use iwarp::dissect::ddp::Body;
+    // RFC layout: DDP (1) untagged (2) invalid QN (0x01), M + D, length, copied 18-byte header.
+    let copied = untagged_seg(true, 3, 9, 1, 0, &[]);
+    let mut p = vec![0x12, 0x01, 0xc0, 0x00, 0x00, 0x12];
+    p.extend_from_slice(&copied);
+    let siw_p = [[0x21, 0x01, 0x03, 0x00].as_slice(), &[0x00, 0x12], &copied].concat();
+    for (payload, used) in [(p, "rfc"), (siw_p, "siw")] {
+        let r =
+            custom(&[untagged_seg(true, 3, 0, 1, 0, &[0; 4])], &[untagged_seg(true, 7, 2, 1, 0, &payload)]);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        let f = r.connections[0].fpdus.iter().find(|f| f.dir == Dir::ResponderToInitiator).unwrap();
+        let Some(Body::Terminate(t)) = &f.segment.as_ref().unwrap().body else { panic!("{f:?}") };
+        assert_eq!(t.used, used);
+        let eff = if used == "siw" { t.siw.clone().unwrap() } else { t.rfc.clone() };
+        assert_eq!((eff.layer, eff.error_type, eff.code, eff.m, eff.d, eff.r), (1, 2, 1, true, true, false));
+        assert!(eff.defined);
+        if used == "siw" {
+            assert!(!t.rfc.defined, "{t:?}");
+        }
+        assert_eq!(t.segment_len, Some(18));
+        assert_eq!(t.ddp_header.unwrap().opcode, "Send");
+    }
+}
+
+#[test]
+fn malformed_ddp_rdmap() {
+    // Unknown opcode 0xC.
+    let r = custom(&[untagged_seg(true, 0xc, 0, 1, 0, &[])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp]);
+    assert!(r.violations[0].message.contains("unknown RDMAP opcode 0xc"), "{:?}", r.violations);
+    // DDP version 2.
+    let mut u = untagged_seg(true, 3, 0, 1, 0, &[]);
+    u[0] = 0x42;
+    let r = custom(&[u], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp]);
+    assert!(r.violations[0].message.contains("invalid DDP version 2"), "{:?}", r.violations);
+    // A tagged opcode (Write) in an untagged segment.
+    let r = custom(&[untagged_seg(true, 0, 0, 1, 0, &[])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp]);
+}
+
+#[test]
+fn atomic_request_and_immediate_data() {
+    use iwarp::dissect::ddp::Body;
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u32.to_be_bytes()); // CompareSwap
+    body.extend_from_slice(&7u32.to_be_bytes()); // request id
+    body.extend_from_slice(&0x99u32.to_be_bytes()); // remote STag
+    for v in [0x4000u64, 5, u64::MAX, 6, u64::MAX] {
+        body.extend_from_slice(&v.to_be_bytes());
+    }
+    let r = custom(
+        &[untagged_seg(true, 0xa, 1, 1, 0, &body), untagged_seg(true, 8, 0, 1, 0, &0x1122u64.to_be_bytes())],
+        &[],
+    );
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let f = &r.connections[0].fpdus;
+    let Some(Body::AtomicRequest(a)) = &f[0].segment.as_ref().unwrap().body else { panic!() };
+    assert_eq!((a.op_name, a.request_id, a.remote_stag, a.remote_to), ("CompareSwap", 7, 0x99, 0x4000));
+    assert_eq!((a.add_swap_data, a.compare_data), (5, 6));
+    assert_eq!(f[1].segment.as_ref().unwrap().body, Some(Body::ImmediateData { data: 0x1122 }));
+}
