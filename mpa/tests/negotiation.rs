@@ -31,6 +31,20 @@ fn handshake(init: &Policy, resp: &Policy) -> Result<(ConnParams, ConnParams), (
     Ok((client, server))
 }
 
+/// A plain revision-2 Reply (no CRC, no markers) carrying `word`.
+fn reply_with(word: IrdOrd) -> FrameRepr<'static> {
+    FrameRepr {
+        kind: FrameKind::Reply,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        ird_ord: Some(word),
+        reserved: 0,
+        private_data: &[],
+    }
+}
+
 fn check_consistent(c: &ConnParams, s: &ConnParams) {
     assert_eq!(c.crc, s.crc, "both ends agree on CRC");
     assert_eq!(c.markers_tx, s.markers_rx, "markers towards the responder");
@@ -83,16 +97,7 @@ fn crc_table() {
 #[test]
 fn required_crc_refuses_plain_reply() {
     let init = Policy { crc: CrcPolicy::Required, ..Policy::default() };
-    let reply = FrameRepr {
-        kind: FrameKind::Reply,
-        markers: false,
-        crc: false,
-        reject: false,
-        revision: 2,
-        ird_ord: Some(IrdOrd { ird: 1, ord: 1, ..IrdOrd::default() }),
-        reserved: 0,
-        private_data: &[],
-    };
+    let reply = reply_with(IrdOrd { ird: 1, ord: 1, ..IrdOrd::default() });
     let e = init.accept_reply(&reply).unwrap_err();
     assert_eq!(e, NegotiationError::CrcRequired);
     assert_eq!(e.llp_code(), Some(LlpErrorCode::InvalidRequestReply));
@@ -222,16 +227,7 @@ fn ird_ord_table() {
 #[test]
 fn responder_ord_above_initiator_ird_is_insufficient() {
     let init = Policy { ird: 1, ord: 1, ..Policy::default() };
-    let reply = FrameRepr {
-        kind: FrameKind::Reply,
-        markers: false,
-        crc: false,
-        reject: false,
-        revision: 2,
-        ird_ord: Some(IrdOrd { ird: 1, ord: 5, ..IrdOrd::default() }),
-        reserved: 0,
-        private_data: &[],
-    };
+    let reply = reply_with(IrdOrd { ird: 1, ord: 5, ..IrdOrd::default() });
     let e = init.accept_reply(&reply).unwrap_err();
     assert!(matches!(e, NegotiationError::InsufficientIrd { .. }));
     assert_eq!(e.llp_code(), Some(LlpErrorCode::InsufficientIrd));
@@ -281,16 +277,7 @@ fn rtr_table() {
 fn reply_choosing_unoffered_or_several_rtr_types() {
     let init = Policy { peer_to_peer: true, ..Policy::default() };
     for chosen in [RtrTypes { send: true, ..RtrTypes::NONE }, RtrTypes::ALL, RtrTypes::NONE] {
-        let reply = FrameRepr {
-            kind: FrameKind::Reply,
-            markers: false,
-            crc: false,
-            reject: false,
-            revision: 2,
-            ird_ord: Some(IrdOrd { ird: 1, ord: 1, peer_to_peer: true, rtr: chosen }),
-            reserved: 0,
-            private_data: &[],
-        };
+        let reply = reply_with(IrdOrd { ird: 1, ord: 1, peer_to_peer: true, rtr: chosen });
         let e = init.accept_reply(&reply).unwrap_err();
         assert_eq!(e.llp_code(), Some(LlpErrorCode::NoMatchingRtr), "{chosen:?}");
     }

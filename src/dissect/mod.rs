@@ -1,14 +1,18 @@
-//! Packet-capture analysis: find the MPA connections in a pcap/pcapng file and decode them.
+//! Packet-capture analysis: find the iWARP connections in a pcap/pcapng file and decode them.
 //!
 //! The pipeline: [`capture`] reads the file into packets, [`tcp`] decodes Ethernet/IP/TCP and
 //! reassembles both directions of each TCP connection, and [`mpa`] finds the MPA
 //! Request/Reply at the start of each connection's streams, then deframes every FPDU with the
-//! negotiated CRC and marker settings. The result is a [`Report`]: plain data (serializable
-//! with serde) that the `iwarp dissect` command prints as text or JSON.
+//! negotiated CRC and marker settings, and [`ddp`] decodes each ULPDU as a DDP segment with
+//! its RDMAP message (Read Request, Terminate, RFC 7306 bodies) and follows the message
+//! sequence of each direction. The result is a [`Report`]: plain data (serializable with
+//! serde) that the `iwarp dissect` command prints as text or JSON.
 //!
 //! Findings come in two strengths: a [`Violation`] is a protocol error on the wire (a bad CRC,
-//! a bad marker, a malformed frame or FPDU); a [`Note`] is something worth knowing that is not
-//! the peers' fault (a capture that starts mid-connection or is truncated, a gap).
+//! a bad marker, a malformed frame, FPDU or DDP segment, an MSN gap, an MO jump, a Read
+//! Response that does not match its request, a missing RTR, a responder that sends first);
+//! a [`Note`] is something worth knowing that is not the peers' fault (a capture that starts
+//! mid-connection or is truncated, a gap).
 //!
 //! ```no_run
 //! let report = iwarp::dissect::dissect_file("trace.pcap".as_ref(), &Default::default()).unwrap();

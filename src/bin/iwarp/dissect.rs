@@ -12,16 +12,18 @@ const EXIT_VIOLATIONS: u8 = 1;
 /// Exit status when the file could not be dissected at all.
 const EXIT_ERROR: u8 = 2;
 
-/// Decode the MPA connections in a pcap/pcapng capture: handshakes and every FPDU.
+/// Decode the iWARP connections in a pcap/pcapng capture: MPA handshakes, every FPDU and its
+/// DDP segment and RDMAP message.
 ///
 /// Reads a pcap or pcapng file (Ethernet, raw IP, Linux cooked or loopback link types),
 /// reassembles every TCP connection in both directions, finds the MPA connections by their
 /// Request/Reply, and prints the handshake and every FPDU (length, pad, CRC verdict, marker
-/// positions, DDP/RDMAP control octets), one line each.
+/// positions, DDP header, RDMAP opcode and body), one line each.
 ///
 /// Exit status: 0 when everything decoded cleanly, 1 when there were protocol violations (bad
-/// CRC, bad marker, malformed frame; a one-line summary goes to stderr), 2 when the file could
-/// not be read or is not a capture.
+/// CRC or marker, malformed frame or segment, MSN/MO sequence errors, a Read Response that
+/// does not match its request, a responder sending first; a one-line summary goes to stderr),
+/// 2 when the file could not be read or is not a capture.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The capture file (pcap or pcapng).
