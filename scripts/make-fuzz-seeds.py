@@ -2,7 +2,8 @@
 """Builds the fuzz seed corpora from the siw captures in tests/data/siw.
 
 For every TCP connection that starts with an MPA Request, it writes the Request and the
-Reply (with a policy-selector byte in front) as seeds for `mpa_frame`, and the first few KiB
+Reply (with a policy-selector byte in front) as seeds for `mpa_frame`, the first ULPDUs for
+`ddp_rdmap_parse`, and the first few KiB
 of each direction's FPDU stream (with a selector byte for CRC on/off) for `mpa_deframe`.
 Only classic pcap with Ethernet/IPv4/TCP is needed for these captures.
 """
@@ -83,5 +84,15 @@ for path in sorted(glob.glob(os.path.join(root, "tests", "data", "siw", "*.pcap"
         body = stream[flen:flen + 4096]
         if body:
             write("mpa_deframe", bytes([crc]) + body)
+        # The first FPDUs' ULPDUs (no markers in these captures) seed the DDP/RDMAP parser.
+        off = flen
+        for _ in range(6):
+            if off + 2 > len(stream):
+                break
+            ulen = struct.unpack(">H", stream[off:off + 2])[0]
+            ulpdu = stream[off + 2:off + 2 + ulen]
+            if len(ulpdu) == ulen:
+                write("ddp_rdmap_parse", ulpdu[:512])
+            off += 2 + ulen + (4 - (ulen + 2) % 4) % 4 + 4
         count += 1
 print(f"seeds from {count} MPA streams written under {out}")
