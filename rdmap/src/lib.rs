@@ -7,6 +7,8 @@
 //! clock; time is passed in.
 #![forbid(unsafe_code)]
 
+pub mod atomic;
 pub mod wire;
 
+pub use atomic::{AtomicOp, AtomicRequest, AtomicResponse, ImmediateData};
 pub use wire::{Control, Opcode, ReadRequest, TerminateHeader};
