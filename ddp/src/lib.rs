@@ -3,6 +3,10 @@
 //! - [`header`]: the tagged (14-byte) and untagged (18-byte) headers: the [`Segment`] view and
 //!   the [`SegmentRepr`] / [`HeaderRepr`] forms with `parse` and `emit`; the protocol
 //!   quantities [`STag`], [`Msn`], [`TaggedOffset`], [`QueueNumber`].
+//! - [`memory`]: the bytes of a registered region ([`RegionMemory`]), shared between the
+//!   application and the placement engine, accessed only by relaxed atomic word copies.
+//! - [`placement`]: tagged placement into a region ([`place_tagged`]) and untagged placement
+//!   across a posted receive's scatter list ([`place_untagged`]).
 //! - [`segment`]: one message -> MULPDU-sized segments ([`Segmenter`]).
 //! - [`stag_table`]: the tagged buffer table ([`TaggedBufferTable`]): regions, windows,
 //!   invalidation, and the placement checks with their Terminate codes.
@@ -15,8 +19,8 @@
 //!
 //! ```
 //! use iwarp_ddp::{
-//!     Access, Addressing, MessageTarget, ProtectionDomainId, RegionSpec, SegmentKind, SegmentRepr,
-//!     Segmenter, TaggedBufferTable, TaggedOffset,
+//!     Access, Addressing, MessageTarget, ProtectionDomainId, RegionMemory, RegionSpec, SegmentKind,
+//!     SegmentRepr, Segmenter, TaggedBufferTable, TaggedOffset, place_tagged,
 //! };
 //!
 //! // The sink registers 8 KiB and hands the STag to the peer.
@@ -28,7 +32,8 @@
 //!     access: Access::REMOTE_WRITE,
 //!     addressing: Addressing::VirtualAddress,
 //! };
-//! let stag = table.register(pd, spec).unwrap();
+//! let memory = RegionMemory::zeroed(8192);
+//! let stag = table.register(pd, spec, memory.clone()).unwrap();
 //!
 //! // The source segments an RDMA Write (RDMAP control 0x40) for MULPDU 1442, as siw does.
 //! let message = vec![7u8; 8192];
@@ -41,11 +46,16 @@
 //!     let len = seg.payload.len() as u64;
 //!     let placement = table.check(stag, pd, Access::REMOTE_WRITE, to, len).unwrap();
 //!     assert_eq!(placement.offset_in_region, to.0 - 0x4000);
+//!     // ... and places it: one copy from the receive buffer into the region.
+//!     place_tagged(&table, pd, stag, to, seg.payload, Access::REMOTE_WRITE).unwrap();
 //! }
+//! assert_eq!(memory.to_vec(), message);
 //! ```
 #![forbid(unsafe_code)]
 
 pub mod header;
+pub mod memory;
+pub mod placement;
 pub mod segment;
 pub mod stag_table;
 pub mod terminate;
@@ -54,6 +64,8 @@ pub mod untagged;
 pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
 };
+pub use memory::{OutOfBounds, RegionMemory};
+pub use placement::{Sge, place_tagged, place_untagged, resolve_tagged};
 pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use stag_table::{
     Access, AccessError, Addressing, Entry, EntryKind, Placement, ProtectionDomainId, RegionSpec, TableError,

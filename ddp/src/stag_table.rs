@@ -1,7 +1,14 @@
 //! The tagged buffer table: STag index -> registered region or memory window, and the checks
 //! every tagged placement passes (RFC 5040 section 6.4 / RFC 5041 section 7.2).
 //!
-//! This module holds metadata only; it touches no memory. [`TaggedBufferTable::check`] turns
+//! Each region entry holds its memory, an [`Arc<RegionMemory>`](RegionMemory) shared with the
+//! application's handle (register takes one); a window uses its parent region's. The table
+//! itself never reads or writes that memory: [`crate::placement`] does, after the checks.
+//! Because the table and the application share ownership, and an in-flight placement holds
+//! its own clone ([`TaggedBufferTable::region_memory`]), deregistering a region during a
+//! placement cannot free the memory under the engine.
+//!
+//! [`TaggedBufferTable::check`] turns
 //! `(STag, PD, access, TO, length)` into a [`Placement`] (which region, at which byte offset)
 //! or an [`AccessError`], checking in this order:
 //!
@@ -24,8 +31,10 @@
 //! 8-bit key wraps, as on an RNIC).
 
 use core::fmt;
+use std::sync::Arc;
 
 use crate::header::{STag, TaggedOffset};
+use crate::memory::RegionMemory;
 use crate::terminate::{TerminateCode, ddp_type, rdmap_type};
 
 /// Access rights of a region or window: a small set of four flags.
@@ -271,6 +280,13 @@ pub enum TableError {
     OutOfBounds,
     /// A window asks for rights its region does not grant.
     AccessNotSubset,
+    /// The region's length exceeds the memory given for it.
+    MemoryTooShort {
+        /// The region's length.
+        len: u64,
+        /// The memory's length.
+        memory_len: usize,
+    },
 }
 
 impl fmt::Display for TableError {
@@ -286,6 +302,9 @@ impl fmt::Display for TableError {
             TableError::PdMismatch(s) => write!(f, "STag {s} is in another protection domain"),
             TableError::OutOfBounds => f.write_str("memory window outside its region"),
             TableError::AccessNotSubset => f.write_str("memory window rights exceed its region's"),
+            TableError::MemoryTooShort { len, memory_len } => {
+                write!(f, "region of {len} bytes given memory of {memory_len} bytes")
+            }
         }
     }
 }
@@ -307,6 +326,9 @@ enum Slot {
 pub struct TaggedBufferTable {
     /// `slots[i]` is index `i`; slot 0 is a permanent placeholder, never handed out.
     slots: Vec<Slot>,
+    /// `memories[i]` is the memory of the region at index `i` (`None` for free slots, windows,
+    /// and regions allocated invalid and not yet fast-registered). Same length as `slots`.
+    memories: Vec<Option<Arc<RegionMemory>>>,
     free_head: Option<u32>,
     /// The largest number of slots (index 0 included), at most 2^24.
     capacity: u32,
@@ -320,6 +342,7 @@ impl TaggedBufferTable {
         let capacity = max_entries.min(STag::MAX_INDEX).saturating_add(1);
         TaggedBufferTable {
             slots: vec![Slot::Free { next_free: None, last_key: 0 }],
+            memories: vec![None],
             free_head: None,
             capacity,
             used: 0,
@@ -381,6 +404,7 @@ impl TaggedBufferTable {
                 return Err(TableError::TableFull);
             }
             self.slots.push(Slot::Free { next_free: None, last_key: 0 });
+            self.memories.push(None);
             (index, 0)
         };
         let stag = STag::from_parts(index, key).ok_or(TableError::TableFull)?;
@@ -398,6 +422,7 @@ impl TaggedBufferTable {
         if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i)) {
             *slot = Slot::Free { next_free: self.free_head, last_key };
             self.free_head = Some(index);
+            self.set_memory(index, None);
             self.used -= 1;
         }
     }
@@ -423,10 +448,53 @@ impl TaggedBufferTable {
         })
     }
 
-    /// Registers a memory region; returns its (valid) STag.
-    pub fn register(&mut self, pd: ProtectionDomainId, spec: RegionSpec) -> Result<STag, TableError> {
+    fn set_memory(&mut self, index: u32, memory: Option<Arc<RegionMemory>>) {
+        if let Some(m) = usize::try_from(index).ok().and_then(|i| self.memories.get_mut(i)) {
+            *m = memory;
+        }
+    }
+
+    fn memory_fits(spec: &RegionSpec, memory: &RegionMemory) -> Result<(), TableError> {
+        let too_short = TableError::MemoryTooShort { len: spec.len, memory_len: memory.len() };
+        match usize::try_from(spec.len) {
+            Ok(len) if len <= memory.len() => Ok(()),
+            _ => Err(too_short),
+        }
+    }
+
+    /// Registers a memory region over `memory` (the region's byte 0 is the memory's byte 0;
+    /// `spec.len` may not exceed `memory.len()`); returns its (valid) STag. The table keeps a
+    /// clone of the [`Arc`]; the caller keeps its own as the application's handle.
+    pub fn register(
+        &mut self,
+        pd: ProtectionDomainId,
+        spec: RegionSpec,
+        memory: Arc<RegionMemory>,
+    ) -> Result<STag, TableError> {
+        Self::memory_fits(&spec, &memory)?;
         let entry = Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 })?;
-        self.allocate(entry)
+        let stag = self.allocate(entry)?;
+        self.set_memory(stag.index(), Some(memory));
+        Ok(stag)
+    }
+
+    /// The memory of the region or window `stag` names (for a window: its parent region's),
+    /// if the key matches, valid or not.
+    pub fn memory(&self, stag: STag) -> Option<&Arc<RegionMemory>> {
+        let index = match self.get(stag)?.kind {
+            EntryKind::Region { .. } => stag.index(),
+            EntryKind::Window { parent } => parent,
+        };
+        self.region_memory(index)
+    }
+
+    /// The memory of the region at table index `index` ([`Placement::region_index`]). Clone
+    /// the [`Arc`] to keep it alive across a placement done without borrowing the table.
+    pub fn region_memory(&self, index: u32) -> Option<&Arc<RegionMemory>> {
+        if index == 0 {
+            return None;
+        }
+        self.memories.get(usize::try_from(index).ok()?)?.as_ref()
     }
 
     /// Allocates an invalid region STag for later [`TaggedBufferTable::fast_register`] (verbs
@@ -438,9 +506,15 @@ impl TaggedBufferTable {
         self.allocate(entry)
     }
 
-    /// Fast-register: an invalid region entry at `stag`'s index takes a new range, rights and
-    /// the key of `stag` (the consumer picks the new key), and becomes valid.
-    pub fn fast_register(&mut self, stag: STag, spec: RegionSpec) -> Result<(), TableError> {
+    /// Fast-register: an invalid region entry at `stag`'s index takes a new range, rights,
+    /// memory and the key of `stag` (the consumer picks the new key), and becomes valid.
+    /// `spec.len` may not exceed `memory.len()`.
+    pub fn fast_register(
+        &mut self,
+        stag: STag,
+        spec: RegionSpec,
+        memory: Arc<RegionMemory>,
+    ) -> Result<(), TableError> {
         let index = stag.index();
         let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
         let Some(Slot::Used(e)) = slot else {
@@ -455,12 +529,14 @@ impl TaggedBufferTable {
         if spec.base_va.checked_add(spec.len).is_none() {
             return Err(TableError::RangeWraps);
         }
+        Self::memory_fits(&spec, &memory)?;
         e.base_va = spec.base_va;
         e.len = spec.len;
         e.access = spec.access;
         e.addressing = spec.addressing;
         e.key = stag.key();
         e.valid = true;
+        self.set_memory(index, Some(memory));
         Ok(())
     }
 
@@ -597,13 +673,17 @@ mod tests {
     const BASE: u64 = 0x5609_81e2_4000;
     const RW: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::LOCAL_WRITE);
 
+    fn mem(len: u64) -> Arc<RegionMemory> {
+        RegionMemory::zeroed(usize::try_from(len).unwrap())
+    }
+
     fn spec(base_va: u64, len: u64, access: Access) -> RegionSpec {
         RegionSpec { base_va, len, access, addressing: Addressing::VirtualAddress }
     }
 
     fn table_with_region() -> (TaggedBufferTable, STag) {
         let mut t = TaggedBufferTable::new(16);
-        let s = t.register(PD, spec(BASE, 8192, RW)).unwrap();
+        let s = t.register(PD, spec(BASE, 8192, RW), mem(8192)).unwrap();
         (t, s)
     }
 
@@ -703,22 +783,59 @@ mod tests {
     fn register_deregister_reuses_index_with_new_key() {
         let mut t = TaggedBufferTable::new(2);
         assert!(t.is_empty());
-        let a = t.register(PD, spec(0, 10, RW)).unwrap();
-        let b = t.register(PD, spec(0, 10, RW)).unwrap();
+        let a = t.register(PD, spec(0, 10, RW), mem(10)).unwrap();
+        let b = t.register(PD, spec(0, 10, RW), mem(10)).unwrap();
         assert_ne!(a.index(), 0);
         assert_ne!(a.index(), b.index());
         assert_eq!(t.len(), 2);
-        assert_eq!(t.register(PD, spec(0, 10, RW)), Err(TableError::TableFull));
+        assert_eq!(t.register(PD, spec(0, 10, RW), mem(10)), Err(TableError::TableFull));
         t.deregister(a).unwrap();
         assert_eq!(t.deregister(a), Err(TableError::NoSuchStag(a)));
-        let c = t.register(PD, spec(0, 10, RW)).unwrap();
+        let c = t.register(PD, spec(0, 10, RW), mem(10)).unwrap();
         assert_eq!(c.index(), a.index());
         assert_ne!(c.key(), a.key());
         // The stale STag does not reach the new region.
         assert_eq!(t.check(a, PD, Access::REMOTE_READ, TaggedOffset(0), 1), Err(AccessError::InvalidStag));
         assert!(t.check(c, PD, Access::REMOTE_READ, TaggedOffset(0), 1).is_ok());
-        assert_eq!(t.register(PD, spec(u64::MAX, 2, RW)), Err(TableError::RangeWraps));
+        assert_eq!(t.register(PD, spec(u64::MAX, 2, RW), mem(2)), Err(TableError::RangeWraps));
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn memory_is_shared_and_follows_the_entry() {
+        let mut t = TaggedBufferTable::new(4);
+        let m = mem(64);
+        assert_eq!(
+            t.register(PD, spec(BASE, 65, RW), m.clone()),
+            Err(TableError::MemoryTooShort { len: 65, memory_len: 64 })
+        );
+        assert_eq!(Arc::strong_count(&m), 1, "a refused register keeps no clone");
+        let r = t.register(PD, spec(BASE, 32, RW), m.clone()).unwrap();
+        assert_eq!(Arc::strong_count(&m), 2);
+        assert!(Arc::ptr_eq(t.memory(r).unwrap(), &m));
+        assert!(Arc::ptr_eq(t.region_memory(r.index()).unwrap(), &m));
+        let w = t.bind_window(r, PD, spec(BASE + 8, 8, Access::REMOTE_READ)).unwrap();
+        assert!(Arc::ptr_eq(t.memory(w).unwrap(), &m), "a window uses its region's memory");
+        assert_eq!(Arc::strong_count(&m), 2, "the window holds no clone of its own");
+        assert!(t.memory(STag(r.0 ^ 1)).is_none());
+        assert!(t.region_memory(0).is_none());
+        // An in-flight placement's clone outlives deregistration.
+        let in_flight = t.region_memory(r.index()).cloned().unwrap();
+        t.deregister(w).unwrap();
+        t.deregister(r).unwrap();
+        assert!(t.region_memory(r.index()).is_none());
+        in_flight.write(0, b"still here").unwrap();
+        drop(in_flight);
+        assert_eq!(Arc::strong_count(&m), 1);
+        assert_eq!(&m.to_vec()[..10], b"still here");
+        // Fast-register checks the memory's length too.
+        let s = t.allocate_invalid(PD).unwrap();
+        assert!(t.memory(s).is_none());
+        assert_eq!(
+            t.fast_register(s, spec(0, 9, RW), mem(8)),
+            Err(TableError::MemoryTooShort { len: 9, memory_len: 8 })
+        );
+        assert!(TableError::MemoryTooShort { len: 9, memory_len: 8 }.to_string().contains("9 bytes"));
     }
 
     #[test]
@@ -728,6 +845,7 @@ mod tests {
             .register(
                 PD,
                 RegionSpec { base_va: BASE, len: 100, access: RW, addressing: Addressing::ZeroBased },
+                mem(100),
             )
             .unwrap();
         assert_eq!(
@@ -782,8 +900,11 @@ mod tests {
         let s = t.allocate_invalid(PD).unwrap();
         assert_eq!(t.check(s, PD, Access::NONE, TaggedOffset(0), 0), Err(AccessError::InvalidStag));
         let new = STag::from_parts(s.index(), s.key().wrapping_add(1)).unwrap();
-        t.fast_register(new, spec(0x1000, 0x100, Access::REMOTE_WRITE)).unwrap();
-        assert_eq!(t.fast_register(new, spec(0x1000, 1, Access::NONE)), Err(TableError::StillValid(new)));
+        t.fast_register(new, spec(0x1000, 0x100, Access::REMOTE_WRITE), mem(0x100)).unwrap();
+        assert_eq!(
+            t.fast_register(new, spec(0x1000, 1, Access::NONE), mem(0x100)),
+            Err(TableError::StillValid(new))
+        );
         assert_eq!(
             t.check(new, PD, Access::REMOTE_WRITE, TaggedOffset(0x10ff), 1),
             Ok(Placement { region_index: s.index(), offset_in_region: 0xff })
@@ -793,22 +914,25 @@ mod tests {
             Err(AccessError::InvalidStag)
         );
         t.invalidate(new).unwrap();
-        assert_eq!(t.fast_register(new, spec(u64::MAX, 1, Access::NONE)), Err(TableError::RangeWraps));
+        assert_eq!(
+            t.fast_register(new, spec(u64::MAX, 1, Access::NONE), mem(0x100)),
+            Err(TableError::RangeWraps)
+        );
         let w = {
-            t.fast_register(new, spec(0x1000, 0x100, Access::ALL)).unwrap();
+            t.fast_register(new, spec(0x1000, 0x100, Access::ALL), mem(0x100)).unwrap();
             t.bind_window(new, PD, spec(0x1080, 0x80, Access::REMOTE_READ)).unwrap()
         };
-        assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE)), Err(TableError::WrongKind(w)));
+        assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE), mem(0x100)), Err(TableError::WrongKind(w)));
         // Re-registering the region smaller leaves the window's old range outside it.
         t.invalidate(new).unwrap();
-        t.fast_register(new, spec(0x1000, 0x90, Access::ALL)).unwrap();
+        t.fast_register(new, spec(0x1000, 0x90, Access::ALL), mem(0x100)).unwrap();
         assert!(t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x10).is_ok());
         assert_eq!(
             t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x11),
             Err(AccessError::BaseOrBounds)
         );
         assert_eq!(
-            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE)),
+            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE), mem(0x100)),
             Err(TableError::NoSuchStag(STag(0x0300)))
         );
     }
@@ -829,7 +953,7 @@ mod tests {
         fn check_is_total(stag in any::<u32>(), to in any::<u64>(), len in any::<u64>(), base in any::<u64>(), rlen in 0u64..1 << 20) {
             let mut t = TaggedBufferTable::new(8);
             let base = base.min(u64::MAX - rlen);
-            let s = t.register(PD, spec(base, rlen, RW)).unwrap();
+            let s = t.register(PD, spec(base, rlen, RW), mem(rlen)).unwrap();
             for candidate in [STag(stag), s] {
                 if let Ok(p) = t.check(candidate, PD, Access::REMOTE_WRITE, TaggedOffset(to), len) {
                     prop_assert!(p.offset_in_region + len <= rlen);
