@@ -8,7 +8,9 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod terminate;
 pub mod wire;
 
 pub use atomic::{AtomicOp, AtomicRequest, AtomicResponse, ImmediateData};
+pub use terminate::{RdmapError, TerminateMessage, TerminatedDdpHeader};
 pub use wire::{Control, Opcode, ReadRequest, TerminateHeader};
