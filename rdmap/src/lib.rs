@@ -1,13 +1,23 @@
 //! RDMAP, the RDMA Protocol (RFC 5040, with the RFC 7306 extensions).
 //!
-//! Today this crate holds the RDMAP wire formats ([`wire`]): opcodes, the control byte, the
-//! Read Request body and the Terminate control word (in the RFC layout, and decoded from siw's
-//! bit-field layout too). The queue-pair state machine, work requests and completions, ORD/IRD
-//! accounting and Terminate generation come next. It is sans-IO: no sockets, no threads, no
-//! clock; time is passed in.
+//! - [`wire`]: opcodes, the control byte, the Read Request body and the Terminate control word
+//!   (RFC layout, and siw's bit-field layout decoded too); [`atomic`]: the RFC 7306 Atomic
+//!   Request/Response and Immediate Data bodies and the atomic semantics; [`terminate`]: the
+//!   whole Terminate message and which headers it copies for each error.
+//! - [`qp`]: the queue pair: send and receive queues, RDMA Write, Read and the Send variants,
+//!   ORD/IRD, completions in RFC 5040 order, Terminate on every peer violation and flushing of
+//!   every outstanding work request exactly once.
+//! - [`conn`]: a queue pair over MPA (bytes in, bytes out); [`memory`]: what a queue pair needs
+//!   from registered memory, and [`table_memory`] that over DDP's tagged buffer table.
+//!
+//! It is sans-IO: no sockets, no threads, no clock; time is passed in.
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod conn;
+pub mod memory;
+pub mod qp;
+pub mod table_memory;
 pub mod terminate;
 pub mod wire;
 

@@ -1,0 +1,89 @@
+//! A queue pair over MPA: the byte-stream side of one iWARP connection after its handshake.
+//!
+//! [`Connection::handle_bytes`] takes what TCP delivered (any chunking), deframes FPDUs and
+//! hands their ULPDUs to the queue pair; [`Connection::poll_transmit`] frames the queue pair's
+//! segments into bytes for TCP. An MPA error (CRC, marker, length) terminates the stream with
+//! the LLP code for it.
+
+use iwarp_ddp::{TerminateCode, TerminateLayer};
+use iwarp_mpa::{ConnParams, Deframer, Framer, StreamDeframer};
+
+use crate::memory::Memory;
+use crate::qp::{QpConfig, QueuePair};
+
+/// One connection: the queue pair, the framer for what it sends and the deframer for what it
+/// receives.
+#[derive(Debug)]
+pub struct Connection {
+    qp: QueuePair,
+    framer: Framer,
+    deframer: StreamDeframer,
+    segment: Vec<u8>,
+}
+
+impl Connection {
+    /// A connection in RTS with the negotiated MPA parameters and queue-pair settings.
+    pub fn new(params: &ConnParams, config: QpConfig) -> Connection {
+        Connection {
+            qp: QueuePair::new(config),
+            framer: Framer::new(params.crc, params.markers_tx),
+            deframer: StreamDeframer::new(Deframer::new(params.crc, params.markers_rx)),
+            segment: vec![0; config.mulpdu],
+        }
+    }
+
+    /// The queue pair.
+    pub fn qp(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// The queue pair, read-only.
+    pub fn qp_ref(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// Takes received bytes.
+    pub fn handle_bytes(&mut self, mem: &mut impl Memory, bytes: &[u8]) {
+        self.deframer.push(bytes);
+        loop {
+            match self.deframer.next_fpdu() {
+                Ok(Some(f)) => self.qp.handle_ulpdu(mem, f.ulpdu),
+                Ok(None) => break,
+                Err(e) => {
+                    let code = TerminateCode {
+                        layer: TerminateLayer::Llp,
+                        error_type: 0,
+                        code: e.llp_code().code(),
+                    };
+                    self.qp.handle_llp_error(code);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Frames everything the queue pair has to send, up to about `limit` bytes, appending to
+    /// `out`; returns the bytes appended.
+    pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
+        let start = out.len();
+        while out.len() - start < limit {
+            let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
+            let ulpdu = &self.segment[..n];
+            let at = out.len();
+            out.resize(at + self.framer.wire_len(n), 0);
+            match self.framer.frame(ulpdu, &mut out[at..]) {
+                Ok(w) => out.truncate(at + w),
+                Err(_) => {
+                    out.truncate(at);
+                    break;
+                }
+            }
+        }
+        out.len() - start
+    }
+
+    /// The lower layer closed or failed.
+    pub fn handle_llp_lost(&mut self) {
+        self.qp.handle_llp_lost();
+    }
+}

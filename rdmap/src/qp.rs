@@ -1,0 +1,823 @@
+//! The RDMAP queue pair (RFC 5040 sections 5-7): send and receive queues, RDMA Write, Read and
+//! the Send variants, ORD/IRD, completions, Terminate and flushing. Sans-IO: DDP segments
+//! (ULPDUs) come in through [`QueuePair::handle_ulpdu`] and go out through
+//! [`QueuePair::poll_transmit`]; memory is reached through [`Memory`].
+//!
+//! States (RFC 5040 section 6 and the verbs QP states it maps to):
+//!
+//! ```text
+//!   Rts --(local error: Terminate queued)--> Terminate --(Terminate sent)--> Error
+//!   Rts --(Terminate received / LLP lost)--------------------------------> Error
+//!   Rts --(close)--> Closing --(queues drained)--> Error
+//! ```
+//!
+//! "Only the first error counts": once the QP has left `Rts`, later errors are ignored. On
+//! leaving `Rts` every work request not yet completed completes exactly once with
+//! [`WcStatus::WrFlushError`] (those already finished complete with their own status, in
+//! posting order), and work posted afterwards is flushed at once, as verbs do.
+
+use std::collections::VecDeque;
+
+use iwarp_ddp::header::{SegmentKind, SegmentRepr, UNTAGGED_HEADER_LEN};
+use iwarp_ddp::stag_table::{Access, AccessError};
+use iwarp_ddp::{
+    MessageTarget, Msn, QueueNumber, STag, Segmenter, TaggedOffset, TerminateCode, UntaggedError,
+    UntaggedQueues,
+};
+
+use crate::memory::{Memory, Sge, gather, scatter, sgl_len};
+use crate::terminate::TerminateMessage;
+use crate::wire::{Control, Opcode, RDMAP_VERSION, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
+
+/// Queue-pair settings, fixed when the connection reaches RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Largest ULPDU (DDP segment) to send: MPA's MULPDU.
+    pub mulpdu: usize,
+    /// Inbound Read Requests this side accepts outstanding (negotiated IRD).
+    pub ird: u16,
+    /// Outbound Read Requests this side may have outstanding (negotiated ORD).
+    pub ord: u16,
+    /// Send queue depth.
+    pub max_send_wr: usize,
+    /// Receive queue depth.
+    pub max_recv_wr: usize,
+}
+
+impl Default for QpConfig {
+    fn default() -> QpConfig {
+        QpConfig { mulpdu: 1442, ird: 1, ord: 1, max_send_wr: 128, max_recv_wr: 128 }
+    }
+}
+
+/// The operation of a send-queue work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// Send the gathered bytes to the peer's next receive buffer.
+    Send {
+        /// Solicited event (the peer's completion wakes a solicited-only waiter).
+        solicited: bool,
+        /// Invalidate this STag on the peer when the message arrives.
+        invalidate: Option<STag>,
+    },
+    /// RDMA Write the gathered bytes to `remote_to` of the peer's `remote_stag`.
+    Write {
+        /// Peer's STag (needs remote write rights there).
+        remote_stag: STag,
+        /// Peer's tagged offset.
+        remote_to: u64,
+    },
+    /// RDMA Read from `remote_to` of the peer's `remote_stag` into the (single-element) local
+    /// list, whose lkey the peer's Read Response names as its sink STag.
+    Read {
+        /// Peer's STag (needs remote read rights there).
+        remote_stag: STag,
+        /// Peer's tagged offset.
+        remote_to: u64,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// The application's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local buffers: the source of a Send or Write, the sink of a Read.
+    pub sgl: Vec<Sge>,
+    /// Generate a completion on success (errors and flushes always complete).
+    pub signaled: bool,
+}
+
+/// A receive-queue work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// The application's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send's bytes go.
+    pub sgl: Vec<Sge>,
+}
+
+/// Completion status, as verbs names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Done.
+    Success,
+    /// A local buffer was not accessible (bad lkey, bounds, rights).
+    LocalProtectionError,
+    /// The incoming message did not fit the receive buffer.
+    LocalLengthError,
+    /// The peer reported a protection error for this operation.
+    RemoteAccessError,
+    /// The peer reported an operation error.
+    RemoteOperationError,
+    /// The queue pair left RTS before this request completed.
+    WrFlushError,
+}
+
+/// Which operation a completion is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A Send variant.
+    Send,
+    /// An RDMA Write.
+    Write,
+    /// An RDMA Read.
+    Read,
+    /// A received Send.
+    Recv,
+}
+
+/// A work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// The outcome.
+    pub status: WcStatus,
+    /// The operation.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (received, for a receive).
+    pub byte_len: u64,
+    /// A received Send asked for a solicited event.
+    pub solicited: bool,
+    /// A received Send with Invalidate invalidated this STag.
+    pub invalidated: Option<STag>,
+}
+
+/// Queue-pair states (RFC 5040 section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Ready to send and receive.
+    Rts,
+    /// A local error queued a Terminate that has not been sent yet.
+    Terminate,
+    /// Closing gracefully: no new work, draining.
+    Closing,
+    /// Done; every work request has completed.
+    Error,
+}
+
+/// Something the application must hear about, apart from completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpEvent {
+    /// This side found a peer violation and terminated the stream with `code`.
+    LocalTerminate(TerminateCode),
+    /// The peer terminated the stream; `header` read the RFC way, `siw` the way Linux siw lays
+    /// it out (both given: the peer's layout is not known).
+    RemoteTerminate {
+        /// RFC 5040 layout.
+        header: TerminateHeader,
+        /// siw's bit-field layout.
+        siw: TerminateHeader,
+    },
+    /// The lower layer went away with the queue pair in RTS.
+    LlpLost,
+}
+
+/// Why a work request could not be posted (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full.
+    QueueFull,
+    /// An RDMA Read needs exactly one local element (its sink buffer).
+    ReadNeedsOneSge,
+    /// A message longer than 2^32 - 1 bytes.
+    TooLong,
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            PostError::QueueFull => "work queue full",
+            PostError::ReadNeedsOneSge => "an RDMA Read needs exactly one local SGE",
+            PostError::TooLong => "message longer than 4 GiB - 1",
+        })
+    }
+}
+
+impl std::error::Error for PostError {}
+
+/// A send-queue entry in posting order, until its completion is delivered.
+#[derive(Debug)]
+struct SqSlot {
+    seq: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    len: u64,
+    signaled: bool,
+    status: Option<WcStatus>,
+}
+
+/// The message being transmitted on one of the two transmit streams.
+#[derive(Debug)]
+struct TxMessage {
+    seq: Option<u64>,
+    segments: Segmenter,
+    source: Source,
+}
+
+#[derive(Debug)]
+enum Source {
+    /// Bytes gathered from local buffers.
+    Local(Vec<Sge>),
+    /// A Read Response's bytes from our region `stag` at `to`.
+    Remote { stag: STag, to: u64 },
+    /// Bytes held by the queue pair (a Read Request body, a Terminate).
+    Inline(Vec<u8>),
+}
+
+#[derive(Debug)]
+struct OutboundRead {
+    seq: u64,
+    sink: STag,
+    sink_to: u64,
+    len: u64,
+    received: u64,
+}
+
+/// Counters a test or a monitor may read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// ULPDUs handed to the transport.
+    pub tx_segments: u64,
+    /// ULPDUs received.
+    pub rx_segments: u64,
+}
+
+/// One end of an RDMAP stream.
+#[derive(Debug)]
+pub struct QueuePair {
+    config: QpConfig,
+    state: QpState,
+    next_seq: u64,
+    sq: VecDeque<(u64, SendWr)>,
+    sq_slots: VecDeque<SqSlot>,
+    rq: VecDeque<RecvWr>,
+    rx_queues: UntaggedQueues,
+    tx_msn: [Msn; 4],
+    tx_cur: Option<TxMessage>,
+    resp_pending: VecDeque<ReadRequest>,
+    resp_cur: Option<TxMessage>,
+    prefer_response: bool,
+    out_reads: VecDeque<OutboundRead>,
+    terminate: Option<TxMessage>,
+    /// Bytes and flags of the Send being received: (solicited, invalidate).
+    rx_send: Option<(bool, Option<STag>)>,
+    completions: VecDeque<Completion>,
+    events: VecDeque<QpEvent>,
+    stats: QpStats,
+}
+
+const QN_SEND: QueueNumber = QueueNumber::Send;
+const QN_READ: QueueNumber = QueueNumber::ReadRequest;
+const QN_TERMINATE: QueueNumber = QueueNumber::Terminate;
+/// Room for a received Terminate: control word, segment length, DDP header, Read Request.
+const TERMINATE_MAX: u64 = 4 + 2 + UNTAGGED_HEADER_LEN as u64 + READ_REQUEST_LEN as u64;
+
+impl QueuePair {
+    /// A queue pair in RTS with the negotiated `config`.
+    pub fn new(config: QpConfig) -> QueuePair {
+        let depth = config.max_recv_wr.max(usize::from(config.ird)).max(1);
+        let mut rx_queues = UntaggedQueues::new(depth);
+        // DDP buffers for the RDMAP-owned queues: IRD Read Request slots and one Terminate.
+        for _ in 0..config.ird {
+            let _ = rx_queues.post(QN_READ, READ_REQUEST_LEN as u64);
+        }
+        let _ = rx_queues.post(QN_TERMINATE, TERMINATE_MAX);
+        QueuePair {
+            config,
+            state: QpState::Rts,
+            next_seq: 0,
+            sq: VecDeque::new(),
+            sq_slots: VecDeque::new(),
+            rq: VecDeque::new(),
+            rx_queues,
+            tx_msn: [Msn(1); 4],
+            tx_cur: None,
+            resp_pending: VecDeque::new(),
+            resp_cur: None,
+            prefer_response: false,
+            out_reads: VecDeque::new(),
+            terminate: None,
+            rx_send: None,
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: QpStats::default(),
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QpConfig {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpStats {
+        self.stats
+    }
+
+    /// Posts a send-queue work request. In a state other than RTS it is flushed at once.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        if self.sq_slots.len() >= self.config.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        let len = sgl_len(&wr.sgl);
+        if u32::try_from(len).is_err() {
+            return Err(PostError::TooLong);
+        }
+        let opcode = match wr.op {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Write { .. } => WcOpcode::Write,
+            SendOp::Read { .. } => {
+                if wr.sgl.len() != 1 {
+                    return Err(PostError::ReadNeedsOneSge);
+                }
+                WcOpcode::Read
+            }
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let slot = SqSlot { seq, wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, status: None };
+        self.sq_slots.push_back(slot);
+        if self.state == QpState::Rts {
+            self.sq.push_back((seq, wr));
+        } else {
+            self.finish(seq, WcStatus::WrFlushError);
+        }
+        Ok(())
+    }
+
+    /// Posts a receive buffer. In a state other than RTS it is flushed at once.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state != QpState::Rts {
+            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+            return Ok(());
+        }
+        if self.rq.len() >= self.config.max_recv_wr {
+            return Err(PostError::QueueFull);
+        }
+        self.rx_queues.post(QN_SEND, sgl_len(&wr.sgl)).map_err(|_| PostError::QueueFull)?;
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// The next completion, in the order RFC 5040 section 5.3 allows: send-queue completions
+    /// in posting order, receive completions in message order.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+
+    /// Asks for a graceful close: no new work is accepted; what is queued is flushed.
+    pub fn close(&mut self) {
+        if self.state == QpState::Rts {
+            self.state = QpState::Closing;
+            self.flush_all();
+            self.state = QpState::Error;
+        }
+    }
+
+    /// The lower layer (TCP/MPA) is gone.
+    pub fn handle_llp_lost(&mut self) {
+        if matches!(self.state, QpState::Rts | QpState::Terminate | QpState::Closing) {
+            if self.state == QpState::Rts {
+                self.events.push_back(QpEvent::LlpLost);
+            }
+            self.terminate = None;
+            self.flush_all();
+            self.state = QpState::Error;
+        }
+    }
+
+    /// A local lower-layer error (MPA CRC, marker, framing) found in the peer's bytes: the
+    /// stream is terminated with `code` (LLP layer), copying nothing.
+    pub fn handle_llp_error(&mut self, code: TerminateCode) {
+        self.fail(code, None);
+    }
+
+    // --- receive path -------------------------------------------------------------------
+
+    /// Processes one received ULPDU (a DDP segment). Peer violations terminate the stream
+    /// (see [`QueuePair::poll_event`]); nothing here panics or writes outside the regions
+    /// the checks allow.
+    pub fn handle_ulpdu(&mut self, mem: &mut impl Memory, ulpdu: &[u8]) {
+        if !matches!(self.state, QpState::Rts | QpState::Closing) {
+            return;
+        }
+        self.stats.rx_segments += 1;
+        let seg = match SegmentRepr::parse(ulpdu) {
+            Ok(s) => s,
+            Err(e) => {
+                // Too short to be a DDP segment: an LLP framing problem from DDP's view.
+                let code = e.terminate_code().unwrap_or(TerminateCode {
+                    layer: iwarp_ddp::TerminateLayer::Llp,
+                    error_type: 0,
+                    code: 0x03,
+                });
+                return self.fail(code, Some(ulpdu));
+            }
+        };
+        let control = Control::from_byte(seg.header.rdmap_control);
+        if control.version != RDMAP_VERSION {
+            return self.fail(TerminateCode::rdmap(2, 0x05), Some(ulpdu));
+        }
+        let op = control.opcode;
+        let tagged = matches!(seg.header.kind, SegmentKind::Tagged { .. });
+        if op.is_tagged() != tagged || op.is_extension() || matches!(op, Opcode::Unknown(_)) {
+            return self.fail(TerminateCode::rdmap(2, 0x06), Some(ulpdu));
+        }
+        let result = match seg.header.kind {
+            SegmentKind::Tagged { stag, to } => self.rx_tagged(mem, op, stag, to, &seg),
+            SegmentKind::Untagged { .. } => self.rx_untagged(mem, op, &seg),
+        };
+        if let Err(code) = result {
+            self.fail(code, Some(ulpdu));
+        }
+    }
+
+    fn rx_tagged(
+        &mut self,
+        mem: &mut impl Memory,
+        op: Opcode,
+        stag: STag,
+        to: TaggedOffset,
+        seg: &SegmentRepr<'_>,
+    ) -> Result<(), TerminateCode> {
+        let placement_error = |e: AccessError| e.terminate_code();
+        match op {
+            // A zero-length Write places nothing and is not checked: it is the RFC 6581 RTR
+            // message, which siw sends with STag 1, an STag nobody registered.
+            Opcode::Write if seg.payload.is_empty() => Ok(()),
+            Opcode::Write => {
+                mem.place(stag, to.0, seg.payload, Access::REMOTE_WRITE).map_err(placement_error)
+            }
+            Opcode::ReadResponse => {
+                // Read Responses arrive in the order of the Read Requests (RFC 5040 5.5).
+                let Some(read) = self.out_reads.front_mut() else {
+                    return Err(TerminateCode::rdmap(2, 0x06));
+                };
+                let expected_to = read.sink_to.checked_add(read.received);
+                if stag != read.sink || Some(to.0) != expected_to {
+                    return Err(AccessError::StagNotAssociated.terminate_code());
+                }
+                let n = seg.payload.len() as u64;
+                if read.received + n > read.len {
+                    return Err(AccessError::BaseOrBounds.terminate_code());
+                }
+                mem.place(stag, to.0, seg.payload, Access::LOCAL_WRITE).map_err(placement_error)?;
+                read.received += n;
+                if seg.header.last {
+                    if read.received != read.len {
+                        return Err(TerminateCode::rdmap(2, 0xff));
+                    }
+                    let seq = read.seq;
+                    self.out_reads.pop_front();
+                    self.finish(seq, WcStatus::Success);
+                }
+                Ok(())
+            }
+            _ => Err(TerminateCode::rdmap(2, 0x06)),
+        }
+    }
+
+    fn rx_untagged(
+        &mut self,
+        mem: &mut impl Memory,
+        op: Opcode,
+        seg: &SegmentRepr<'_>,
+    ) -> Result<(), TerminateCode> {
+        let SegmentKind::Untagged { rdmap_word, qn, .. } = seg.header.kind else {
+            return Err(TerminateCode::rdmap(2, 0x06));
+        };
+        let expected_qn = op.queue().map(QueueNumber::from);
+        if expected_qn != Some(qn) {
+            // A known opcode on the wrong queue (or an unknown queue).
+            let e = UntaggedError::InvalidQn(qn);
+            return Err(e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)));
+        }
+        let placed = self
+            .rx_queues
+            .accept(seg.header.kind, seg.header.last, seg.payload.len())
+            .map_err(|e| e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)))?;
+        match op {
+            Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
+                let solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
+                let invalidate = matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
+                    .then_some(STag(rdmap_word));
+                self.rx_send.get_or_insert((solicited, invalidate));
+                let Some(wr) = self.rq.front() else { return Err(TerminateCode::ddp(2, 0x02)) };
+                scatter(mem, &wr.sgl, u64::from(placed.offset), seg.payload)
+                    .map_err(|_| TerminateCode::ddp(2, 0x05))?;
+                if let Some(len) = placed.completed_len {
+                    let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
+                    if let Some(stag) = invalidate {
+                        mem.invalidate(stag).map_err(|_| TerminateCode::rdmap(1, 0x09))?;
+                    }
+                    if let Some(wr) = self.rq.pop_front() {
+                        self.completions.push_back(Completion {
+                            wr_id: wr.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::Recv,
+                            byte_len: len,
+                            solicited,
+                            invalidated: invalidate,
+                        });
+                    }
+                }
+                Ok(())
+            }
+            Opcode::ReadRequest => {
+                if !seg.header.last || placed.offset != 0 {
+                    return Err(TerminateCode::ddp(2, 0x05));
+                }
+                let req = ReadRequest::parse(seg.payload).map_err(|_| TerminateCode::rdmap(2, 0xff))?;
+                mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
+                    .map_err(AccessError::rdmap_terminate_code)?;
+                self.resp_pending.push_back(req);
+                Ok(())
+            }
+            Opcode::Terminate => {
+                let header = TerminateHeader::parse(seg.payload).ok();
+                let siw = TerminateHeader::parse_siw(seg.payload).ok();
+                if let (Some(header), Some(siw)) = (header, siw) {
+                    self.events.push_back(QpEvent::RemoteTerminate { header, siw });
+                }
+                self.terminate = None;
+                self.flush_all();
+                self.state = QpState::Error;
+                Ok(())
+            }
+            _ => Err(TerminateCode::rdmap(2, 0x06)),
+        }
+    }
+
+    // --- transmit path ------------------------------------------------------------------
+
+    /// Writes the next ULPDU (one DDP segment) to send into `buf`, which must hold at least
+    /// [`QpConfig::mulpdu`] bytes, and returns its length; `None` when there is nothing to
+    /// send. Read Responses and the send queue take turns, so neither starves the other.
+    pub fn poll_transmit(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> Option<usize> {
+        if buf.len() < self.config.mulpdu {
+            return None;
+        }
+        if let Some(mut t) = self.terminate.take() {
+            let n = self.emit_segment(mem, &mut t, buf);
+            if n.is_none() || t.segments.len() != 0 {
+                self.terminate = Some(t);
+            } else {
+                self.state = QpState::Error;
+            }
+            return n;
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        for _ in 0..2 {
+            let response_turn = self.prefer_response;
+            self.prefer_response = !self.prefer_response;
+            let n = if response_turn { self.transmit_response(mem, buf) } else { self.transmit_sq(mem, buf) };
+            if n.is_some() {
+                return n;
+            }
+        }
+        None
+    }
+
+    fn transmit_response(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> Option<usize> {
+        if self.resp_cur.is_none() {
+            let req = self.resp_pending.pop_front()?;
+            let target = MessageTarget::Tagged { stag: STag(req.sink_stag), to: TaggedOffset(req.sink_to) };
+            let ctrl = Control::new(Opcode::ReadResponse).to_byte();
+            let len = usize::try_from(req.size).ok()?;
+            let segments = Segmenter::new(target, ctrl, len, self.config.mulpdu).ok()?;
+            let source = Source::Remote { stag: STag(req.source_stag), to: req.source_to };
+            self.resp_cur = Some(TxMessage { seq: None, segments, source });
+        }
+        let mut t = self.resp_cur.take()?;
+        let n = self.emit_segment(mem, &mut t, buf);
+        if t.segments.len() == 0 {
+            // The response is out: its IRD slot takes the next Read Request.
+            let _ = self.rx_queues.post(QN_READ, READ_REQUEST_LEN as u64);
+        } else {
+            self.resp_cur = Some(t);
+        }
+        n
+    }
+
+    fn transmit_sq(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> Option<usize> {
+        if self.tx_cur.is_none() {
+            let (seq, wr) = self.sq.front()?;
+            let (seq, op) = (*seq, wr.op);
+            if matches!(op, SendOp::Read { .. }) && self.out_reads.len() >= usize::from(self.config.ord) {
+                return None; // ORD exhausted: the send queue waits for a Read Response.
+            }
+            let (_, wr) = self.sq.pop_front()?;
+            let msg = self.start_message(seq, wr);
+            match msg {
+                Ok(m) => self.tx_cur = Some(m),
+                Err(status) => {
+                    self.finish(seq, status);
+                    return None;
+                }
+            }
+        }
+        let mut t = self.tx_cur.take()?;
+        let n = self.emit_segment(mem, &mut t, buf);
+        match n {
+            None => {
+                // A local buffer could not be read: the request fails, the QP goes to error.
+                if let Some(seq) = t.seq {
+                    self.finish(seq, WcStatus::LocalProtectionError);
+                }
+                self.fail(TerminateCode::rdmap(0, 0x00), None);
+            }
+            Some(_) if (t.segments.len() == 0) => {
+                if let Some(seq) = t.seq {
+                    // Send completion means "handed to the transport"; a Read completes when
+                    // its response has been placed.
+                    if !self.out_reads.iter().any(|r| r.seq == seq) {
+                        self.finish(seq, WcStatus::Success);
+                    }
+                }
+            }
+            Some(_) => self.tx_cur = Some(t),
+        }
+        n
+    }
+
+    fn start_message(&mut self, seq: u64, wr: SendWr) -> Result<TxMessage, WcStatus> {
+        let len = usize::try_from(sgl_len(&wr.sgl)).map_err(|_| WcStatus::LocalLengthError)?;
+        let mulpdu = self.config.mulpdu;
+        let (target, opcode, source) = match wr.op {
+            SendOp::Send { solicited, invalidate } => {
+                let opcode = match (solicited, invalidate.is_some()) {
+                    (false, false) => Opcode::Send,
+                    (true, false) => Opcode::SendSe,
+                    (false, true) => Opcode::SendInvalidate,
+                    (true, true) => Opcode::SendSeInvalidate,
+                };
+                let msn = self.next_msn(QN_SEND);
+                let rdmap_word = invalidate.map_or(0, |s| s.0);
+                (MessageTarget::Untagged { rdmap_word, qn: QN_SEND, msn }, opcode, Source::Local(wr.sgl))
+            }
+            SendOp::Write { remote_stag, remote_to } => (
+                MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) },
+                Opcode::Write,
+                Source::Local(wr.sgl),
+            ),
+            SendOp::Read { remote_stag, remote_to } => {
+                let sink = wr.sgl.first().copied().ok_or(WcStatus::LocalProtectionError)?;
+                let req = ReadRequest {
+                    sink_stag: sink.lkey.0,
+                    sink_to: sink.addr,
+                    size: sink.len,
+                    source_stag: remote_stag.0,
+                    source_to: remote_to,
+                };
+                self.out_reads.push_back(OutboundRead {
+                    seq,
+                    sink: sink.lkey,
+                    sink_to: sink.addr,
+                    len: u64::from(sink.len),
+                    received: 0,
+                });
+                let msn = self.next_msn(QN_READ);
+                let target = MessageTarget::Untagged { rdmap_word: 0, qn: QN_READ, msn };
+                (target, Opcode::ReadRequest, Source::Inline(req.to_bytes().to_vec()))
+            }
+        };
+        let len = match &source {
+            Source::Inline(b) => b.len(),
+            _ => len,
+        };
+        let segments = Segmenter::new(target, Control::new(opcode).to_byte(), len, mulpdu)
+            .map_err(|_| WcStatus::LocalLengthError)?;
+        Ok(TxMessage { seq: Some(seq), segments, source })
+    }
+
+    fn next_msn(&mut self, qn: QueueNumber) -> Msn {
+        let i = qn.index().unwrap_or(0);
+        let msn = self.tx_msn[i];
+        self.tx_msn[i] = msn.next();
+        msn
+    }
+
+    /// Emits the next segment of `t` into `buf`: header, then the payload read from its
+    /// source. `None` if the source could not be read.
+    fn emit_segment(&mut self, mem: &mut impl Memory, t: &mut TxMessage, buf: &mut [u8]) -> Option<usize> {
+        let (header, range) = t.segments.next()?;
+        let hlen = header.header_len();
+        let plen = range.len();
+        let total = hlen + plen;
+        let out = buf.get_mut(..total)?;
+        let (hdr, payload) = out.split_at_mut(hlen);
+        header.emit(hdr).ok()?;
+        let offset = range.start as u64;
+        let ok = match &t.source {
+            Source::Local(sgl) => gather(mem, sgl, offset, payload).is_ok(),
+            Source::Remote { stag, to } => to
+                .checked_add(offset)
+                .is_some_and(|to| mem.fetch(*stag, to, payload, Access::REMOTE_READ).is_ok()),
+            Source::Inline(bytes) => match bytes.get(range) {
+                Some(b) => {
+                    payload.copy_from_slice(b);
+                    true
+                }
+                None => false,
+            },
+        };
+        if !ok {
+            return None;
+        }
+        self.stats.tx_segments += 1;
+        Some(total)
+    }
+
+    // --- errors, completions, flushing --------------------------------------------------
+
+    /// Terminates the stream for a violation: queues the Terminate (RFC 5040 section 7),
+    /// reports it, and flushes every outstanding work request. Only the first error counts.
+    fn fail(&mut self, code: TerminateCode, offending: Option<&[u8]>) {
+        if self.state != QpState::Rts && self.state != QpState::Closing {
+            return;
+        }
+        self.events.push_back(QpEvent::LocalTerminate(code));
+        let body = TerminateMessage::for_error(code, offending).to_vec();
+        let msn = self.next_msn(QN_TERMINATE);
+        let target = MessageTarget::Untagged { rdmap_word: 0, qn: QN_TERMINATE, msn };
+        let ctrl = Control::new(Opcode::Terminate).to_byte();
+        let segments =
+            Segmenter::new(target, ctrl, body.len(), self.config.mulpdu.max(UNTAGGED_HEADER_LEN + 64));
+        self.flush_all();
+        match segments {
+            Ok(segments) => {
+                self.terminate = Some(TxMessage { seq: None, segments, source: Source::Inline(body) });
+                self.state = QpState::Terminate;
+            }
+            Err(_) => self.state = QpState::Error,
+        }
+    }
+
+    /// Records the outcome of send-queue entry `seq` and delivers what can be delivered in
+    /// posting order.
+    fn finish(&mut self, seq: u64, status: WcStatus) {
+        if let Some(slot) = self.sq_slots.iter_mut().find(|s| s.seq == seq)
+            && slot.status.is_none()
+        {
+            slot.status = Some(status);
+        }
+        while let Some(slot) = self.sq_slots.front() {
+            let Some(status) = slot.status else { break };
+            if slot.signaled || status != WcStatus::Success {
+                self.completions.push_back(Completion {
+                    wr_id: slot.wr_id,
+                    status,
+                    opcode: slot.opcode,
+                    byte_len: if status == WcStatus::Success { slot.len } else { 0 },
+                    solicited: false,
+                    invalidated: None,
+                });
+            }
+            self.sq_slots.pop_front();
+        }
+    }
+
+    /// Completes every outstanding work request with a flush error, exactly once.
+    fn flush_all(&mut self) {
+        self.sq.clear();
+        self.tx_cur = None;
+        self.resp_cur = None;
+        self.resp_pending.clear();
+        self.out_reads.clear();
+        self.rx_send = None;
+        let pending: Vec<u64> = self.sq_slots.iter().filter(|s| s.status.is_none()).map(|s| s.seq).collect();
+        for seq in pending {
+            self.finish(seq, WcStatus::WrFlushError);
+        }
+        while let Some(wr) = self.rq.pop_front() {
+            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+        }
+    }
+}
+
+fn flushed(wr_id: u64, opcode: WcOpcode) -> Completion {
+    Completion {
+        wr_id,
+        status: WcStatus::WrFlushError,
+        opcode,
+        byte_len: 0,
+        solicited: false,
+        invalidated: None,
+    }
+}

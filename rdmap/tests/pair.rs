@@ -1,0 +1,675 @@
+//! Two queue pairs over MPA, driven step by step in memory, with hooks that drop, corrupt,
+//! truncate, duplicate or reorder the bytes in flight. Every operation at the interesting
+//! sizes, with CRC and markers on and off; Terminates provoked by peer violations; and the
+//! rule that every work request completes exactly once.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
+#![allow(clippy::cast_possible_truncation, reason = "test sizes and patterns are small")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
+use iwarp_ddp::{RegionMemory, STag, TerminateCode, TerminateLayer};
+use iwarp_mpa::{FrameRepr, Policy};
+use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::memory::Sge;
+use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::table_memory::TableMemory;
+
+const MULPDU: usize = 1442;
+const TAGGED_ROOM: usize = MULPDU - 14;
+const UNTAGGED_ROOM: usize = MULPDU - 18;
+
+/// One end: its connection, its tagged buffer table and protection domain.
+struct Side {
+    conn: Connection,
+    table: TaggedBufferTable,
+    pd: ProtectionDomainId,
+    next_va: u64,
+    completions: Vec<Completion>,
+    events: Vec<QpEvent>,
+}
+
+/// A registered buffer.
+#[derive(Clone)]
+struct Buf {
+    stag: STag,
+    va: u64,
+    len: u32,
+    mem: Arc<RegionMemory>,
+}
+
+impl Buf {
+    fn sge(&self) -> Sge {
+        Sge { lkey: self.stag, addr: self.va, len: self.len }
+    }
+
+    fn sge_at(&self, off: u64, len: u32) -> Sge {
+        Sge { lkey: self.stag, addr: self.va + off, len }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.mem.to_vec()
+    }
+}
+
+impl Side {
+    fn new(conn: Connection, pd: u32) -> Side {
+        Side {
+            conn,
+            table: TaggedBufferTable::new(64),
+            pd: ProtectionDomainId(pd),
+            next_va: 0x7f00_0000_0000 + u64::from(pd) * 0x1000_0000,
+            completions: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn register(&mut self, len: usize, access: Access, fill: u8) -> Buf {
+        let mem = RegionMemory::zeroed(len);
+        mem.fill(0, len, fill).unwrap();
+        let va = self.next_va;
+        self.next_va += (len as u64 + 4096) & !4095;
+        let spec =
+            RegionSpec { base_va: va, len: len as u64, access, addressing: Addressing::VirtualAddress };
+        let stag = self.table.register(self.pd, spec, mem.clone()).unwrap();
+        Buf { stag, va, len: u32::try_from(len).unwrap(), mem }
+    }
+
+    fn collect(&mut self) {
+        while let Some(c) = self.conn.qp().poll_completion() {
+            self.completions.push(c);
+        }
+        while let Some(e) = self.conn.qp().poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    fn post_send(&mut self, wr: SendWr) {
+        self.conn.qp().post_send(wr).unwrap();
+    }
+
+    fn post_recv(&mut self, wr_id: u64, sgl: Vec<Sge>) {
+        self.conn.qp().post_recv(RecvWr { wr_id, sgl }).unwrap();
+    }
+}
+
+/// Which way bytes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    AtoB,
+    BtoA,
+}
+
+type Hook = Box<dyn FnMut(Dir, &mut Vec<u8>)>;
+
+struct Pair {
+    a: Side,
+    b: Side,
+    hook: Option<Hook>,
+    /// Bytes moved, both ways.
+    moved: usize,
+}
+
+fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
+    let policy = Policy {
+        crc: if crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
+        markers_wanted: markers,
+        ird: ird_ord,
+        ord: ird_ord,
+        ..Policy::default()
+    };
+    let req = policy.request(b"").unwrap().to_vec().unwrap();
+    let req = FrameRepr::parse(&req).unwrap();
+    let (reply, server) = policy.respond(&req, b"").unwrap();
+    let client = policy.accept_reply(&reply).unwrap();
+    let cfg = |p: &iwarp_mpa::ConnParams| QpConfig {
+        mulpdu: MULPDU,
+        ird: p.ird,
+        ord: p.ord,
+        max_send_wr: 4096,
+        max_recv_wr: 4096,
+    };
+    (Connection::new(&client, cfg(&client)), Connection::new(&server, cfg(&server)))
+}
+
+impl Pair {
+    fn new(crc: bool, markers: bool) -> Pair {
+        Pair::with_ird_ord(crc, markers, 4)
+    }
+
+    fn with_ird_ord(crc: bool, markers: bool, ird_ord: u16) -> Pair {
+        let (a, b) = connect(crc, markers, ird_ord);
+        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0 }
+    }
+
+    /// Moves what each side has to send to the other, once each way; returns bytes moved.
+    fn step(&mut self) -> usize {
+        let mut moved = 0;
+        for dir in [Dir::AtoB, Dir::BtoA] {
+            let (from, to) = match dir {
+                Dir::AtoB => (&mut self.a, &mut self.b),
+                Dir::BtoA => (&mut self.b, &mut self.a),
+            };
+            let mut bytes = Vec::new();
+            let mut mem = TableMemory { table: &mut from.table, pd: from.pd };
+            from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
+            if let Some(h) = self.hook.as_mut() {
+                h(dir, &mut bytes);
+            }
+            moved += bytes.len();
+            let mut mem = TableMemory { table: &mut to.table, pd: to.pd };
+            // Deliver in uneven chunks, as TCP would.
+            for chunk in bytes.chunks(1000) {
+                to.conn.handle_bytes(&mut mem, chunk);
+            }
+        }
+        self.a.collect();
+        self.b.collect();
+        self.moved += moved;
+        moved
+    }
+
+    /// Steps until nothing moves (bounded).
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            if self.step() == 0 && self.step() == 0 {
+                return;
+            }
+        }
+        panic!("the pair did not settle");
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn sizes() -> Vec<usize> {
+    vec![0, 1, TAGGED_ROOM - 1, TAGGED_ROOM, TAGGED_ROOM + 1, UNTAGGED_ROOM + 1, 3 * MULPDU + 7, 1 << 20]
+}
+
+fn modes() -> Vec<(bool, bool)> {
+    vec![(false, false), (true, false), (false, true), (true, true)]
+}
+
+fn ok(c: &Completion, wr_id: u64, opcode: WcOpcode) {
+    assert_eq!((c.wr_id, c.status, c.opcode), (wr_id, WcStatus::Success, opcode), "{c:?}");
+}
+
+#[test]
+fn write_every_size_and_mode() {
+    for (crc, markers) in modes() {
+        for len in sizes() {
+            let mut p = Pair::new(crc, markers);
+            let src = p.a.register(len.max(1), Access::NONE, 0);
+            src.mem.write(0, &pattern(len, 3)).unwrap();
+            let dst = p.b.register(len + 16, Access::REMOTE_WRITE, 0xee);
+            p.a.post_send(SendWr {
+                wr_id: 7,
+                op: SendOp::Write { remote_stag: dst.stag, remote_to: dst.va + 8 },
+                sgl: vec![src.sge_at(0, len as u32)],
+                signaled: true,
+            });
+            p.run();
+            let got = dst.bytes();
+            assert_eq!(&got[8..8 + len], &pattern(len, 3)[..], "crc {crc} markers {markers} len {len}");
+            assert!(got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0xee), "guard bytes");
+            assert_eq!(p.a.completions.len(), 1);
+            ok(&p.a.completions[0], 7, WcOpcode::Write);
+            assert_eq!(p.a.completions[0].byte_len, len as u64);
+            assert!(p.b.completions.is_empty(), "a Write consumes nothing on the target");
+            assert_eq!(p.a.conn.qp_ref().state(), QpState::Rts);
+        }
+    }
+}
+
+#[test]
+fn read_every_size_and_mode() {
+    for (crc, markers) in modes() {
+        for len in sizes() {
+            let mut p = Pair::new(crc, markers);
+            let src = p.b.register(len.max(1), Access::REMOTE_READ, 0);
+            src.mem.write(0, &pattern(len, 9)).unwrap();
+            let sink = p.a.register(len.max(1), Access::LOCAL_WRITE, 0x55);
+            p.a.post_send(SendWr {
+                wr_id: 11,
+                op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+                sgl: vec![sink.sge_at(0, len as u32)],
+                signaled: true,
+            });
+            p.run();
+            assert_eq!(&sink.bytes()[..len], &pattern(len, 9)[..], "crc {crc} markers {markers} len {len}");
+            assert_eq!(p.a.completions.len(), 1, "{:?}", p.a.completions);
+            ok(&p.a.completions[0], 11, WcOpcode::Read);
+            assert!(p.b.completions.is_empty());
+        }
+    }
+}
+
+#[test]
+fn send_every_size_and_mode() {
+    for (crc, markers) in modes() {
+        for len in sizes() {
+            let mut p = Pair::new(crc, markers);
+            let src = p.a.register(len.max(1), Access::NONE, 0);
+            src.mem.write(0, &pattern(len, 1)).unwrap();
+            let dst = p.b.register(len + 5, Access::LOCAL_WRITE, 0xaa);
+            p.b.post_recv(21, vec![dst.sge()]);
+            p.a.post_send(SendWr {
+                wr_id: 20,
+                op: SendOp::Send { solicited: len % 2 == 1, invalidate: None },
+                sgl: vec![src.sge_at(0, len as u32)],
+                signaled: true,
+            });
+            p.run();
+            assert_eq!(&dst.bytes()[..len], &pattern(len, 1)[..], "crc {crc} markers {markers} len {len}");
+            assert!(dst.bytes()[len..].iter().all(|&b| b == 0xaa));
+            ok(&p.a.completions[0], 20, WcOpcode::Send);
+            assert_eq!(p.b.completions.len(), 1);
+            let c = p.b.completions[0];
+            ok(&c, 21, WcOpcode::Recv);
+            assert_eq!(c.byte_len, len as u64);
+            assert_eq!(c.solicited, len % 2 == 1);
+        }
+    }
+}
+
+#[test]
+fn scatter_gather_lists() {
+    let mut p = Pair::new(true, false);
+    let src = p.a.register(10_000, Access::NONE, 0);
+    src.mem.write(0, &pattern(10_000, 4)).unwrap();
+    let dst = p.b.register(10_000, Access::LOCAL_WRITE, 0);
+    // Gather 3 pieces (7000 bytes) and scatter them over 2 pieces.
+    let sgl = vec![src.sge_at(0, 100), src.sge_at(5000, 4900), src.sge_at(200, 2000)];
+    p.b.post_recv(1, vec![dst.sge_at(9000, 1000), dst.sge_at(0, 6000)]);
+    p.a.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl,
+        signaled: true,
+    });
+    p.run();
+    let msg: Vec<u8> =
+        [&pattern(10_000, 4)[..100], &pattern(10_000, 4)[5000..9900], &pattern(10_000, 4)[200..2200]]
+            .concat();
+    let got = dst.bytes();
+    assert_eq!(&got[9000..10_000], &msg[..1000]);
+    assert_eq!(&got[..6000], &msg[1000..]);
+    assert_eq!(p.b.completions[0].byte_len, 7000);
+}
+
+#[test]
+fn interleaved_operations_complete_in_posting_order() {
+    let mut p = Pair::new(false, false);
+    let a_src = p.a.register(1 << 20, Access::NONE, 0);
+    a_src.mem.write(0, &pattern(1 << 20, 2)).unwrap();
+    let a_sink = p.a.register(1 << 20, Access::LOCAL_WRITE, 0);
+    let b_win = p.b.register(1 << 20, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+    b_win.mem.write(0, &pattern(1 << 20, 8)).unwrap();
+    let b_recv = p.b.register(1 << 20, Access::LOCAL_WRITE, 0);
+    let b_src = p.b.register(4096, Access::NONE, 0);
+    let a_recv = p.a.register(4096, Access::LOCAL_WRITE, 0);
+    for i in 0..8 {
+        p.b.post_recv(100 + i, vec![b_recv.sge_at(i * 100_000, 100_000)]);
+    }
+    for i in 0..4 {
+        p.a.post_recv(200 + i, vec![a_recv.sge_at(i * 1024, 1024)]);
+    }
+    // A: Read (large), Send, Write, Read, Send...; B: Sends of its own meanwhile.
+    for i in 0..8u64 {
+        let op = match i % 3 {
+            0 => SendOp::Read { remote_stag: b_win.stag, remote_to: b_win.va + i * 1000 },
+            1 => SendOp::Send { solicited: false, invalidate: None },
+            _ => SendOp::Write { remote_stag: b_win.stag, remote_to: b_win.va + 900_000 + i },
+        };
+        let sgl = match i % 3 {
+            0 => vec![a_sink.sge_at(i * 100_000, 90_000)],
+            _ => vec![a_src.sge_at(i * 1000, 50_000)],
+        };
+        p.a.post_send(SendWr { wr_id: i, op, sgl, signaled: true });
+    }
+    for i in 0..4u64 {
+        p.b.post_send(SendWr {
+            wr_id: 50 + i,
+            op: SendOp::Send { solicited: true, invalidate: None },
+            sgl: vec![b_src.sge_at(i * 1000, 1000)],
+            signaled: i % 2 == 0,
+        });
+    }
+    p.run();
+    let ids: Vec<u64> =
+        p.a.completions.iter().filter(|c| c.opcode != WcOpcode::Recv).map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "send-queue completions in posting order");
+    assert!(p.a.completions.iter().all(|c| c.status == WcStatus::Success));
+    // B's unsignaled Sends produce no completion; the signaled ones do.
+    let b_sends: Vec<u64> =
+        p.b.completions.iter().filter(|c| c.opcode == WcOpcode::Send).map(|c| c.wr_id).collect();
+    assert_eq!(b_sends, vec![50, 52]);
+    assert_eq!(p.a.completions.iter().filter(|c| c.opcode == WcOpcode::Recv).count(), 4);
+    // A's three Sends (i = 1, 4, 7) each consumed one of B's receive buffers.
+    assert_eq!(p.b.completions.iter().filter(|c| c.opcode == WcOpcode::Recv).count(), 3);
+    // The Reads brought B's bytes.
+    let sink = a_sink.bytes();
+    for i in [0u64, 3, 6] {
+        let at = (i * 100_000) as usize;
+        let from = (i * 1000) as usize;
+        assert_eq!(&sink[at..at + 90_000], &pattern(1 << 20, 8)[from..from + 90_000]);
+    }
+}
+
+#[test]
+fn ord_limits_outstanding_reads() {
+    let mut p = Pair::with_ird_ord(false, false, 1);
+    let src = p.b.register(64 * 1024, Access::REMOTE_READ, 0);
+    src.mem.write(0, &pattern(64 * 1024, 5)).unwrap();
+    let sink = p.a.register(64 * 1024, Access::LOCAL_WRITE, 0);
+    for i in 0..4u64 {
+        p.a.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Read { remote_stag: src.stag, remote_to: src.va + i * 16384 },
+            sgl: vec![sink.sge_at(i * 16384, 16384)],
+            signaled: true,
+        });
+    }
+    // With ORD 1 only one Read Request is in flight at a time: B never sees more than its IRD.
+    p.run();
+    assert_eq!(p.a.completions.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(sink.bytes(), pattern(64 * 1024, 5));
+    assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
+}
+
+// --- Terminates -------------------------------------------------------------------------
+
+/// Runs one violating request from A and checks B's Terminate, A's view of it, and that both
+/// sides flushed every outstanding work request exactly once.
+fn provoke(
+    setup: impl FnOnce(&mut Pair) -> SendWr,
+    expect: TerminateCode,
+    expect_flags: (bool, bool, bool),
+) -> Pair {
+    let mut p = Pair::new(true, false);
+    // Outstanding work on both sides that must be flushed.
+    let a_recv = p.a.register(4096, Access::LOCAL_WRITE, 0);
+    let b_recv = p.b.register(4096, Access::LOCAL_WRITE, 0);
+    p.a.post_recv(900, vec![a_recv.sge()]);
+    p.b.post_recv(901, vec![b_recv.sge()]);
+    let wr = setup(&mut p);
+    p.a.post_send(wr);
+    p.run();
+    // B terminated with the expected code...
+    assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(expect)), "{:?}", p.b.events);
+    // ...and A received it, read the RFC way.
+    let Some(QpEvent::RemoteTerminate { header, .. }) = p.a.events.first().copied() else {
+        panic!("A saw no Terminate: {:?}", p.a.events)
+    };
+    assert_eq!(header.cause, expect);
+    assert_eq!((header.m, header.d, header.r), expect_flags);
+    assert_eq!(p.a.conn.qp_ref().state(), QpState::Error);
+    assert_eq!(p.b.conn.qp_ref().state(), QpState::Error);
+    // Every work request completed exactly once.
+    for side in [&p.a, &p.b] {
+        let mut seen = HashMap::new();
+        for c in &side.completions {
+            *seen.entry(c.wr_id).or_insert(0) += 1;
+        }
+        assert!(seen.values().all(|&n| n == 1), "{:?}", side.completions);
+    }
+    assert!(p.a.completions.iter().any(|c| c.wr_id == 900 && c.status == WcStatus::WrFlushError));
+    assert!(p.b.completions.iter().any(|c| c.wr_id == 901 && c.status == WcStatus::WrFlushError));
+    // Work posted afterwards is flushed at once.
+    p.a.post_recv(902, vec![a_recv.sge()]);
+    p.a.collect();
+    assert_eq!(p.a.completions.last().map(|c| (c.wr_id, c.status)), Some((902, WcStatus::WrFlushError)));
+    p
+}
+
+fn write_to(stag: STag, to: u64, src: &Buf, len: u32) -> SendWr {
+    SendWr {
+        wr_id: 1,
+        op: SendOp::Write { remote_stag: stag, remote_to: to },
+        sgl: vec![src.sge_at(0, len)],
+        signaled: true,
+    }
+}
+
+#[test]
+fn terminate_invalid_stag() {
+    provoke(
+        |p| {
+            let src = p.a.register(64, Access::NONE, 1);
+            write_to(STag(0x0000_4242), 0, &src, 64)
+        },
+        TerminateCode::ddp(1, 0x00),
+        (true, true, false),
+    );
+}
+
+#[test]
+fn terminate_base_or_bounds() {
+    provoke(
+        |p| {
+            let src = p.a.register(64, Access::NONE, 1);
+            let dst = p.b.register(32, Access::REMOTE_WRITE, 0);
+            write_to(dst.stag, dst.va + 1, &src, 32)
+        },
+        TerminateCode::ddp(1, 0x01),
+        (true, true, false),
+    );
+}
+
+#[test]
+fn terminate_access_rights() {
+    let p = provoke(
+        |p| {
+            let src = p.a.register(64, Access::NONE, 1);
+            let dst = p.b.register(64, Access::REMOTE_READ, 0x33);
+            write_to(dst.stag, dst.va, &src, 64)
+        },
+        TerminateCode::rdmap(1, 0x02),
+        (true, true, false),
+    );
+    // Nothing was written.
+    assert!(p.b.table.len() >= 2);
+}
+
+#[test]
+fn terminate_stag_of_another_protection_domain() {
+    provoke(
+        |p| {
+            let src = p.a.register(64, Access::NONE, 1);
+            // Registered in B's table but in another PD than B's queue pair.
+            let mem = RegionMemory::zeroed(64);
+            let spec = RegionSpec {
+                base_va: 0x1000,
+                len: 64,
+                access: Access::REMOTE_WRITE,
+                addressing: Addressing::VirtualAddress,
+            };
+            let stag = p.b.table.register(ProtectionDomainId(99), spec, mem).unwrap();
+            write_to(stag, 0x1000, &src, 64)
+        },
+        TerminateCode::ddp(1, 0x02),
+        (true, true, false),
+    );
+}
+
+#[test]
+fn terminate_read_request_on_bad_source_copies_the_request() {
+    provoke(
+        |p| {
+            let sink = p.a.register(64, Access::LOCAL_WRITE, 0);
+            let src = p.b.register(64, Access::REMOTE_WRITE, 0); // no remote read
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+                sgl: vec![sink.sge()],
+                signaled: true,
+            }
+        },
+        TerminateCode::rdmap(1, 0x02),
+        (true, true, true),
+    );
+}
+
+#[test]
+fn terminate_send_without_posted_receive() {
+    let mut p = Pair::new(false, false);
+    let src = p.a.register(64, Access::NONE, 1);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: vec![src.sge()],
+        signaled: true,
+    });
+    p.run();
+    let Some(QpEvent::LocalTerminate(code)) = p.b.events.first().copied() else { panic!("{:?}", p.b.events) };
+    assert_eq!((code.layer, code.error_type), (TerminateLayer::Ddp, 2));
+    assert!(matches!(code.code, 0x02 | 0x03), "{code}");
+}
+
+#[test]
+fn terminate_send_too_long() {
+    provoke(
+        |p| {
+            // B's posted buffer (4096 bytes) is smaller than the message.
+            let src = p.a.register(5000, Access::NONE, 1);
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Send { solicited: false, invalidate: None },
+                sgl: vec![src.sge()],
+                signaled: true,
+            }
+        },
+        TerminateCode::ddp(2, 0x05),
+        (true, true, false),
+    );
+}
+
+#[test]
+fn send_with_invalidate_revokes_the_stag() {
+    let mut p = Pair::new(false, false);
+    let target = p.b.register(64, Access::REMOTE_WRITE, 0);
+    let recv = p.b.register(64, Access::LOCAL_WRITE, 0);
+    let src = p.a.register(64, Access::NONE, 7);
+    p.b.post_recv(5, vec![recv.sge()]);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send { solicited: true, invalidate: Some(target.stag) },
+        sgl: vec![src.sge_at(0, 8)],
+        signaled: true,
+    });
+    p.run();
+    assert_eq!(p.b.completions[0].invalidated, Some(target.stag));
+    assert!(p.b.completions[0].solicited);
+    // A later Write through the invalidated STag is a protection error and writes nothing.
+    p.a.post_send(write_to(target.stag, target.va, &src, 64));
+    p.run();
+    assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(TerminateCode::ddp(1, 0x00))));
+    assert!(target.bytes().iter().all(|&b| b == 0));
+}
+
+// --- faults in the byte stream ------------------------------------------------------------
+
+#[test]
+fn corrupted_byte_with_crc_terminates_with_llp_crc_error() {
+    let mut p = Pair::new(true, false);
+    let src = p.a.register(4000, Access::NONE, 1);
+    let dst = p.b.register(4000, Access::REMOTE_WRITE, 0);
+    let mut done = false;
+    p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
+        if dir == Dir::AtoB && !done && bytes.len() > 100 {
+            bytes[100] ^= 0x20;
+            done = true;
+        }
+    }));
+    p.a.post_send(write_to(dst.stag, dst.va, &src, 4000));
+    p.run();
+    assert_eq!(
+        p.b.events.first(),
+        Some(&QpEvent::LocalTerminate(TerminateCode {
+            layer: TerminateLayer::Llp,
+            error_type: 0,
+            code: 0x02
+        }))
+    );
+    let Some(QpEvent::RemoteTerminate { header, .. }) = p.a.events.first().copied() else { panic!() };
+    assert_eq!((header.m, header.d), (false, false), "an LLP error copies no header");
+}
+
+#[test]
+fn duplicated_bytes_are_detected() {
+    let mut p = Pair::new(true, true);
+    let src = p.a.register(10_000, Access::NONE, 1);
+    let dst = p.b.register(10_000, Access::REMOTE_WRITE, 0);
+    let mut done = false;
+    p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
+        if dir == Dir::AtoB && !done && bytes.len() > 3000 {
+            let dup = bytes[1000..1500].to_vec();
+            bytes.splice(1500..1500, dup);
+            done = true;
+        }
+    }));
+    p.a.post_send(write_to(dst.stag, dst.va, &src, 10_000));
+    p.run();
+    assert!(matches!(p.b.events.first(), Some(QpEvent::LocalTerminate(_))), "{:?}", p.b.events);
+    assert_eq!(p.a.completions.len(), 1, "the Write completed or flushed exactly once");
+}
+
+#[test]
+fn reordered_and_truncated_streams_never_panic_and_complete_once() {
+    for seed in 0..40u64 {
+        let mut p = Pair::new(seed % 2 == 0, seed % 3 == 0);
+        let src = p.a.register(50_000, Access::NONE, 1);
+        let dst = p.b.register(50_000, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+        let sink = p.a.register(50_000, Access::LOCAL_WRITE, 0);
+        let recv = p.b.register(50_000, Access::LOCAL_WRITE, 0);
+        p.b.post_recv(10, vec![recv.sge()]);
+        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let fault = seed % 4;
+        p.hook = Some(Box::new(move |_, bytes: &mut Vec<u8>| {
+            if bytes.len() < 64 || next() % 3 != 0 {
+                return;
+            }
+            let i = (next() as usize) % (bytes.len() - 32);
+            match fault {
+                0 => bytes.truncate(i),
+                1 => bytes[i..i + 32].reverse(),
+                2 => {
+                    bytes.drain(i..i + 16);
+                }
+                _ => bytes[i] ^= 0xff,
+            }
+        }));
+        p.a.post_send(write_to(dst.stag, dst.va, &src, 50_000));
+        p.a.post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Read { remote_stag: dst.stag, remote_to: dst.va },
+            sgl: vec![sink.sge()],
+            signaled: true,
+        });
+        p.a.post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: vec![src.sge_at(0, 30_000)],
+            signaled: true,
+        });
+        p.run();
+        // A stream that stalls (bytes lost) is cut by the lower layer, as TCP's timeout would.
+        p.a.conn.handle_llp_lost();
+        p.b.conn.handle_llp_lost();
+        p.a.collect();
+        p.b.collect();
+        let mut ids: Vec<u64> = p.a.completions.iter().map(|c| c.wr_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 2, 3], "seed {seed}: {:?}", p.a.completions);
+        assert_eq!(p.b.completions.iter().filter(|c| c.wr_id == 10).count(), 1, "seed {seed}");
+    }
+}
