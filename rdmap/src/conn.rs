@@ -68,18 +68,33 @@ impl Connection {
         let start = out.len();
         while out.len() - start < limit {
             let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
-            let ulpdu = &self.segment[..n];
-            let at = out.len();
-            out.resize(at + self.framer.wire_len(n), 0);
-            match self.framer.frame(ulpdu, &mut out[at..]) {
-                Ok(w) => out.truncate(at + w),
-                Err(_) => {
-                    out.truncate(at);
-                    break;
-                }
+            if Self::frame_into(&mut self.framer, &self.segment[..n], out) == 0 {
+                break;
             }
         }
         out.len() - start
+    }
+
+    /// Frames `ulpdu` as the next FPDU of this side's stream, bypassing the queue pair: for
+    /// tests and tools that play a misbehaving peer. Returns the bytes appended to `out`.
+    pub fn inject_ulpdu(&mut self, ulpdu: &[u8], out: &mut Vec<u8>) -> usize {
+        Self::frame_into(&mut self.framer, ulpdu, out)
+    }
+
+    /// Frames one ULPDU onto the end of `out`; returns the bytes appended (0 on failure).
+    fn frame_into(framer: &mut Framer, ulpdu: &[u8], out: &mut Vec<u8>) -> usize {
+        let at = out.len();
+        out.resize(at + framer.wire_len(ulpdu.len()), 0);
+        match framer.frame(ulpdu, &mut out[at..]) {
+            Ok(n) => {
+                out.truncate(at + n);
+                n
+            }
+            Err(_) => {
+                out.truncate(at);
+                0
+            }
+        }
     }
 
     /// The lower layer closed or failed.
