@@ -65,7 +65,9 @@ pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
 };
 pub use memory::{OutOfBounds, RegionMemory};
-pub use placement::{Sge, place_tagged, place_untagged, resolve_tagged};
+pub use placement::{
+    Sge, TaggedTarget, UntaggedReceiver, place_tagged, place_untagged, resolve_tagged, scatter_len,
+};
 pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use stag_table::{
     Access, AccessError, Addressing, Entry, EntryKind, Placement, ProtectionDomainId, RegionSpec, TableError,

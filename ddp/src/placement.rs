@@ -17,10 +17,12 @@
 
 use std::sync::Arc;
 
-use crate::header::{STag, TaggedOffset};
+use std::collections::VecDeque;
+
+use crate::header::{Msn, QueueNumber, STag, SegmentKind, TaggedOffset};
 use crate::memory::{OutOfBounds, RegionMemory};
 use crate::stag_table::{Access, AccessError, ProtectionDomainId, TaggedBufferTable};
-use crate::untagged::UntaggedError;
+use crate::untagged::{PostError, QUEUE_COUNT, UntaggedError, UntaggedPlacement, UntaggedQueues};
 
 /// A checked tagged access: the region's memory (a clone of the table's [`Arc`]) and the byte
 /// offset in it.
@@ -173,6 +175,64 @@ pub fn place_untagged(sgl: &[Sge], mo: u64, payload: &[u8]) -> Result<(), Untagg
         skip = 0;
     }
     Ok(())
+}
+
+/// The untagged receive side of one stream with memory: [`UntaggedQueues`] plus the scatter
+/// list posted for each buffer. [`UntaggedReceiver::handle_segment`] checks a segment with
+/// [`UntaggedQueues::accept`] and places its payload at the MO it returns.
+#[derive(Debug, Clone)]
+pub struct UntaggedReceiver {
+    queues: UntaggedQueues,
+    /// `posted[qn]` holds the scatter lists, front first, in step with the queue's lengths.
+    posted: [VecDeque<Vec<Sge>>; QUEUE_COUNT],
+}
+
+impl UntaggedReceiver {
+    /// Empty queues, each holding at most `max_posted` buffers.
+    pub fn new(max_posted: usize) -> UntaggedReceiver {
+        UntaggedReceiver { queues: UntaggedQueues::new(max_posted), posted: Default::default() }
+    }
+
+    /// The queues' state (expected MSNs, posted counts, next MOs).
+    pub fn queues(&self) -> &UntaggedQueues {
+        &self.queues
+    }
+
+    /// Posts the scatter list `sgl` on queue `qn`; returns the MSN of the message it receives.
+    pub fn post(&mut self, qn: QueueNumber, sgl: Vec<Sge>) -> Result<Msn, PostError> {
+        let msn = self.queues.post(qn, scatter_len(&sgl))?;
+        // post succeeded, so qn is 0..=3.
+        if let Some(q) = qn.index().and_then(|i| self.posted.get_mut(i)) {
+            q.push_back(sgl);
+        }
+        Ok(msn)
+    }
+
+    /// Checks one untagged segment and places its payload. On the last segment of a message
+    /// the buffer is consumed and returned with the placement. On error nothing is written
+    /// and nothing changes; the stream must be terminated with the error's code.
+    pub fn handle_segment(
+        &mut self,
+        kind: SegmentKind,
+        last: bool,
+        payload: &[u8],
+    ) -> Result<(UntaggedPlacement, Option<Vec<Sge>>), UntaggedError> {
+        let qn = match kind {
+            SegmentKind::Untagged { qn, .. } => qn,
+            SegmentKind::Tagged { .. } => return Err(UntaggedError::NotUntagged),
+        };
+        let queue = qn.index().and_then(|i| self.posted.get_mut(i)).ok_or(UntaggedError::InvalidQn(qn))?;
+        // accept checks MO + length against the length posted for the front buffer, which is
+        // that scatter list's length, so once it passes the placement below cannot fail and
+        // the queue state and the memory stay in step.
+        let placement = self.queues.accept(kind, last, payload.len())?;
+        let Some(sgl) = queue.front() else {
+            return Err(UntaggedError::NoBuffer { qn, msn: placement.msn });
+        };
+        place_untagged(sgl, u64::from(placement.offset), payload)?;
+        let done = if placement.completed_len.is_some() { queue.pop_front() } else { None };
+        Ok((placement, done))
+    }
 }
 
 /// A model-checked placement run on arbitrary bytes, for the `ddp_placement` fuzz target and
@@ -385,9 +445,7 @@ mod model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::header::{Msn, QueueNumber, SegmentKind};
     use crate::stag_table::{Addressing, RegionSpec};
-    use crate::untagged::UntaggedQueues;
     use proptest::prelude::*;
 
     const PD: ProtectionDomainId = ProtectionDomainId(3);
@@ -580,6 +638,37 @@ mod tests {
         got.extend_from_slice(&mems[1].to_vec()[8..16]);
         got.extend_from_slice(&mems[0].to_vec()[12..16]);
         assert_eq!(got, message);
+    }
+
+    #[test]
+    fn receiver_places_and_consumes() {
+        let (mems, sges) = sgl();
+        let mut r = UntaggedReceiver::new(2);
+        let other = RegionMemory::zeroed(4);
+        assert_eq!(r.post(QueueNumber::Send, sges), Ok(Msn(1)));
+        assert_eq!(r.post(QueueNumber::Send, vec![Sge::new(other.clone(), 0, 4).unwrap()]), Ok(Msn(2)));
+        assert!(r.post(QueueNumber::Unknown(7), Vec::new()).is_err());
+        let seg = |msn, mo| SegmentKind::Untagged { rdmap_word: 0, qn: QueueNumber::Send, msn: Msn(msn), mo };
+        let (p, done) = r.handle_segment(seg(1, 0), false, b"ABCDEFG").unwrap();
+        assert_eq!((p.offset, p.completed_len, done.is_none()), (0, None, true));
+        // Too long: 7 + 11 > 17, nothing written, nothing changes.
+        let e = r.handle_segment(seg(1, 7), true, &[b'z'; 11]).unwrap_err();
+        assert_eq!(e, UntaggedError::MessageTooLong { end: 18, buffer_len: 17 });
+        assert_eq!(r.queues().next_mo(QueueNumber::Send), Some(7));
+        let (p, done) = r.handle_segment(seg(1, 7), true, b"HIJKLMNOPQ").unwrap();
+        assert_eq!(p.completed_len, Some(17));
+        assert_eq!(done.unwrap().len(), 4);
+        assert_eq!(&mems[0].to_vec()[3..8], b"ABCDE");
+        assert_eq!(&mems[1].to_vec()[8..16], b"FGHIJKLM");
+        assert_eq!(&mems[0].to_vec()[12..16], b"NOPQ");
+        let (_, done) = r.handle_segment(seg(2, 0), true, b"wxyz").unwrap();
+        assert!(done.is_some());
+        assert_eq!(other.to_vec(), b"wxyz");
+        assert!(matches!(r.handle_segment(seg(3, 0), true, b""), Err(UntaggedError::NoBuffer { .. })));
+        let tagged = SegmentKind::Tagged { stag: STag(1), to: TaggedOffset(0) };
+        assert_eq!(r.handle_segment(tagged, true, b"").unwrap_err(), UntaggedError::NotUntagged);
+        let bad_qn = SegmentKind::Untagged { rdmap_word: 0, qn: QueueNumber::Unknown(5), msn: Msn(1), mo: 0 };
+        assert!(matches!(r.handle_segment(bad_qn, true, b""), Err(UntaggedError::InvalidQn(_))));
     }
 
     #[test]
