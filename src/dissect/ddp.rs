@@ -8,9 +8,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use iwarp_ddp::header::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use iwarp_ddp::{HeaderError, HeaderRepr, SegmentKind, TerminateCode};
-use iwarp_rdmap::wire::{RDMAP_VERSION, READ_REQUEST_LEN, TERMINATE_CONTROL_LEN};
+use iwarp_rdmap::atomic::{AtomicOp, AtomicRequest, AtomicResponse, ImmediateData};
+use iwarp_rdmap::terminate::TerminateMessage;
+use iwarp_rdmap::wire::{RDMAP_VERSION, Truncated};
 use iwarp_rdmap::{Control, Opcode, ReadRequest, TerminateHeader};
 use serde::Serialize;
 
@@ -136,10 +137,11 @@ pub struct TerminateInfo {
     pub read_request: Option<ReadRequestInfo>,
 }
 
-/// RFC 7306 Atomic Request body.
+/// RFC 7306 Atomic Request body, as [`iwarp_rdmap::atomic::AtomicRequest`] decodes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct AtomicRequestInfo {
-    /// Atomic operation code: 0 FetchAdd, 1 CompareSwap (per RFC 7306 section 6.x, unverified).
+    /// Atomic operation code, the low 4 bits of the first word ([`AtomicOp`]): 0 FetchAdd,
+    /// 1 Swap, 2 CompareSwap.
     pub op: u32,
     /// The operation's name.
     pub op_name: &'static str,
@@ -198,12 +200,25 @@ pub struct Segment {
     pub body: Option<Body>,
 }
 
-fn be32(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_be_bytes)
-}
-
-fn be64(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8).and_then(|s| s.try_into().ok()).map(u64::from_be_bytes)
+impl From<AtomicRequest> for AtomicRequestInfo {
+    fn from(r: AtomicRequest) -> Self {
+        AtomicRequestInfo {
+            op: r.op.to_u32(),
+            op_name: match r.op {
+                AtomicOp::FetchAdd => "FetchAdd",
+                AtomicOp::Swap => "Swap",
+                AtomicOp::CompareSwap => "CompareSwap",
+                AtomicOp::Unknown(_) => "unknown",
+            },
+            request_id: r.request_id,
+            remote_stag: r.remote_stag.0,
+            remote_to: r.remote_to.0,
+            add_swap_data: r.add_or_swap_data,
+            add_swap_mask: r.add_or_swap_mask,
+            compare_data: r.compare_data,
+            compare_mask: r.compare_mask,
+        }
+    }
 }
 
 fn header_info(h: &HeaderRepr) -> DdpHeader {
@@ -247,8 +262,8 @@ pub fn decode(ulpdu: &[u8], siw_hint: bool) -> Result<Segment, String> {
     Ok(Segment { header: header_info(&h), opcode_value: op.bits(), payload_len: payload.len(), body })
 }
 
-fn short(what: &str, needed: usize, got: usize) -> String {
-    format!("{what} truncated: {needed} bytes needed, {got} present")
+fn short(what: &str, t: Truncated) -> String {
+    format!("{what} truncated: {} bytes needed, {} present", t.needed, t.got)
 }
 
 fn decode_body(op: Opcode, p: &[u8], siw_hint: bool) -> Result<Option<Body>, String> {
@@ -259,36 +274,16 @@ fn decode_body(op: Opcode, p: &[u8], siw_hint: bool) -> Result<Option<Body>, Str
         }
         Opcode::Terminate => Body::Terminate(decode_terminate(p, siw_hint)?),
         Opcode::ImmediateData | Opcode::ImmediateDataSe => {
-            Body::ImmediateData { data: be64(p, 0).ok_or_else(|| short("Immediate Data", 8, p.len()))? }
+            let d = ImmediateData::parse(p).map_err(|e| short("Immediate Data", e))?;
+            Body::ImmediateData { data: u64::from_be_bytes(d.to_bytes()) }
         }
         Opcode::AtomicRequest => {
-            let err = || short("Atomic Request body", 56, p.len());
-            // Layout per RFC 7306 section 6.x, unverified against the RFC text: op code (32),
-            // request id (32), remote STag (32), remote TO (64), add/swap data and mask (64 each),
-            // compare data and mask (64 each).
-            let op = be32(p, 0).ok_or_else(err)?;
-            Body::AtomicRequest(AtomicRequestInfo {
-                op,
-                op_name: match op {
-                    0 => "FetchAdd",
-                    1 => "CompareSwap",
-                    _ => "unknown",
-                },
-                request_id: be32(p, 4).ok_or_else(err)?,
-                remote_stag: be32(p, 8).ok_or_else(err)?,
-                remote_to: be64(p, 12).ok_or_else(err)?,
-                add_swap_data: be64(p, 20).ok_or_else(err)?,
-                add_swap_mask: be64(p, 28).ok_or_else(err)?,
-                compare_data: be64(p, 36).ok_or_else(err)?,
-                compare_mask: be64(p, 44).ok_or_else(err)?,
-            })
+            let r = AtomicRequest::parse(p).map_err(|e| short("Atomic Request body", e))?;
+            Body::AtomicRequest(r.into())
         }
         Opcode::AtomicResponse => {
-            let err = || short("Atomic Response body", 12, p.len());
-            Body::AtomicResponse {
-                request_id: be32(p, 0).ok_or_else(err)?,
-                original: be64(p, 4).ok_or_else(err)?,
-            }
+            let r = AtomicResponse::parse(p).map_err(|e| short("Atomic Response body", e))?;
+            Body::AtomicResponse { request_id: r.request_id, original: r.original_data }
         }
         _ => return Ok(None),
     }))
@@ -302,48 +297,24 @@ fn decode_terminate(p: &[u8], siw_hint: bool) -> Result<TerminateInfo, String> {
     let siw_flags = flags & 0xe0 == 0 && flags & 0x07 != 0;
     let show_siw = siw_hint || !rfc.cause.is_defined() || siw_flags;
     let use_siw = show_siw && (!rfc.cause.is_defined() || siw_flags) && siw.cause.is_defined();
-    let eff = if use_siw { siw } else { rfc };
-    let mut at = TERMINATE_CONTROL_LEN;
-    // Layout after the control word: DDP segment length (16 bits) if M, then the terminated
-    // DDP header if D, then the terminated Read Request if R (RFC 5040 section 4.8; verify
-    // whether the segment length is followed by padding).
-    let segment_len = if eff.m {
-        let v = p
-            .get(at..at + 2)
-            .and_then(|s| s.try_into().ok())
-            .map(u16::from_be_bytes)
-            .ok_or_else(|| short("Terminate DDP segment length", at + 2, p.len()))?;
-        at += 2;
-        Some(v)
-    } else {
-        None
-    };
-    let ddp_header = if eff.d {
-        let rest = p.get(at..).unwrap_or(&[]);
-        let tagged = rest.first().is_some_and(|b| b & 0x80 != 0);
-        let len = if tagged { TAGGED_HEADER_LEN } else { UNTAGGED_HEADER_LEN };
-        let hdr = rest.get(..len).ok_or_else(|| short("Terminate's copied DDP header", len, rest.len()))?;
-        let (h, _) = HeaderRepr::parse(hdr).map_err(|e| format!("Terminate's copied DDP header: {e}"))?;
-        at += len;
-        Some(header_info(&h))
-    } else {
-        None
-    };
-    let read_request = if eff.r {
-        let rest = p.get(at..).unwrap_or(&[]);
-        let r = ReadRequest::parse(rest)
-            .map_err(|_| short("Terminate's copied Read Request", READ_REQUEST_LEN, rest.len()))?;
-        Some(r.into())
-    } else {
-        None
+    // The rest of the body (segment length, copied DDP header, copied Read Request) is laid out
+    // as iwarp_rdmap::terminate documents; only the control word's reading differs.
+    let parse = if use_siw { TerminateMessage::parse_siw } else { TerminateMessage::parse };
+    let msg = parse(p).map_err(|e| short("Terminate message", e))?;
+    let ddp_header = match &msg.ddp_header {
+        Some(copy) => {
+            let h = copy.header().map_err(|e| format!("Terminate's copied DDP header: {e}"))?;
+            Some(header_info(&h))
+        }
+        None => None,
     };
     Ok(TerminateInfo {
         rfc: rfc.into(),
         siw: show_siw.then(|| siw.into()),
         used: if use_siw { "siw" } else { "rfc" },
-        segment_len,
+        segment_len: msg.ddp_segment_len,
         ddp_header,
-        read_request,
+        read_request: msg.rdmap_header.as_ref().and_then(|r| ReadRequest::parse(r).ok()).map(Into::into),
     })
 }
 

@@ -467,6 +467,49 @@ fn terminate_rfc_and_siw_layouts() {
 }
 
 #[test]
+fn terminate_copies_follow_rdmap_layout() {
+    use iwarp::dissect::ddp::Body;
+    let decode = |payload: &[u8]| {
+        let r =
+            custom(&[untagged_seg(true, 3, 0, 1, 0, &[0; 4])], &[untagged_seg(true, 7, 2, 1, 0, payload)]);
+        let f = r.connections[0].fpdus.iter().find(|f| f.dir == Dir::ResponderToInitiator).unwrap().clone();
+        (r, f)
+    };
+    // D without M: the length field is still on the wire (not valid), then the copied header.
+    let copied = untagged_seg(true, 3, 0, 9, 0, &[]);
+    let p = [[0x12, 0x02, 0x40, 0x00, 0xab, 0xcd].as_slice(), &copied].concat();
+    let (r, f) = decode(&p);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let Some(Body::Terminate(t)) = &f.segment.as_ref().unwrap().body else { panic!("{f:?}") };
+    assert_eq!(t.segment_len, None);
+    let h = t.ddp_header.unwrap();
+    assert_eq!(h.opcode, "Send");
+    assert!(matches!(h.model, iwarp::dissect::ddp::Model::Untagged { qn: 0, msn: 9, .. }), "{h:?}");
+    // Remote protection on a Read Request: M, D and R with the 28-byte Read Request copy.
+    let rr = read_request(0x55, 24);
+    let p = [[0x01, 0x00, 0xe0, 0x00, 0x00, 46].as_slice(), &rr].concat();
+    let (r, f) = decode(&p);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let Some(Body::Terminate(t)) = &f.segment.as_ref().unwrap().body else { panic!("{f:?}") };
+    assert_eq!((t.used, t.segment_len), ("rfc", Some(46)));
+    assert_eq!(t.ddp_header.unwrap().opcode, "ReadReq");
+    let q = t.read_request.unwrap();
+    assert_eq!((q.sink_stag, q.size, q.source_stag), (0x55, 24, 0x77));
+    // RFC layout with R but no Read Request copy: malformed.
+    let p = [[0x01, 0x00, 0xe0, 0x00, 0x00, 46].as_slice(), &rr[..18]].concat();
+    let (r, _) = decode(&p);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp], "{:?}", r.violations);
+    assert!(r.violations[0].message.contains("Terminate message truncated"), "{:?}", r.violations);
+    // siw sets R on every remote protection error, with only the DDP header attached.
+    let p = [[0x10, 0x00, 0x07, 0x00, 0x00, 0x00].as_slice(), &copied].concat();
+    let (r, f) = decode(&p);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let Some(Body::Terminate(t)) = &f.segment.as_ref().unwrap().body else { panic!("{f:?}") };
+    assert_eq!(t.used, "siw");
+    assert!(t.ddp_header.is_some() && t.read_request.is_none(), "{t:?}");
+}
+
+#[test]
 fn malformed_ddp_rdmap() {
     // Unknown opcode 0xC.
     let r = custom(&[untagged_seg(true, 0xc, 0, 1, 0, &[])], &[]);
@@ -483,24 +526,84 @@ fn malformed_ddp_rdmap() {
     assert_eq!(kinds(&r), [ViolationKind::MalformedDdp]);
 }
 
-#[test]
-fn atomic_request_and_immediate_data() {
-    use iwarp::dissect::ddp::Body;
+/// A 52-byte RFC 7306 Atomic Request body (op code in the low 4 bits of the first word).
+fn atomic_request(op_word: u32, id: u32) -> Vec<u8> {
     let mut body = Vec::new();
-    body.extend_from_slice(&1u32.to_be_bytes()); // CompareSwap
-    body.extend_from_slice(&7u32.to_be_bytes()); // request id
+    body.extend_from_slice(&op_word.to_be_bytes());
+    body.extend_from_slice(&id.to_be_bytes()); // request id
     body.extend_from_slice(&0x99u32.to_be_bytes()); // remote STag
     for v in [0x4000u64, 5, u64::MAX, 6, u64::MAX] {
         body.extend_from_slice(&v.to_be_bytes());
     }
+    assert_eq!(body.len(), 52);
+    body
+}
+
+#[test]
+fn atomic_request_and_immediate_data() {
+    use iwarp::dissect::ddp::Body;
     let r = custom(
-        &[untagged_seg(true, 0xa, 1, 1, 0, &body), untagged_seg(true, 8, 0, 1, 0, &0x1122u64.to_be_bytes())],
-        &[],
+        &[
+            untagged_seg(true, 0xa, 1, 1, 0, &atomic_request(2, 7)), // CompareSwap
+            untagged_seg(true, 8, 0, 1, 0, &0x1122u64.to_be_bytes()),
+            untagged_seg(true, 0xa, 1, 2, 0, &atomic_request(1, 8)), // Swap
+            // Reserved upper bits are not part of the op code: FetchAdd.
+            untagged_seg(true, 0xa, 1, 3, 0, &atomic_request(0xffff_fff0, 9)),
+        ],
+        &[untagged_seg(true, 0xb, 3, 1, 0, &[0, 0, 0, 7, 1, 2, 3, 4, 5, 6, 7, 8])],
     );
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     let f = &r.connections[0].fpdus;
-    let Some(Body::AtomicRequest(a)) = &f[0].segment.as_ref().unwrap().body else { panic!() };
-    assert_eq!((a.op_name, a.request_id, a.remote_stag, a.remote_to), ("CompareSwap", 7, 0x99, 0x4000));
-    assert_eq!((a.add_swap_data, a.compare_data), (5, 6));
-    assert_eq!(f[1].segment.as_ref().unwrap().body, Some(Body::ImmediateData { data: 0x1122 }));
+    let body = |i: usize| f[i].segment.as_ref().unwrap().body.clone();
+    let Some(Body::AtomicRequest(a)) = body(0) else { panic!("{:?}", f[0]) };
+    assert_eq!(
+        (a.op, a.op_name, a.request_id, a.remote_stag, a.remote_to),
+        (2, "CompareSwap", 7, 0x99, 0x4000)
+    );
+    assert_eq!(
+        (a.add_swap_data, a.add_swap_mask, a.compare_data, a.compare_mask),
+        (5, u64::MAX, 6, u64::MAX)
+    );
+    assert_eq!(body(1), Some(Body::ImmediateData { data: 0x1122 }));
+    let Some(Body::AtomicRequest(a)) = body(2) else { panic!("{:?}", f[2]) };
+    assert_eq!((a.op, a.op_name, a.request_id), (1, "Swap", 8));
+    let Some(Body::AtomicRequest(a)) = body(3) else { panic!("{:?}", f[3]) };
+    assert_eq!((a.op, a.op_name, a.request_id), (0, "FetchAdd", 9));
+    let resp = f.iter().find(|f| f.dir == Dir::ResponderToInitiator).unwrap();
+    assert_eq!(
+        resp.segment.as_ref().unwrap().body,
+        Some(Body::AtomicResponse { request_id: 7, original: 0x0102_0304_0506_0708 })
+    );
+    // JSON keeps the dissector's field names.
+    let json = serde_json::to_value(body(0)).unwrap();
+    assert_eq!(json["type"], "atomic_request");
+    assert_eq!(json["op_name"], "CompareSwap");
+    assert_eq!(json["add_swap_mask"], u64::MAX);
+}
+
+#[test]
+fn atomic_bodies_truncated() {
+    // 51 bytes: one short of an Atomic Request (the old decoder demanded 56).
+    let r = custom(&[untagged_seg(true, 0xa, 1, 1, 0, &atomic_request(2, 7)[..51])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp], "{:?}", r.violations);
+    assert!(
+        r.violations[0].message.contains("Atomic Request body truncated: 52 bytes needed, 51 present"),
+        "{:?}",
+        r.violations
+    );
+    // An unknown op code still decodes (the responder would answer it with a Terminate).
+    let r = custom(&[untagged_seg(true, 0xa, 1, 1, 0, &atomic_request(3, 7))], &[]);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let Some(iwarp::dissect::ddp::Body::AtomicRequest(a)) =
+        &r.connections[0].fpdus[0].segment.as_ref().unwrap().body
+    else {
+        panic!()
+    };
+    assert_eq!((a.op, a.op_name), (3, "unknown"));
+    let r = custom(&[untagged_seg(true, 3, 0, 1, 0, &[0; 4])], &[untagged_seg(true, 0xb, 3, 1, 0, &[0; 11])]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp], "{:?}", r.violations);
+    assert!(r.violations[0].message.contains("Atomic Response body truncated: 12 bytes needed"));
+    let r = custom(&[untagged_seg(true, 8, 0, 1, 0, &[0; 7])], &[]);
+    assert_eq!(kinds(&r), [ViolationKind::MalformedDdp], "{:?}", r.violations);
+    assert!(r.violations[0].message.contains("Immediate Data truncated: 8 bytes needed, 7 present"));
 }
