@@ -24,8 +24,15 @@ pub struct Connection {
 impl Connection {
     /// A connection in RTS with the negotiated MPA parameters and queue-pair settings.
     pub fn new(params: &ConnParams, config: QpConfig) -> Connection {
+        Connection::with_qp(params, QueuePair::new(config))
+    }
+
+    /// A connection around a queue pair built by the caller (one attached to a shared
+    /// receive queue, say).
+    pub fn with_qp(params: &ConnParams, qp: QueuePair) -> Connection {
+        let config = *qp.config();
         Connection {
-            qp: QueuePair::new(config),
+            qp,
             framer: Framer::new(params.crc, params.markers_tx),
             deframer: StreamDeframer::new(Deframer::new(params.crc, params.markers_rx)),
             segment: vec![0; config.mulpdu],

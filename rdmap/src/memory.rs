@@ -38,6 +38,11 @@ pub trait Memory {
     /// Reads `out.len()` bytes at `to` of `stag` into `out`.
     fn fetch(&self, stag: STag, to: u64, out: &mut [u8], access: Access) -> Result<(), AccessError>;
 
+    /// Applies an RFC 7306 atomic to the 64-bit value at `to` of `stag` (remote atomic rights,
+    /// 8-byte aligned): stores `f(original)` and returns `original`, as one atomic
+    /// read-modify-write.
+    fn atomic(&mut self, stag: STag, to: u64, f: &mut dyn FnMut(u64) -> u64) -> Result<u64, AccessError>;
+
     /// Invalidates `stag` for a peer's Send with Invalidate: it must exist in this protection
     /// domain; afterwards every access through it fails.
     fn invalidate(&mut self, stag: STag) -> Result<(), AccessError>;

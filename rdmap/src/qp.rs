@@ -17,6 +17,7 @@
 //! posting order), and work posted afterwards is flushed at once, as verbs do.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use iwarp_ddp::header::{SegmentKind, SegmentRepr, UNTAGGED_HEADER_LEN};
 use iwarp_ddp::stag_table::{Access, AccessError};
@@ -25,8 +26,12 @@ use iwarp_ddp::{
     UntaggedQueues,
 };
 
+use crate::atomic::{
+    ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicOp, AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN,
+    ImmediateData,
+};
 use crate::memory::{Memory, Sge, gather, scatter, sgl_len};
-use crate::terminate::TerminateMessage;
+use crate::terminate::{RdmapError, TerminateMessage};
 use crate::wire::{Control, Opcode, RDMAP_VERSION, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
 
 /// Queue-pair settings, fixed when the connection reaches RTS.
@@ -42,11 +47,14 @@ pub struct QpConfig {
     pub max_send_wr: usize,
     /// Receive queue depth.
     pub max_recv_wr: usize,
+    /// The peer takes the RFC 7306 extensions (Immediate Data, Atomics). Negotiated per
+    /// connection: siw does not, so posting them to a siw peer is an API error.
+    pub rfc7306: bool,
 }
 
 impl Default for QpConfig {
     fn default() -> QpConfig {
-        QpConfig { mulpdu: 1442, ird: 1, ord: 1, max_send_wr: 128, max_recv_wr: 128 }
+        QpConfig { mulpdu: 1442, ird: 1, ord: 1, max_send_wr: 128, max_recv_wr: 128, rfc7306: false }
     }
 }
 
@@ -75,6 +83,56 @@ pub enum SendOp {
         /// Peer's tagged offset.
         remote_to: u64,
     },
+    /// RFC 7306 Immediate Data: 8 bytes delivered in the peer's receive completion (it
+    /// consumes one of the peer's receive buffers, whose bytes stay untouched).
+    ImmediateData {
+        /// The data.
+        data: [u8; IMMEDIATE_DATA_LEN],
+        /// Immediate Data with Solicited Event.
+        solicited: bool,
+    },
+    /// RFC 7306 RDMA Write with Immediate Data: an RDMA Write followed by an Immediate Data
+    /// message; one completion.
+    WriteImmediate {
+        /// Peer's STag (needs remote write rights there).
+        remote_stag: STag,
+        /// Peer's tagged offset.
+        remote_to: u64,
+        /// The immediate data.
+        data: [u8; IMMEDIATE_DATA_LEN],
+        /// The Immediate Data message asks for a solicited event.
+        solicited: bool,
+    },
+    /// RFC 7306 Atomic operation on the 64-bit value at `remote_to` of the peer's
+    /// `remote_stag`; the original value lands, as a native-endian `u64`, in the single
+    /// 8-byte local element.
+    Atomic {
+        /// Peer's STag (needs remote atomic rights there).
+        remote_stag: STag,
+        /// Peer's tagged offset (8-byte aligned).
+        remote_to: u64,
+        /// The operation.
+        op: AtomicOp,
+        /// Add Data (FetchAdd) or Swap Data (Swap, CompareSwap).
+        data: u64,
+        /// Add Mask or Swap Mask.
+        data_mask: u64,
+        /// Compare Data (CompareSwap).
+        compare: u64,
+        /// Compare Mask (CompareSwap).
+        compare_mask: u64,
+    },
+}
+
+impl SendOp {
+    fn is_rfc7306(&self) -> bool {
+        matches!(self, SendOp::ImmediateData { .. } | SendOp::WriteImmediate { .. } | SendOp::Atomic { .. })
+    }
+
+    /// Whether the operation takes an ORD slot (a Read or Atomic Request).
+    fn uses_ord(&self) -> bool {
+        matches!(self, SendOp::Read { .. } | SendOp::Atomic { .. })
+    }
 }
 
 /// A send-queue work request.
@@ -125,8 +183,14 @@ pub enum WcOpcode {
     Write,
     /// An RDMA Read.
     Read,
+    /// An RFC 7306 Immediate Data message sent.
+    ImmediateData,
+    /// An RFC 7306 Atomic operation.
+    Atomic,
     /// A received Send.
     Recv,
+    /// A received RFC 7306 Immediate Data message ([`Completion::imm_data`]).
+    RecvImmediate,
 }
 
 /// A work completion.
@@ -144,6 +208,8 @@ pub struct Completion {
     pub solicited: bool,
     /// A received Send with Invalidate invalidated this STag.
     pub invalidated: Option<STag>,
+    /// The data of a received Immediate Data message.
+    pub imm_data: Option<[u8; IMMEDIATE_DATA_LEN]>,
 }
 
 /// Queue-pair states (RFC 5040 section 6).
@@ -185,6 +251,12 @@ pub enum PostError {
     ReadNeedsOneSge,
     /// A message longer than 2^32 - 1 bytes.
     TooLong,
+    /// An RFC 7306 operation to a peer not configured as taking them ([`QpConfig::rfc7306`]).
+    ExtensionNotNegotiated,
+    /// An Atomic needs exactly one 8-byte local element; Immediate Data takes none.
+    BadSgl,
+    /// The queue pair takes its receive buffers from a shared receive queue.
+    UsesSrq,
 }
 
 impl core::fmt::Display for PostError {
@@ -193,6 +265,11 @@ impl core::fmt::Display for PostError {
             PostError::QueueFull => "work queue full",
             PostError::ReadNeedsOneSge => "an RDMA Read needs exactly one local SGE",
             PostError::TooLong => "message longer than 4 GiB - 1",
+            PostError::ExtensionNotNegotiated => {
+                "RFC 7306 operation (immediate data, atomics) to a peer that does not take them"
+            }
+            PostError::BadSgl => "an atomic needs one 8-byte SGE, immediate data none",
+            PostError::UsesSrq => "the queue pair receives through a shared receive queue",
         })
     }
 }
@@ -228,13 +305,74 @@ enum Source {
     Inline(Vec<u8>),
 }
 
+/// A Read or Atomic Request in flight, holding an ORD slot until its response is in.
 #[derive(Debug)]
-struct OutboundRead {
+struct Outbound {
     seq: u64,
-    sink: STag,
-    sink_to: u64,
-    len: u64,
-    received: u64,
+    kind: OutboundKind,
+}
+
+#[derive(Debug)]
+enum OutboundKind {
+    Read { sink: STag, sink_to: u64, len: u64, received: u64 },
+    Atomic { request_id: u32, sink: Sge },
+}
+
+/// A response owed to the peer for one of its Read or Atomic Requests (an IRD slot).
+#[derive(Debug)]
+enum Response {
+    Read(ReadRequest),
+    Atomic(AtomicResponse),
+}
+
+/// A shared receive queue: receive buffers any of the queue pairs attached to it may take,
+/// one per incoming message, in posting order.
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    inner: Arc<Mutex<SrqInner>>,
+}
+
+#[derive(Debug)]
+struct SrqInner {
+    wrs: VecDeque<RecvWr>,
+    max: usize,
+}
+
+impl SharedReceiveQueue {
+    /// A shared receive queue holding at most `max` buffers.
+    pub fn new(max: usize) -> SharedReceiveQueue {
+        SharedReceiveQueue { inner: Arc::new(Mutex::new(SrqInner { wrs: VecDeque::new(), max })) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SrqInner> {
+        // A panic while holding the lock cannot leave the queue inconsistent (each operation
+        // is a single push or pop), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Posts a receive buffer.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        let mut q = self.lock();
+        if q.wrs.len() >= q.max {
+            return Err(PostError::QueueFull);
+        }
+        q.wrs.push_back(wr);
+        Ok(())
+    }
+
+    /// Buffers posted and not yet taken.
+    pub fn len(&self) -> usize {
+        self.lock().wrs.len()
+    }
+
+    /// Whether no buffer is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn take(&self) -> Option<RecvWr> {
+        self.lock().wrs.pop_front()
+    }
 }
 
 /// Counters a test or a monitor may read.
@@ -258,10 +396,13 @@ pub struct QueuePair {
     rx_queues: UntaggedQueues,
     tx_msn: [Msn; 4],
     tx_cur: Option<TxMessage>,
-    resp_pending: VecDeque<ReadRequest>,
+    /// The Immediate Data message that follows the Write of a Write with Immediate Data.
+    tx_next: Option<TxMessage>,
+    resp_pending: VecDeque<Response>,
     resp_cur: Option<TxMessage>,
     prefer_response: bool,
-    out_reads: VecDeque<OutboundRead>,
+    outbound: VecDeque<Outbound>,
+    srq: Option<SharedReceiveQueue>,
     terminate: Option<TxMessage>,
     /// Bytes and flags of the Send being received: (solicited, invalidate).
     rx_send: Option<(bool, Option<STag>)>,
@@ -273,6 +414,10 @@ pub struct QueuePair {
 const QN_SEND: QueueNumber = QueueNumber::Send;
 const QN_READ: QueueNumber = QueueNumber::ReadRequest;
 const QN_TERMINATE: QueueNumber = QueueNumber::Terminate;
+const QN_ATOMIC_RESPONSE: QueueNumber = QueueNumber::AtomicResponse;
+/// The DDP buffer an IRD slot offers: room for a Read Request or an Atomic Request.
+const IRD_SLOT_LEN: u64 =
+    if ATOMIC_REQUEST_LEN > READ_REQUEST_LEN { ATOMIC_REQUEST_LEN as u64 } else { READ_REQUEST_LEN as u64 };
 /// Room for a received Terminate: control word, segment length, DDP header, Read Request.
 const TERMINATE_MAX: u64 = 4 + 2 + UNTAGGED_HEADER_LEN as u64 + READ_REQUEST_LEN as u64;
 
@@ -283,7 +428,7 @@ impl QueuePair {
         let mut rx_queues = UntaggedQueues::new(depth);
         // DDP buffers for the RDMAP-owned queues: IRD Read Request slots and one Terminate.
         for _ in 0..config.ird {
-            let _ = rx_queues.post(QN_READ, READ_REQUEST_LEN as u64);
+            let _ = rx_queues.post(QN_READ, IRD_SLOT_LEN);
         }
         let _ = rx_queues.post(QN_TERMINATE, TERMINATE_MAX);
         QueuePair {
@@ -296,16 +441,25 @@ impl QueuePair {
             rx_queues,
             tx_msn: [Msn(1); 4],
             tx_cur: None,
+            tx_next: None,
             resp_pending: VecDeque::new(),
             resp_cur: None,
             prefer_response: false,
-            out_reads: VecDeque::new(),
+            outbound: VecDeque::new(),
+            srq: None,
             terminate: None,
             rx_send: None,
             completions: VecDeque::new(),
             events: VecDeque::new(),
             stats: QpStats::default(),
         }
+    }
+
+    /// A queue pair in RTS that takes its receive buffers from `srq`.
+    pub fn with_srq(config: QpConfig, srq: SharedReceiveQueue) -> QueuePair {
+        let mut qp = QueuePair::new(config);
+        qp.srq = Some(srq);
+        qp
     }
 
     /// The current state.
@@ -332,14 +486,29 @@ impl QueuePair {
         if u32::try_from(len).is_err() {
             return Err(PostError::TooLong);
         }
+        if wr.op.is_rfc7306() && !self.config.rfc7306 {
+            return Err(PostError::ExtensionNotNegotiated);
+        }
         let opcode = match wr.op {
             SendOp::Send { .. } => WcOpcode::Send,
-            SendOp::Write { .. } => WcOpcode::Write,
+            SendOp::Write { .. } | SendOp::WriteImmediate { .. } => WcOpcode::Write,
             SendOp::Read { .. } => {
                 if wr.sgl.len() != 1 {
                     return Err(PostError::ReadNeedsOneSge);
                 }
                 WcOpcode::Read
+            }
+            SendOp::ImmediateData { .. } => {
+                if !wr.sgl.is_empty() {
+                    return Err(PostError::BadSgl);
+                }
+                WcOpcode::ImmediateData
+            }
+            SendOp::Atomic { .. } => {
+                if wr.sgl.len() != 1 || wr.sgl.first().map(|s| s.len) != Some(8) {
+                    return Err(PostError::BadSgl);
+                }
+                WcOpcode::Atomic
             }
         };
         let seq = self.next_seq;
@@ -356,6 +525,9 @@ impl QueuePair {
 
     /// Posts a receive buffer. In a state other than RTS it is flushed at once.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            return Err(PostError::UsesSrq);
+        }
         if self.state != QpState::Rts {
             self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
             return Ok(());
@@ -419,7 +591,8 @@ impl QueuePair {
         let seg = match SegmentRepr::parse(ulpdu) {
             Ok(s) => s,
             Err(e) => {
-                // Too short to be a DDP segment: an LLP framing problem from DDP's view.
+                // Too short to be a DDP segment: an FPDU that cannot carry one, an LLP framing
+                // problem from DDP's point of view.
                 let code = e.terminate_code().unwrap_or(TerminateCode {
                     layer: iwarp_ddp::TerminateLayer::Llp,
                     error_type: 0,
@@ -429,17 +602,20 @@ impl QueuePair {
             }
         };
         let control = Control::from_byte(seg.header.rdmap_control);
-        if control.version != RDMAP_VERSION {
-            return self.fail(TerminateCode::rdmap(2, 0x05), Some(ulpdu));
-        }
-        let op = control.opcode;
         let tagged = matches!(seg.header.kind, SegmentKind::Tagged { .. });
-        if op.is_tagged() != tagged || op.is_extension() || matches!(op, Opcode::Unknown(_)) {
-            return self.fail(TerminateCode::rdmap(2, 0x06), Some(ulpdu));
-        }
-        let result = match seg.header.kind {
-            SegmentKind::Tagged { stag, to } => self.rx_tagged(mem, op, stag, to, &seg),
-            SegmentKind::Untagged { .. } => self.rx_untagged(mem, op, &seg),
+        let op = control.opcode;
+        let result = if control.version != RDMAP_VERSION {
+            Err(RdmapError::InvalidVersion { version: control.version }.terminate_code())
+        } else if op.is_tagged() != tagged
+            || matches!(op, Opcode::Unknown(_))
+            || (op.is_extension() && !self.config.rfc7306)
+        {
+            Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code())
+        } else {
+            match seg.header.kind {
+                SegmentKind::Tagged { stag, to } => self.rx_tagged(mem, op, stag, to, &seg),
+                SegmentKind::Untagged { .. } => self.rx_untagged(mem, op, &seg),
+            }
         };
         if let Err(code) = result {
             self.fail(code, Some(ulpdu));
@@ -464,30 +640,31 @@ impl QueuePair {
             }
             Opcode::ReadResponse => {
                 // Read Responses arrive in the order of the Read Requests (RFC 5040 5.5).
-                let Some(read) = self.out_reads.front_mut() else {
-                    return Err(TerminateCode::rdmap(2, 0x06));
+                let Some(Outbound { seq, kind: OutboundKind::Read { sink, sink_to, len, received } }) =
+                    self.outbound.front_mut()
+                else {
+                    return Err(RdmapError::UnexpectedReadResponse.terminate_code());
                 };
-                let expected_to = read.sink_to.checked_add(read.received);
-                if stag != read.sink || Some(to.0) != expected_to {
+                if stag != *sink || Some(to.0) != sink_to.checked_add(*received) {
                     return Err(AccessError::StagNotAssociated.terminate_code());
                 }
                 let n = seg.payload.len() as u64;
-                if read.received + n > read.len {
+                if *received + n > *len {
                     return Err(AccessError::BaseOrBounds.terminate_code());
                 }
                 mem.place(stag, to.0, seg.payload, Access::LOCAL_WRITE).map_err(placement_error)?;
-                read.received += n;
+                *received += n;
                 if seg.header.last {
-                    if read.received != read.len {
-                        return Err(TerminateCode::rdmap(2, 0xff));
+                    if *received != *len {
+                        return Err(RdmapError::CatastrophicStream.terminate_code());
                     }
-                    let seq = read.seq;
-                    self.out_reads.pop_front();
+                    let seq = *seq;
+                    self.outbound.pop_front();
                     self.finish(seq, WcStatus::Success);
                 }
                 Ok(())
             }
-            _ => Err(TerminateCode::rdmap(2, 0x06)),
+            _ => Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code()),
         }
     }
 
@@ -497,19 +674,35 @@ impl QueuePair {
         op: Opcode,
         seg: &SegmentRepr<'_>,
     ) -> Result<(), TerminateCode> {
-        let SegmentKind::Untagged { rdmap_word, qn, .. } = seg.header.kind else {
-            return Err(TerminateCode::rdmap(2, 0x06));
+        let SegmentKind::Untagged { rdmap_word, qn, mo, .. } = seg.header.kind else {
+            return Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code());
         };
         let expected_qn = op.queue().map(QueueNumber::from);
         if expected_qn != Some(qn) {
-            // A known opcode on the wrong queue (or an unknown queue).
-            let e = UntaggedError::InvalidQn(qn);
-            return Err(e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)));
+            // A known opcode on another queue than its own.
+            return Err(UntaggedError::InvalidQn(qn).terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)));
         }
+        if qn == QN_READ && mo == 0 && self.rx_queues.posted(QN_READ) == Some(0) {
+            return Err(RdmapError::IrdExceeded { ird: u32::from(self.config.ird) }.terminate_code());
+        }
+        if qn == QN_SEND && mo == 0 && self.rx_queues.posted(QN_SEND) == Some(0) {
+            self.take_from_srq();
+        }
+        let immediate = matches!(op, Opcode::ImmediateData | Opcode::ImmediateDataSe);
+        // Immediate Data consumes a receive buffer but places nothing in it.
+        let placed_len = if immediate { 0 } else { seg.payload.len() };
         let placed = self
             .rx_queues
-            .accept(seg.header.kind, seg.header.last, seg.payload.len())
+            .accept(seg.header.kind, seg.header.last, placed_len)
             .map_err(|e| e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)))?;
+        let whole = |expected: usize| {
+            if seg.header.last && placed.offset == 0 && seg.payload.len() == expected {
+                Ok(())
+            } else {
+                // A request or immediate message longer (or shorter) than its fixed body.
+                Err(TerminateCode::ddp(2, 0x05))
+            }
+        };
         match op {
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
                 let solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
@@ -522,29 +715,64 @@ impl QueuePair {
                 if let Some(len) = placed.completed_len {
                     let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
                     if let Some(stag) = invalidate {
-                        mem.invalidate(stag).map_err(|_| TerminateCode::rdmap(1, 0x09))?;
+                        mem.invalidate(stag).map_err(|e| match e {
+                            AccessError::StagNotAssociated | AccessError::AccessRights => {
+                                RdmapError::InvalidateNotPermitted { stag }.terminate_code()
+                            }
+                            _ => RdmapError::CannotInvalidate { stag }.terminate_code(),
+                        })?;
                     }
-                    if let Some(wr) = self.rq.pop_front() {
-                        self.completions.push_back(Completion {
-                            wr_id: wr.wr_id,
-                            status: WcStatus::Success,
-                            opcode: WcOpcode::Recv,
-                            byte_len: len,
-                            solicited,
-                            invalidated: invalidate,
-                        });
-                    }
+                    self.complete_recv(WcOpcode::Recv, len, solicited, invalidate, None);
                 }
                 Ok(())
             }
+            Opcode::ImmediateData | Opcode::ImmediateDataSe => {
+                whole(IMMEDIATE_DATA_LEN)?;
+                let data = ImmediateData::parse(seg.payload).map_err(|_| TerminateCode::ddp(2, 0x05))?;
+                let solicited = op == Opcode::ImmediateDataSe;
+                self.complete_recv(WcOpcode::RecvImmediate, 0, solicited, None, Some(data.0));
+                Ok(())
+            }
             Opcode::ReadRequest => {
-                if !seg.header.last || placed.offset != 0 {
-                    return Err(TerminateCode::ddp(2, 0x05));
-                }
-                let req = ReadRequest::parse(seg.payload).map_err(|_| TerminateCode::rdmap(2, 0xff))?;
+                whole(READ_REQUEST_LEN)?;
+                let req = ReadRequest::parse(seg.payload).map_err(|_| TerminateCode::ddp(2, 0x05))?;
                 mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
-                    .map_err(AccessError::rdmap_terminate_code)?;
-                self.resp_pending.push_back(req);
+                    .map_err(|e| RdmapError::Access(e).terminate_code())?;
+                self.resp_pending.push_back(Response::Read(req));
+                Ok(())
+            }
+            Opcode::AtomicRequest => {
+                whole(ATOMIC_REQUEST_LEN)?;
+                let req = AtomicRequest::parse(seg.payload).map_err(|_| TerminateCode::ddp(2, 0x05))?;
+                if let AtomicOp::Unknown(op) = req.op {
+                    return Err(RdmapError::UnsupportedAtomicOp { op }.terminate_code());
+                }
+                let mut apply = |original: u64| req.apply_to(original).unwrap_or(original);
+                let original = mem
+                    .atomic(req.remote_stag, req.remote_to.0, &mut apply)
+                    .map_err(|e| RdmapError::Access(e).terminate_code())?;
+                let resp = AtomicResponse { request_id: req.request_id, original_data: original };
+                self.resp_pending.push_back(Response::Atomic(resp));
+                Ok(())
+            }
+            Opcode::AtomicResponse => {
+                whole(ATOMIC_RESPONSE_LEN)?;
+                let resp = AtomicResponse::parse(seg.payload).map_err(|_| TerminateCode::ddp(2, 0x05))?;
+                let Some(Outbound { seq, kind: OutboundKind::Atomic { request_id, sink } }) =
+                    self.outbound.front()
+                else {
+                    return Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code());
+                };
+                if *request_id != resp.request_id {
+                    return Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code());
+                }
+                let (seq, sink) = (*seq, *sink);
+                self.outbound.pop_front();
+                let status = match scatter(mem, &[sink], 0, &resp.original_data.to_ne_bytes()) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::LocalProtectionError,
+                };
+                self.finish(seq, status);
                 Ok(())
             }
             Opcode::Terminate => {
@@ -558,7 +786,39 @@ impl QueuePair {
                 self.state = QpState::Error;
                 Ok(())
             }
-            _ => Err(TerminateCode::rdmap(2, 0x06)),
+            _ => Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code()),
+        }
+    }
+
+    /// Moves one buffer from the shared receive queue, if any, to this queue pair's queue 0.
+    fn take_from_srq(&mut self) {
+        let Some(wr) = self.srq.as_ref().and_then(SharedReceiveQueue::take) else { return };
+        if self.rx_queues.post(QN_SEND, sgl_len(&wr.sgl)).is_ok() {
+            self.rq.push_back(wr);
+        } else {
+            // Cannot happen (queue 0 had no buffer); the request still completes once.
+            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+        }
+    }
+
+    fn complete_recv(
+        &mut self,
+        opcode: WcOpcode,
+        byte_len: u64,
+        solicited: bool,
+        invalidated: Option<STag>,
+        imm_data: Option<[u8; IMMEDIATE_DATA_LEN]>,
+    ) {
+        if let Some(wr) = self.rq.pop_front() {
+            self.completions.push_back(Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len,
+                solicited,
+                invalidated,
+                imm_data,
+            });
         }
     }
 
@@ -596,19 +856,28 @@ impl QueuePair {
 
     fn transmit_response(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> Option<usize> {
         if self.resp_cur.is_none() {
-            let req = self.resp_pending.pop_front()?;
-            let target = MessageTarget::Tagged { stag: STag(req.sink_stag), to: TaggedOffset(req.sink_to) };
-            let ctrl = Control::new(Opcode::ReadResponse).to_byte();
-            let len = usize::try_from(req.size).ok()?;
-            let segments = Segmenter::new(target, ctrl, len, self.config.mulpdu).ok()?;
-            let source = Source::Remote { stag: STag(req.source_stag), to: req.source_to };
-            self.resp_cur = Some(TxMessage { seq: None, segments, source });
+            let message = match self.resp_pending.pop_front()? {
+                Response::Read(req) => {
+                    let target =
+                        MessageTarget::Tagged { stag: STag(req.sink_stag), to: TaggedOffset(req.sink_to) };
+                    let len = usize::try_from(req.size).ok()?;
+                    let source = Source::Remote { stag: STag(req.source_stag), to: req.source_to };
+                    self.message(None, target, Opcode::ReadResponse, len, source)
+                }
+                Response::Atomic(resp) => {
+                    let msn = self.next_msn(QN_ATOMIC_RESPONSE);
+                    let target = MessageTarget::Untagged { rdmap_word: 0, qn: QN_ATOMIC_RESPONSE, msn };
+                    let body = resp.to_bytes().to_vec();
+                    self.message(None, target, Opcode::AtomicResponse, body.len(), Source::Inline(body))
+                }
+            };
+            self.resp_cur = Some(message.ok()?);
         }
         let mut t = self.resp_cur.take()?;
         let n = self.emit_segment(mem, &mut t, buf);
         if t.segments.len() == 0 {
-            // The response is out: its IRD slot takes the next Read Request.
-            let _ = self.rx_queues.post(QN_READ, READ_REQUEST_LEN as u64);
+            // The response is out: its IRD slot takes the next Read or Atomic Request.
+            let _ = self.rx_queues.post(QN_READ, IRD_SLOT_LEN);
         } else {
             self.resp_cur = Some(t);
         }
@@ -617,18 +886,21 @@ impl QueuePair {
 
     fn transmit_sq(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> Option<usize> {
         if self.tx_cur.is_none() {
-            let (seq, wr) = self.sq.front()?;
-            let (seq, op) = (*seq, wr.op);
-            if matches!(op, SendOp::Read { .. }) && self.out_reads.len() >= usize::from(self.config.ord) {
-                return None; // ORD exhausted: the send queue waits for a Read Response.
-            }
-            let (_, wr) = self.sq.pop_front()?;
-            let msg = self.start_message(seq, wr);
-            match msg {
-                Ok(m) => self.tx_cur = Some(m),
-                Err(status) => {
-                    self.finish(seq, status);
-                    return None;
+            if let Some(next) = self.tx_next.take() {
+                self.tx_cur = Some(next);
+            } else {
+                let (seq, wr) = self.sq.front()?;
+                let (seq, uses_ord) = (*seq, wr.op.uses_ord());
+                if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
+                    return None; // ORD exhausted: the send queue waits for a response.
+                }
+                let (_, wr) = self.sq.pop_front()?;
+                match self.start_message(seq, wr) {
+                    Ok(m) => self.tx_cur = Some(m),
+                    Err(status) => {
+                        self.finish(seq, status);
+                        return None;
+                    }
                 }
             }
         }
@@ -637,16 +909,17 @@ impl QueuePair {
         match n {
             None => {
                 // A local buffer could not be read: the request fails, the QP goes to error.
-                if let Some(seq) = t.seq {
+                let seq = t.seq.or_else(|| self.tx_next.as_ref().and_then(|m| m.seq));
+                if let Some(seq) = seq {
                     self.finish(seq, WcStatus::LocalProtectionError);
                 }
-                self.fail(TerminateCode::rdmap(0, 0x00), None);
+                self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
             }
-            Some(_) if (t.segments.len() == 0) => {
+            Some(_) if t.segments.len() == 0 => {
                 if let Some(seq) = t.seq {
-                    // Send completion means "handed to the transport"; a Read completes when
-                    // its response has been placed.
-                    if !self.out_reads.iter().any(|r| r.seq == seq) {
+                    // Send completion means "handed to the transport"; a Read or Atomic
+                    // completes when its response has been placed.
+                    if !self.outbound.iter().any(|o| o.seq == seq) {
                         self.finish(seq, WcStatus::Success);
                     }
                 }
@@ -656,10 +929,37 @@ impl QueuePair {
         n
     }
 
+    fn message(
+        &mut self,
+        seq: Option<u64>,
+        target: MessageTarget,
+        opcode: Opcode,
+        len: usize,
+        source: Source,
+    ) -> Result<TxMessage, WcStatus> {
+        let segments = Segmenter::new(target, Control::new(opcode).to_byte(), len, self.config.mulpdu)
+            .map_err(|_| WcStatus::LocalLengthError)?;
+        Ok(TxMessage { seq, segments, source })
+    }
+
+    fn untagged(&mut self, qn: QueueNumber, rdmap_word: u32) -> MessageTarget {
+        MessageTarget::Untagged { rdmap_word, qn, msn: self.next_msn(qn) }
+    }
+
+    fn immediate(
+        &mut self,
+        seq: Option<u64>,
+        data: [u8; IMMEDIATE_DATA_LEN],
+        solicited: bool,
+    ) -> Result<TxMessage, WcStatus> {
+        let opcode = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
+        let target = self.untagged(QN_SEND, 0);
+        self.message(seq, target, opcode, IMMEDIATE_DATA_LEN, Source::Inline(data.to_vec()))
+    }
+
     fn start_message(&mut self, seq: u64, wr: SendWr) -> Result<TxMessage, WcStatus> {
         let len = usize::try_from(sgl_len(&wr.sgl)).map_err(|_| WcStatus::LocalLengthError)?;
-        let mulpdu = self.config.mulpdu;
-        let (target, opcode, source) = match wr.op {
+        match wr.op {
             SendOp::Send { solicited, invalidate } => {
                 let opcode = match (solicited, invalidate.is_some()) {
                     (false, false) => Opcode::Send,
@@ -667,15 +967,22 @@ impl QueuePair {
                     (false, true) => Opcode::SendInvalidate,
                     (true, true) => Opcode::SendSeInvalidate,
                 };
-                let msn = self.next_msn(QN_SEND);
-                let rdmap_word = invalidate.map_or(0, |s| s.0);
-                (MessageTarget::Untagged { rdmap_word, qn: QN_SEND, msn }, opcode, Source::Local(wr.sgl))
+                let target = self.untagged(QN_SEND, invalidate.map_or(0, |s| s.0));
+                self.message(Some(seq), target, opcode, len, Source::Local(wr.sgl))
             }
-            SendOp::Write { remote_stag, remote_to } => (
-                MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) },
-                Opcode::Write,
-                Source::Local(wr.sgl),
-            ),
+            SendOp::Write { remote_stag, remote_to } => {
+                let target = MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) };
+                self.message(Some(seq), target, Opcode::Write, len, Source::Local(wr.sgl))
+            }
+            SendOp::WriteImmediate { remote_stag, remote_to, data, solicited } => {
+                // RFC 7306: an RDMA Write, then an Immediate Data message; the work request
+                // completes with the second.
+                let target = MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) };
+                let write = self.message(None, target, Opcode::Write, len, Source::Local(wr.sgl))?;
+                self.tx_next = Some(self.immediate(Some(seq), data, solicited)?);
+                Ok(write)
+            }
+            SendOp::ImmediateData { data, solicited } => self.immediate(Some(seq), data, solicited),
             SendOp::Read { remote_stag, remote_to } => {
                 let sink = wr.sgl.first().copied().ok_or(WcStatus::LocalProtectionError)?;
                 let req = ReadRequest {
@@ -685,25 +992,40 @@ impl QueuePair {
                     source_stag: remote_stag.0,
                     source_to: remote_to,
                 };
-                self.out_reads.push_back(OutboundRead {
-                    seq,
+                let kind = OutboundKind::Read {
                     sink: sink.lkey,
                     sink_to: sink.addr,
                     len: u64::from(sink.len),
                     received: 0,
-                });
-                let msn = self.next_msn(QN_READ);
-                let target = MessageTarget::Untagged { rdmap_word: 0, qn: QN_READ, msn };
-                (target, Opcode::ReadRequest, Source::Inline(req.to_bytes().to_vec()))
+                };
+                self.outbound.push_back(Outbound { seq, kind });
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(Some(seq), target, Opcode::ReadRequest, body.len(), Source::Inline(body))
             }
-        };
-        let len = match &source {
-            Source::Inline(b) => b.len(),
-            _ => len,
-        };
-        let segments = Segmenter::new(target, Control::new(opcode).to_byte(), len, mulpdu)
-            .map_err(|_| WcStatus::LocalLengthError)?;
-        Ok(TxMessage { seq: Some(seq), segments, source })
+            SendOp::Atomic { remote_stag, remote_to, op, data, data_mask, compare, compare_mask } => {
+                let sink = wr.sgl.first().copied().ok_or(WcStatus::LocalProtectionError)?;
+                // The sequence number names the request; only its low 32 bits go on the wire,
+                // which is unique among the ORD (< 2^14) requests in flight.
+                let request_id = u32::try_from(seq & u64::from(u32::MAX)).unwrap_or(0);
+                let req = AtomicRequest {
+                    op,
+                    request_id,
+                    remote_stag,
+                    remote_to: TaggedOffset(remote_to),
+                    add_or_swap_data: data,
+                    add_or_swap_mask: data_mask,
+                    compare_data: compare,
+                    compare_mask,
+                };
+                self.outbound.push_back(Outbound { seq, kind: OutboundKind::Atomic { request_id, sink } });
+                // The DDP buffer for the Atomic Response on queue 3.
+                let _ = self.rx_queues.post(QN_ATOMIC_RESPONSE, ATOMIC_RESPONSE_LEN as u64);
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(Some(seq), target, Opcode::AtomicRequest, body.len(), Source::Inline(body))
+            }
+        }
     }
 
     fn next_msn(&mut self, qn: QueueNumber) -> Msn {
@@ -787,6 +1109,7 @@ impl QueuePair {
                     byte_len: if status == WcStatus::Success { slot.len } else { 0 },
                     solicited: false,
                     invalidated: None,
+                    imm_data: None,
                 });
             }
             self.sq_slots.pop_front();
@@ -798,8 +1121,9 @@ impl QueuePair {
         self.sq.clear();
         self.tx_cur = None;
         self.resp_cur = None;
+        self.tx_next = None;
         self.resp_pending.clear();
-        self.out_reads.clear();
+        self.outbound.clear();
         self.rx_send = None;
         let pending: Vec<u64> = self.sq_slots.iter().filter(|s| s.status.is_none()).map(|s| s.seq).collect();
         for seq in pending {
@@ -819,5 +1143,6 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> Completion {
         byte_len: 0,
         solicited: false,
         invalidated: None,
+        imm_data: None,
     }
 }

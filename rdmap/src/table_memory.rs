@@ -38,6 +38,12 @@ impl Memory for TableMemory<'_> {
         t.memory.read(t.offset, out).map_err(|_| AccessError::BaseOrBounds)
     }
 
+    fn atomic(&mut self, stag: STag, to: u64, f: &mut dyn FnMut(u64) -> u64) -> Result<u64, AccessError> {
+        let t = self.resolve(stag, to, 8, Access::REMOTE_ATOMIC)?;
+        // Unaligned targets are refused (RFC 7306 requires 8-byte alignment).
+        t.memory.fetch_update_u64(t.offset, f).ok_or(AccessError::BaseOrBounds)
+    }
+
     fn invalidate(&mut self, stag: STag) -> Result<(), AccessError> {
         match self.table.get(stag) {
             Some(e) if e.valid && e.key == stag.key() && e.pd == self.pd => {

@@ -11,9 +11,13 @@ use std::sync::Arc;
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_ddp::{RegionMemory, STag, TerminateCode, TerminateLayer};
 use iwarp_mpa::{FrameRepr, Policy};
+use iwarp_rdmap::atomic::AtomicOp;
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::memory::Sge;
-use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{
+    Completion, PostError, QpConfig, QpEvent, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
+    WcOpcode, WcStatus,
+};
 use iwarp_rdmap::table_memory::TableMemory;
 
 const MULPDU: usize = 1442;
@@ -112,6 +116,16 @@ struct Pair {
 }
 
 fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
+    connect_with(crc, markers, ird_ord, false, None)
+}
+
+fn connect_with(
+    crc: bool,
+    markers: bool,
+    ird_ord: u16,
+    rfc7306: bool,
+    srq: Option<SharedReceiveQueue>,
+) -> (Connection, Connection) {
     let policy = Policy {
         crc: if crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
         markers_wanted: markers,
@@ -129,8 +143,13 @@ fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
         ord: p.ord,
         max_send_wr: 4096,
         max_recv_wr: 4096,
+        rfc7306,
     };
-    (Connection::new(&client, cfg(&client)), Connection::new(&server, cfg(&server)))
+    let b = match srq {
+        Some(srq) => Connection::with_qp(&server, QueuePair::with_srq(cfg(&server), srq)),
+        None => Connection::new(&server, cfg(&server)),
+    };
+    (Connection::new(&client, cfg(&client)), b)
 }
 
 impl Pair {
@@ -139,8 +158,16 @@ impl Pair {
     }
 
     fn with_ird_ord(crc: bool, markers: bool, ird_ord: u16) -> Pair {
-        let (a, b) = connect(crc, markers, ird_ord);
+        Pair::from_conns(connect(crc, markers, ird_ord))
+    }
+
+    fn from_conns((a, b): (Connection, Connection)) -> Pair {
         Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0 }
+    }
+
+    /// Both ends take the RFC 7306 extensions.
+    fn rfc7306() -> Pair {
+        Pair::from_conns(connect_with(true, false, 4, true, None))
     }
 
     /// Moves what each side has to send to the other, once each way; returns bytes moved.
@@ -672,4 +699,189 @@ fn reordered_and_truncated_streams_never_panic_and_complete_once() {
         assert_eq!(ids, vec![1, 2, 3], "seed {seed}: {:?}", p.a.completions);
         assert_eq!(p.b.completions.iter().filter(|c| c.wr_id == 10).count(), 1, "seed {seed}");
     }
+}
+
+// --- RFC 7306 --------------------------------------------------------------------------
+
+#[test]
+fn extensions_are_an_api_error_unless_negotiated() {
+    let mut p = Pair::new(false, false);
+    let sink = p.a.register(8, Access::LOCAL_WRITE, 0);
+    let ops = [
+        (SendOp::ImmediateData { data: [1; 8], solicited: false }, vec![]),
+        (
+            SendOp::WriteImmediate { remote_stag: STag(0x100), remote_to: 0, data: [1; 8], solicited: false },
+            vec![],
+        ),
+        (
+            SendOp::Atomic {
+                remote_stag: STag(0x100),
+                remote_to: 0,
+                op: AtomicOp::FetchAdd,
+                data: 1,
+                data_mask: 0,
+                compare: 0,
+                compare_mask: 0,
+            },
+            vec![sink.sge()],
+        ),
+    ];
+    for (op, sgl) in ops {
+        let e = p.a.conn.qp().post_send(SendWr { wr_id: 1, op, sgl, signaled: true }).unwrap_err();
+        assert_eq!(e, PostError::ExtensionNotNegotiated);
+    }
+    p.run();
+    assert_eq!(p.moved, 0, "nothing went on the wire");
+    assert!(p.a.completions.is_empty());
+}
+
+#[test]
+fn immediate_data_and_write_with_immediate() {
+    let mut p = Pair::rfc7306();
+    let src = p.a.register(5000, Access::NONE, 0);
+    src.mem.write(0, &pattern(5000, 6)).unwrap();
+    let dst = p.b.register(5000, Access::REMOTE_WRITE, 0);
+    let recv = p.b.register(64, Access::LOCAL_WRITE, 0x77);
+    p.b.post_recv(1, vec![recv.sge()]);
+    p.b.post_recv(2, vec![recv.sge()]);
+    p.a.post_send(SendWr {
+        wr_id: 10,
+        op: SendOp::ImmediateData { data: *b"imm-data", solicited: true },
+        sgl: vec![],
+        signaled: true,
+    });
+    p.a.post_send(SendWr {
+        wr_id: 11,
+        op: SendOp::WriteImmediate {
+            remote_stag: dst.stag,
+            remote_to: dst.va,
+            data: 7u64.to_be_bytes(),
+            solicited: false,
+        },
+        sgl: vec![src.sge()],
+        signaled: true,
+    });
+    p.run();
+    assert_eq!(
+        p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(10, WcStatus::Success), (11, WcStatus::Success)]
+    );
+    assert_eq!(p.a.completions[1].opcode, WcOpcode::Write);
+    let b: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.opcode, c.imm_data, c.solicited)).collect();
+    assert_eq!(
+        b,
+        vec![
+            (1, WcOpcode::RecvImmediate, Some(*b"imm-data"), true),
+            (2, WcOpcode::RecvImmediate, Some(7u64.to_be_bytes()), false),
+        ]
+    );
+    // The Write landed before its Immediate Data completed; the receive buffer is untouched.
+    assert_eq!(dst.bytes(), pattern(5000, 6));
+    assert!(recv.bytes().iter().all(|&x| x == 0x77));
+}
+
+#[expect(clippy::too_many_arguments, reason = "mirrors the Atomic Request's fields")]
+fn atomic(
+    remote: &Buf,
+    off: u64,
+    op: AtomicOp,
+    data: u64,
+    mask: u64,
+    cmp: u64,
+    cmp_mask: u64,
+    sink: Sge,
+) -> SendWr {
+    SendWr {
+        wr_id: off,
+        op: SendOp::Atomic {
+            remote_stag: remote.stag,
+            remote_to: remote.va + off,
+            op,
+            data,
+            data_mask: mask,
+            compare: cmp,
+            compare_mask: cmp_mask,
+        },
+        sgl: vec![sink],
+        signaled: true,
+    }
+}
+
+fn word(buf: &Buf, off: usize) -> u64 {
+    let mut b = [0u8; 8];
+    buf.mem.read(off, &mut b).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+#[test]
+fn atomics_fetch_add_swap_compare_swap() {
+    let mut p = Pair::rfc7306();
+    let target = p.b.register(64, Access::REMOTE_ATOMIC, 0);
+    for (i, v) in [100u64, 0xffff_0000_0000_ffff, 42, 42].iter().enumerate() {
+        target.mem.write(i * 8, &v.to_ne_bytes()).unwrap();
+    }
+    let sink = p.a.register(64, Access::LOCAL_WRITE, 0);
+    p.a.post_send(atomic(&target, 0, AtomicOp::FetchAdd, 5, 0, 0, 0, sink.sge_at(0, 8)));
+    p.a.post_send(atomic(&target, 8, AtomicOp::Swap, 0x1234, 0xffff, 0, 0, sink.sge_at(8, 8)));
+    // Equal under the mask: swapped. Not equal: left alone. Both return the original.
+    p.a.post_send(atomic(&target, 16, AtomicOp::CompareSwap, 7, u64::MAX, 42, u64::MAX, sink.sge_at(16, 8)));
+    p.a.post_send(atomic(&target, 24, AtomicOp::CompareSwap, 7, u64::MAX, 41, u64::MAX, sink.sge_at(24, 8)));
+    p.run();
+    let ids: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+    assert_eq!(ids, [0, 8, 16, 24].map(|i| (i, WcOpcode::Atomic, WcStatus::Success)).to_vec());
+    assert_eq!(
+        [word(&target, 0), word(&target, 8), word(&target, 16), word(&target, 24)],
+        [105, 0xffff_0000_0000_1234, 7, 42]
+    );
+    assert_eq!(
+        [word(&sink, 0), word(&sink, 8), word(&sink, 16), word(&sink, 24)],
+        [100, 0xffff_0000_0000_ffff, 42, 42]
+    );
+    assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
+}
+
+#[test]
+fn atomic_without_rights_or_unaligned_is_terminated() {
+    for (access, off) in [(Access::REMOTE_WRITE, 0u64), (Access::REMOTE_ATOMIC, 4)] {
+        let mut p = Pair::rfc7306();
+        let target = p.b.register(64, access, 0x11);
+        let sink = p.a.register(8, Access::LOCAL_WRITE, 0);
+        p.a.post_send(atomic(&target, off, AtomicOp::FetchAdd, 1, 0, 0, 0, sink.sge()));
+        p.run();
+        let Some(QpEvent::LocalTerminate(code)) = p.b.events.first().copied() else {
+            panic!("{:?}", p.b.events)
+        };
+        assert_eq!((code.layer, code.error_type), (TerminateLayer::Rdmap, 1), "{code}");
+        assert!(target.bytes().iter().all(|&x| x == 0x11), "nothing changed");
+        assert_eq!(p.a.completions.len(), 1);
+        assert_eq!(p.a.completions[0].status, WcStatus::WrFlushError);
+    }
+}
+
+// --- shared receive queue -----------------------------------------------------------------
+
+#[test]
+fn shared_receive_queue_feeds_the_queue_pair() {
+    let srq = SharedReceiveQueue::new(16);
+    let mut p = Pair::from_conns(connect_with(false, false, 4, false, Some(srq.clone())));
+    let src = p.a.register(3000, Access::NONE, 0);
+    src.mem.write(0, &pattern(3000, 5)).unwrap();
+    let recv = p.b.register(3 * 3000, Access::LOCAL_WRITE, 0);
+    for i in 0..3u64 {
+        srq.post_recv(RecvWr { wr_id: 40 + i, sgl: vec![recv.sge_at(i * 3000, 3000)] }).unwrap();
+    }
+    assert_eq!(p.b.conn.qp().post_recv(RecvWr { wr_id: 1, sgl: vec![] }), Err(PostError::UsesSrq));
+    for i in 0..2u64 {
+        p.a.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: vec![src.sge_at(0, 3000 - i as u32)],
+            signaled: true,
+        });
+    }
+    p.run();
+    let got: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.byte_len)).collect();
+    assert_eq!(got, vec![(40, 3000), (41, 2999)]);
+    assert_eq!(srq.len(), 1, "one buffer left for whoever needs it");
+    assert_eq!(&recv.bytes()[3000..5999], &pattern(3000, 5)[..2999]);
 }
