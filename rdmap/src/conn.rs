@@ -4,9 +4,14 @@
 //! hands their ULPDUs to the queue pair; [`Connection::poll_transmit`] frames the queue pair's
 //! segments into bytes for TCP. An MPA error (CRC, marker, length) terminates the stream with
 //! the LLP code for it.
+//!
+//! Who speaks first (RFC 5044 section 7.1.2, RFC 6581): the responder sends nothing until the
+//! initiator's first FPDU has arrived (a responder that sends first breaks siw, see
+//! testdata/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
+//! the RTR message of the agreed type.
 
 use iwarp_ddp::{TerminateCode, TerminateLayer};
-use iwarp_mpa::{ConnParams, Deframer, Framer, StreamDeframer};
+use iwarp_mpa::{ConnParams, Deframer, Framer, Role, StreamDeframer};
 
 use crate::memory::Memory;
 use crate::qp::{QpConfig, QueuePair};
@@ -19,6 +24,8 @@ pub struct Connection {
     framer: Framer,
     deframer: StreamDeframer,
     segment: Vec<u8>,
+    /// The responder waits for the initiator's first FPDU before sending.
+    awaiting_peer: bool,
 }
 
 impl Connection {
@@ -29,14 +36,25 @@ impl Connection {
 
     /// A connection around a queue pair built by the caller (one attached to a shared
     /// receive queue, say).
-    pub fn with_qp(params: &ConnParams, qp: QueuePair) -> Connection {
+    pub fn with_qp(params: &ConnParams, mut qp: QueuePair) -> Connection {
         let config = *qp.config();
+        if params.role == Role::Initiator
+            && let Some(rtr) = params.rtr
+        {
+            qp.queue_rtr(rtr);
+        }
         Connection {
             qp,
             framer: Framer::new(params.crc, params.markers_tx),
             deframer: StreamDeframer::new(Deframer::new(params.crc, params.markers_rx)),
             segment: vec![0; config.mulpdu],
+            awaiting_peer: params.must_wait_for_peer(),
         }
+    }
+
+    /// Whether this (responder) end is still waiting for the initiator's first FPDU.
+    pub fn awaiting_peer(&self) -> bool {
+        self.awaiting_peer
     }
 
     /// The queue pair.
@@ -54,9 +72,14 @@ impl Connection {
         self.deframer.push(bytes);
         loop {
             match self.deframer.next_fpdu() {
-                Ok(Some(f)) => self.qp.handle_ulpdu(mem, f.ulpdu),
+                Ok(Some(f)) => {
+                    self.awaiting_peer = false;
+                    self.qp.handle_ulpdu(mem, f.ulpdu);
+                }
                 Ok(None) => break,
                 Err(e) => {
+                    // The peer has spoken (badly): the Terminate may go out.
+                    self.awaiting_peer = false;
                     let code = TerminateCode {
                         layer: TerminateLayer::Llp,
                         error_type: 0,
@@ -73,6 +96,9 @@ impl Connection {
     /// `out`; returns the bytes appended.
     pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
         let start = out.len();
+        if self.awaiting_peer {
+            return 0;
+        }
         while out.len() - start < limit {
             let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
             if Self::frame_into(&mut self.framer, &self.segment[..n], out) == 0 {

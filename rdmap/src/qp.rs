@@ -26,6 +26,8 @@ use iwarp_ddp::{
     UntaggedQueues,
 };
 
+use iwarp_mpa::RtrType;
+
 use crate::atomic::{
     ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicOp, AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN,
     ImmediateData,
@@ -415,6 +417,8 @@ const QN_SEND: QueueNumber = QueueNumber::Send;
 const QN_READ: QueueNumber = QueueNumber::ReadRequest;
 const QN_TERMINATE: QueueNumber = QueueNumber::Terminate;
 const QN_ATOMIC_RESPONSE: QueueNumber = QueueNumber::AtomicResponse;
+/// The sequence number of the internal Read RTR: no work request, so no completion.
+const RTR_SEQ: u64 = u64::MAX;
 /// The DDP buffer an IRD slot offers: room for a Read Request or an Atomic Request.
 const IRD_SLOT_LEN: u64 =
     if ATOMIC_REQUEST_LEN > READ_REQUEST_LEN { ATOMIC_REQUEST_LEN as u64 } else { READ_REQUEST_LEN as u64 };
@@ -460,6 +464,37 @@ impl QueuePair {
         let mut qp = QueuePair::new(config);
         qp.srq = Some(srq);
         qp
+    }
+
+    /// Queues the RFC 6581 ready-to-receive message, which must be the initiator's first FPDU
+    /// when peer-to-peer mode was agreed: a zero-length RDMA Write to STag 1 (not 0, which
+    /// Chelsio rejects; siw does the same), a zero-length Read Request (its zero-length
+    /// response is absorbed here), or a zero-length Send.
+    pub fn queue_rtr(&mut self, rtr: RtrType) {
+        const RTR_STAG: STag = STag(1);
+        let message = match rtr {
+            RtrType::Write => {
+                let target = MessageTarget::Tagged { stag: RTR_STAG, to: TaggedOffset(0) };
+                self.message(None, target, Opcode::Write, 0, Source::Inline(Vec::new()))
+            }
+            RtrType::Read => {
+                let req = ReadRequest { sink_stag: 1, sink_to: 0, size: 0, source_stag: 1, source_to: 0 };
+                let kind = OutboundKind::Read { sink: RTR_STAG, sink_to: 0, len: 0, received: 0 };
+                self.outbound.push_back(Outbound { seq: RTR_SEQ, kind });
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(None, target, Opcode::ReadRequest, body.len(), Source::Inline(body))
+            }
+            RtrType::Send => {
+                let target = self.untagged(QN_SEND, 0);
+                self.message(None, target, Opcode::Send, 0, Source::Inline(Vec::new()))
+            }
+        };
+        if let Ok(m) = message {
+            // Ahead of anything the application posted.
+            self.tx_next = self.tx_cur.take();
+            self.tx_cur = Some(m);
+        }
     }
 
     /// The current state.
@@ -652,7 +687,9 @@ impl QueuePair {
                 if *received + n > *len {
                     return Err(AccessError::BaseOrBounds.terminate_code());
                 }
-                mem.place(stag, to.0, seg.payload, Access::LOCAL_WRITE).map_err(placement_error)?;
+                if n > 0 {
+                    mem.place(stag, to.0, seg.payload, Access::LOCAL_WRITE).map_err(placement_error)?;
+                }
                 *received += n;
                 if seg.header.last {
                     if *received != *len {
@@ -736,8 +773,11 @@ impl QueuePair {
             Opcode::ReadRequest => {
                 whole(READ_REQUEST_LEN)?;
                 let req = ReadRequest::parse(seg.payload).map_err(|_| TerminateCode::ddp(2, 0x05))?;
-                mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
-                    .map_err(|e| RdmapError::Access(e).terminate_code())?;
+                // A zero-length Read reads nothing and is not checked: the RFC 6581 Read RTR.
+                if req.size > 0 {
+                    mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
+                        .map_err(|e| RdmapError::Access(e).terminate_code())?;
+                }
                 self.resp_pending.push_back(Response::Read(req));
                 Ok(())
             }
@@ -1048,6 +1088,8 @@ impl QueuePair {
         let offset = range.start as u64;
         let ok = match &t.source {
             Source::Local(sgl) => gather(mem, sgl, offset, payload).is_ok(),
+            // A zero-length response reads nothing (the Read RTR names no real buffer).
+            Source::Remote { .. } if payload.is_empty() => true,
             Source::Remote { stag, to } => to
                 .checked_add(offset)
                 .is_some_and(|to| mem.fetch(*stag, to, payload, Access::REMOTE_READ).is_ok()),

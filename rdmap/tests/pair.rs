@@ -126,7 +126,20 @@ fn connect_with(
     rfc7306: bool,
     srq: Option<SharedReceiveQueue>,
 ) -> (Connection, Connection) {
+    connect_policy(crc, markers, ird_ord, rfc7306, srq, None)
+}
+
+fn connect_policy(
+    crc: bool,
+    markers: bool,
+    ird_ord: u16,
+    rfc7306: bool,
+    srq: Option<SharedReceiveQueue>,
+    rtr: Option<iwarp_mpa::RtrTypes>,
+) -> (Connection, Connection) {
     let policy = Policy {
+        peer_to_peer: rtr.is_some(),
+        rtr: rtr.unwrap_or(Policy::default().rtr),
         crc: if crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
         markers_wanted: markers,
         ird: ird_ord,
@@ -884,4 +897,78 @@ fn shared_receive_queue_feeds_the_queue_pair() {
     assert_eq!(got, vec![(40, 3000), (41, 2999)]);
     assert_eq!(srq.len(), 1, "one buffer left for whoever needs it");
     assert_eq!(&recv.bytes()[3000..5999], &pattern(3000, 5)[..2999]);
+}
+
+// --- who speaks first ---------------------------------------------------------------------
+
+#[test]
+fn responder_waits_for_the_initiators_first_fpdu() {
+    let mut p = Pair::new(false, false);
+    let b_src = p.b.register(64, Access::NONE, 1);
+    let a_recv = p.a.register(64, Access::LOCAL_WRITE, 0);
+    p.a.post_recv(1, vec![a_recv.sge()]);
+    p.b.post_send(SendWr {
+        wr_id: 2,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: vec![b_src.sge()],
+        signaled: true,
+    });
+    p.run();
+    assert_eq!(p.moved, 0, "the responder's Send waits");
+    assert!(p.b.conn.awaiting_peer());
+    // The initiator's first FPDU opens the responder's direction.
+    let a_src = p.a.register(8, Access::NONE, 2);
+    let b_recv = p.b.register(8, Access::LOCAL_WRITE, 0);
+    p.b.post_recv(3, vec![b_recv.sge()]);
+    p.a.post_send(SendWr {
+        wr_id: 4,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: vec![a_src.sge()],
+        signaled: true,
+    });
+    p.run();
+    assert!(!p.b.conn.awaiting_peer());
+    assert!(p.a.completions.iter().any(|c| c.wr_id == 1 && c.status == WcStatus::Success));
+    assert!(p.b.completions.iter().any(|c| c.wr_id == 2 && c.status == WcStatus::Success));
+}
+
+#[test]
+fn peer_to_peer_rtr_opens_the_connection() {
+    for (offer, expect_write) in [
+        (iwarp_mpa::RtrTypes { write: true, read: true, send: false }, true),
+        (iwarp_mpa::RtrTypes { write: false, read: true, send: false }, false),
+    ] {
+        let mut p = Pair::from_conns(connect_policy(true, false, 4, false, None, Some(offer)));
+        let b_src = p.b.register(64, Access::NONE, 9);
+        let a_recv = p.a.register(64, Access::LOCAL_WRITE, 0);
+        p.a.post_recv(1, vec![a_recv.sge()]);
+        // The responder has something to say first: it goes out right after the RTR.
+        p.b.post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: vec![b_src.sge()],
+            signaled: true,
+        });
+        // Capture the initiator's first FPDU: the RTR.
+        let first = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let seen = first.clone();
+        p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
+            if dir == Dir::AtoB && seen.borrow().is_empty() {
+                seen.borrow_mut().extend_from_slice(bytes);
+            }
+        }));
+        p.run();
+        let first = first.borrow();
+        // ULPDU length, then the DDP/RDMAP control bytes.
+        if expect_write {
+            assert_eq!(&first[..4], &[0x00, 0x0e, 0xc1, 0x40], "zero-length tagged Write");
+            assert_eq!(&first[4..8], &[0, 0, 0, 1], "STag 1");
+        } else {
+            assert_eq!(&first[2..4], &[0x41, 0x41], "Read Request");
+        }
+        assert_eq!(p.b.completions.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(p.a.completions.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(p.a.conn.qp_ref().state(), QpState::Rts);
+        assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
+    }
 }
