@@ -1,5 +1,177 @@
 //! Byte-stream links that the iwarp engine runs over.
 //!
-//! This crate will hold the kernel TCP link, the userspace TCP/IP link (smoltcp over a TAP
-//! device or a raw Ethernet interface), an in-memory link pair with fault injection for tests,
-//! and pcap capture of any link. It depends on none of the protocol crates.
+//! A [`Link`] is a reliable, ordered, full-duplex byte stream (what MPA runs over) with a
+//! non-blocking, poll-friendly interface: the offload engine owns many links on its own thread
+//! and drives them from one loop, so no call here ever blocks.
+//!
+//! - [`TcpLink`] / [`TcpListenerLink`]: kernel TCP over `mio` sockets. They are
+//!   [`mio::event::Source`]s, so an engine in event-driven mode registers them with a
+//!   [`mio::Poll`]; busy-poll and adaptive modes simply call [`Link::recv`] and
+//!   [`Link::send_vectored`] until they return 0.
+//! - [`MemLink`]: an in-memory pair for deterministic tests, with fault injection through
+//!   [`MemFaults`] (cut, stall, half-close, slow reader, capacity changes).
+//! - [`CapturingLink`] and [`PcapWriter`]: a pcap capture of what crosses any link, with
+//!   Ethernet/IPv4/TCP framing synthesized so Wireshark/tshark can decode the iWARP traffic.
+//!
+//! This crate depends on none of the protocol crates (design.md, "Layers and crates").
+
+mod mem;
+mod pcap;
+mod tcp;
+
+use std::fmt;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+
+pub use mem::{MemFaults, MemLink};
+pub use pcap::{CapturingLink, Direction, PcapFlow, PcapWriter, TCP_MSS};
+pub use tcp::{LinkOptions, TcpLink, TcpListenerLink};
+
+/// Why a link cannot carry bytes (any more).
+///
+/// "Nothing to do right now" is never an error: [`Link::recv`] and [`Link::send_vectored`]
+/// return `Ok(0)` for it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// The peer closed its sending direction in order (TCP FIN after all its bytes): every byte
+    /// it sent has been received. Returned by [`Link::recv`].
+    Closed,
+    /// The connection was reset or aborted (TCP RST, broken pipe, a cut in-memory link): bytes
+    /// in flight may be lost.
+    Reset,
+    /// [`Link::send_vectored`] after this end called [`Link::shutdown_write`] (local API misuse).
+    WriteShutdown,
+    /// Another I/O error from the operating system.
+    Io(io::Error),
+}
+
+impl LinkError {
+    /// Maps an I/O error to a link error: reset-like kinds become [`LinkError::Reset`].
+    pub fn from_io(err: io::Error) -> Self {
+        match err.kind() {
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::NotConnected => LinkError::Reset,
+            _ => LinkError::Io(err),
+        }
+    }
+}
+
+impl From<io::Error> for LinkError {
+    fn from(err: io::Error) -> Self {
+        LinkError::from_io(err)
+    }
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkError::Closed => f.write_str("link closed by the peer"),
+            LinkError::Reset => f.write_str("link reset"),
+            LinkError::WriteShutdown => f.write_str("send on a link whose sending side was shut down"),
+            LinkError::Io(err) => write!(f, "link I/O error: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for LinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LinkError::Io(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// A reliable, ordered, full-duplex byte stream that never blocks.
+///
+/// Object safe and `Send`, so an engine thread can own a `Vec<Box<dyn Link>>` of mixed
+/// transports. Readiness: in event-driven mode (see [`Link::source`]) readiness events are
+/// edge-triggered, so after an event the engine calls `recv` until it returns `Ok(0)` (or an
+/// error) and `send_vectored` until it accepts less than offered, before it waits again.
+pub trait Link: Send {
+    /// Reads received bytes into `buf`. `Ok(0)` means nothing is available now (or `buf` is
+    /// empty); it never blocks. `Err(LinkError::Closed)` once the peer's orderly close has been
+    /// reached (after every byte it sent), and on every later call.
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError>;
+
+    /// Hands as many bytes of `bufs` (in order) to the transport as it accepts without blocking
+    /// and returns how many; `Ok(0)` means no room now. The bytes accepted are sent in order
+    /// after those of earlier calls; the caller keeps the rest and offers it again later.
+    fn send_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, LinkError>;
+
+    /// [`Link::send_vectored`] with one buffer.
+    fn send(&mut self, buf: &[u8]) -> Result<usize, LinkError> {
+        self.send_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Closes the sending direction in order: the peer receives every byte accepted so far and
+    /// then sees [`LinkError::Closed`]. Receiving continues. Idempotent.
+    fn shutdown_write(&mut self);
+
+    /// The local address, where the transport has one.
+    fn local_addr(&self) -> Option<SocketAddr>;
+
+    /// The peer's address, where the transport has one.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+
+    /// The `mio` event source behind this link, for an engine in event-driven mode, or `None`
+    /// when the transport has no file descriptor to wait on (the engine then polls it).
+    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
+        None
+    }
+}
+
+impl<L: Link + ?Sized> Link for Box<L> {
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        (**self).recv(buf)
+    }
+
+    fn send_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, LinkError> {
+        (**self).send_vectored(bufs)
+    }
+
+    fn send(&mut self, buf: &[u8]) -> Result<usize, LinkError> {
+        (**self).send(buf)
+    }
+
+    fn shutdown_write(&mut self) {
+        (**self).shutdown_write();
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        (**self).local_addr()
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        (**self).peer_addr()
+    }
+
+    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
+        (**self).source()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_is_object_safe_and_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Box<dyn Link>>();
+    }
+
+    #[test]
+    fn io_errors_map_to_reset_or_io() {
+        assert!(matches!(LinkError::from(io::Error::from(io::ErrorKind::ConnectionReset)), LinkError::Reset));
+        assert!(matches!(LinkError::from(io::Error::from(io::ErrorKind::BrokenPipe)), LinkError::Reset));
+        assert!(matches!(
+            LinkError::from(io::Error::from(io::ErrorKind::PermissionDenied)),
+            LinkError::Io(_)
+        ));
+        assert_eq!(LinkError::Closed.to_string(), "link closed by the peer");
+    }
+}
