@@ -5,8 +5,8 @@
 //! cfg(fuzzing) the deframer does not check it), markers (bit 1) and the chunk size (the rest).
 //! Seeds: rdmap/tests/hostile.rs `fuzz_seeds`.
 #![no_main]
-use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_ddp::RegionMemory;
+use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_mpa::{CrcPolicy, FrameRepr, Policy};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::memory::Sge;
