@@ -26,6 +26,9 @@ pub struct Connection {
     segment: Vec<u8>,
     /// The responder waits for the initiator's first FPDU before sending.
     awaiting_peer: bool,
+    /// The received stream could not be deframed: later bytes are dropped unread, so memory
+    /// stays bounded while the Terminate goes out and the connection closes.
+    rx_failed: bool,
 }
 
 impl Connection {
@@ -49,6 +52,7 @@ impl Connection {
             deframer: StreamDeframer::new(Deframer::new(params.crc, params.markers_rx)),
             segment: vec![0; config.mulpdu],
             awaiting_peer: params.must_wait_for_peer(),
+            rx_failed: false,
         }
     }
 
@@ -69,6 +73,9 @@ impl Connection {
 
     /// Takes received bytes.
     pub fn handle_bytes(&mut self, mem: &mut impl Memory, bytes: &[u8]) {
+        if self.rx_failed {
+            return;
+        }
         self.deframer.push(bytes);
         loop {
             match self.deframer.next_fpdu() {
@@ -80,6 +87,8 @@ impl Connection {
                 Err(e) => {
                     // The peer has spoken (badly): the Terminate may go out.
                     self.awaiting_peer = false;
+                    self.rx_failed = true;
+                    self.deframer = StreamDeframer::new(Deframer::new(false, false));
                     let code = TerminateCode {
                         layer: TerminateLayer::Llp,
                         error_type: 0,

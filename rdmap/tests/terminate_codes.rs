@@ -725,7 +725,6 @@ fn responder_answers_a_violating_first_fpdu() {
 }
 
 #[test]
-#[ignore = "bug? a responder whose first FPDU fails its CRC never sends the Terminate (awaiting_peer stays set)"]
 fn responder_answers_a_bad_crc_in_the_first_fpdu() {
     let (mut attacker, mut v) = responder_victim(true);
     let w = tagged(Opcode::Write, v.regions[0].stag, v.regions[0].first_to, &[1; 8]);
