@@ -6,6 +6,7 @@
 //! close and an RST on reset. Checksums are valid (etherparse computes them), so Wireshark and
 //! tshark decode the MPA/DDP/RDMAP traffic inside without complaint.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufWriter, IoSlice, Write};
@@ -120,6 +121,8 @@ pub struct PcapWriter {
     pcap: pcap_file::pcap::PcapWriter<SharedSink>,
     sink: SharedSink,
     flows: u16,
+    /// Address pairs (lower first) of the flows opened with real addresses.
+    real_pairs: HashSet<(SocketAddrV4, SocketAddrV4)>,
     frame: Vec<u8>,
 }
 
@@ -147,7 +150,7 @@ impl PcapWriter {
             ..PcapHeader::default()
         };
         let pcap = pcap_file::pcap::PcapWriter::with_header(sink.clone(), header).map_err(pcap_err)?;
-        Ok(PcapWriter { pcap, sink, flows: 0, frame: Vec::with_capacity(1600) })
+        Ok(PcapWriter { pcap, sink, flows: 0, real_pairs: HashSet::new(), frame: Vec::with_capacity(1600) })
     }
 
     /// Creates (or truncates) the file at `path`, buffered.
@@ -166,8 +169,9 @@ impl PcapWriter {
     }
 
     /// Starts a flow between `local` and `remote` and writes its handshake (local end as the
-    /// client). Real addresses are used when both are IPv4; otherwise the flow gets
-    /// 10.0.0.1 / 10.0.0.2 with a client port unique within this writer.
+    /// client). Real addresses are used when both are IPv4 and no earlier flow of this writer
+    /// had the same pair; otherwise the flow gets 10.0.0.1 / 10.0.0.2 with a client port
+    /// unique within this writer.
     pub fn open_flow(
         &mut self,
         local: Option<SocketAddr>,
@@ -177,7 +181,13 @@ impl PcapWriter {
         let n = self.flows;
         self.flows = self.flows.wrapping_add(1);
         let (local, remote) = match (local, remote) {
-            (Some(SocketAddr::V4(l)), Some(SocketAddr::V4(r))) => (l, r),
+            // Both ends of one loopback connection captured into the same file would make two
+            // flows with one address pair: the second gets synthesized addresses instead.
+            (Some(SocketAddr::V4(l)), Some(SocketAddr::V4(r)))
+                if self.real_pairs.insert((l.min(r), l.max(r))) =>
+            {
+                (l, r)
+            }
             _ => (
                 SocketAddrV4::new(SYNTH_LOCAL_IP, SYNTH_LOCAL_PORT_BASE + n % 16384),
                 SocketAddrV4::new(SYNTH_REMOTE_IP, SYNTH_REMOTE_PORT),

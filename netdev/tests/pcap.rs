@@ -228,7 +228,7 @@ fn capture_of_a_tcp_link_uses_the_real_addresses_and_writes_a_file() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(1));
     }
-    let mut server = server.expect("accepted");
+    let server = server.expect("accepted");
     let path = std::env::temp_dir().join(format!("iwarp-netdev-test-{}.pcap", std::process::id()));
     let writer = PcapWriter::create(&path).unwrap().shared();
     let mut client = CapturingLink::new(client, Arc::clone(&writer)).unwrap();
@@ -237,6 +237,9 @@ fn capture_of_a_tcp_link_uses_the_real_addresses_and_writes_a_file() {
         panic!("IPv4 addresses expected")
     };
     assert_eq!((client.flow().local(), client.flow().remote()), (local, peer));
+    // The other end of the same connection, captured into the same file, gets its own flow.
+    let mut server = CapturingLink::new(server, Arc::clone(&writer)).unwrap();
+    assert_eq!(server.flow().local().ip().octets(), [10, 0, 0, 1]);
     let data = pattern(3, 50_000);
     let mut sent = 0;
     let mut got = Vec::new();
@@ -256,10 +259,13 @@ fn capture_of_a_tcp_link_uses_the_real_addresses_and_writes_a_file() {
     assert!(got == data);
     client.shutdown_write();
     drop(client);
+    drop(server);
     drop(writer);
     let bytes = std::fs::read(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     let (flows, _) = parse_capture(&bytes);
     let out = half(&flows, local, peer);
     assert!(out.payload == data && out.fin);
+    assert_eq!(flows.len(), 4);
+    assert!(flows.values().any(|h| h.payload == data && h.syn && h.max_segment == TCP_MSS));
 }
