@@ -7,12 +7,65 @@
 //! - [`rdmap`]: RDMAP (RFC 5040 + RFC 7306), the RDMA operations.
 //! - [`netdev`]: the byte-stream links the stack runs over.
 //!
-//! This package adds what needs I/O: packet-capture analysis ([`dissect`]) today, and the
-//! offload engine, the verbs-style API and the connection manager as they land.
+//! This package adds what needs threads and sockets: the offload engine ([`Device`]), the
+//! verbs-style API ([`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`],
+//! [`QueuePair`]), the rdma_cm-style connection manager ([`Device::connect`],
+//! [`Device::listen`]) and packet-capture analysis ([`dissect`]).
+//!
+//! ```
+//! use std::time::Duration;
+//! use iwarp::{Access, ConnectOptions, Device, DeviceConfig, SendOp, SendWr, WcStatus};
+//!
+//! let device = Device::open(DeviceConfig::default());
+//! let pd = device.alloc_pd();
+//! let cq = device.create_cq(64);
+//! let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+//! let addr = listener.local_addr().unwrap();
+//!
+//! // The passive side accepts on its own thread.
+//! let server = {
+//!     let (pd, cq) = (pd.clone(), cq.clone());
+//!     std::thread::spawn(move || {
+//!         let req = listener.accept(Duration::from_secs(5)).unwrap();
+//!         req.accept(&pd, &cq, &cq, &ConnectOptions::default()).unwrap()
+//!     })
+//! };
+//! let client = device.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).unwrap();
+//! let server_qp = server.join().unwrap();
+//!
+//! // RDMA Write 5 bytes into the server's region.
+//! let target = pd.register(4096, Access::REMOTE_WRITE).unwrap();
+//! let source = pd.register_bytes(b"hello", Access::NONE).unwrap();
+//! client.qp.post_send(SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() },
+//!     sgl: vec![source.sge(0, 5)],
+//!     signaled: true,
+//! }).unwrap();
+//! let wc = cq.wait(Duration::from_secs(5)).unwrap();
+//! assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+//! # drop(server_qp);
+//! ```
 
 pub use iwarp_ddp as ddp;
 pub use iwarp_mpa as mpa;
 pub use iwarp_netdev as netdev;
 pub use iwarp_rdmap as rdmap;
 
+mod cm;
+mod cq;
+mod device;
 pub mod dissect;
+mod engine;
+mod mr;
+mod qp;
+
+pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener};
+pub use cq::{CompletionQueue, NextCompletion, WorkCompletion};
+pub use device::{Device, DeviceConfig, PollMode};
+pub use iwarp_ddp::STag;
+pub use iwarp_ddp::stag_table::Access;
+pub use iwarp_rdmap::memory::Sge;
+pub use iwarp_rdmap::qp::{PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+pub use mr::{MemoryRegion, ProtectionDomain, RegisterError};
+pub use qp::QueuePair;

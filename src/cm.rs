@@ -1,0 +1,348 @@
+//! Connection management, rdma_cm style: connect, listen, accept or reject with private data.
+//!
+//! The MPA Request/Reply exchange runs on the caller's thread over a blocking socket with a
+//! time limit (siw waits 10 s for a Reply and 5 s for a Request; the defaults here match);
+//! the connected socket then goes to the engine with its queue pair. As with Linux rdma_cm
+//! over iWARP, the application's private data goes straight into the MPA frames, after the
+//! IRD/ORD word of revision 2.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iwarp_mpa::frame::HEADER_LEN;
+use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy};
+use iwarp_netdev::{LinkOptions, TcpLink};
+use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp};
+
+use crate::cq::CompletionQueue;
+use crate::device::{Device, DeviceShared};
+use crate::mr::ProtectionDomain;
+use crate::qp::{QpShared, QueuePair};
+
+/// Settings for one connection, either end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// MPA settings: revision, CRC, markers, IRD/ORD, peer-to-peer RTR.
+    pub policy: Policy,
+    /// Private data for the Request (connect) or Reply (accept); at most 252 bytes with MPA
+    /// revision 2, 256 with revision 1.
+    pub private_data: Vec<u8>,
+    /// Time allowed for the TCP connection and the MPA exchange.
+    pub timeout: Duration,
+    /// Send queue depth.
+    pub max_send_wr: usize,
+    /// Receive queue depth.
+    pub max_recv_wr: usize,
+    /// The peer takes the RFC 7306 extensions (agreed out of band; siw does not).
+    pub rfc7306: bool,
+    /// A pause between the Reply and the first FPDU the initiator sends: siw 6.1 hooks its
+    /// receive path up only after sending its Reply, and a very fast first FPDU can stall
+    /// there (protocol-notes.md). Zero against this stack.
+    pub first_fpdu_delay: Duration,
+    /// Socket settings.
+    pub link: LinkOptions,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            policy: Policy { ird: 16, ord: 16, ..Policy::default() },
+            private_data: Vec::new(),
+            timeout: Duration::from_secs(10),
+            max_send_wr: 512,
+            max_recv_wr: 512,
+            rfc7306: false,
+            first_fpdu_delay: Duration::ZERO,
+            link: LinkOptions::default(),
+        }
+    }
+}
+
+/// Why a connection could not be made.
+#[derive(Debug)]
+pub enum CmError {
+    /// A socket error (refused, unreachable, reset).
+    Io(io::Error),
+    /// No answer in time.
+    Timeout,
+    /// The peer closed the connection during the handshake.
+    Closed,
+    /// The peer's frame is not a valid MPA Request/Reply.
+    Frame(FrameError),
+    /// The two ends' MPA settings do not fit (or the local settings are invalid).
+    Negotiation(NegotiationError),
+    /// The peer rejected the connection.
+    Rejected {
+        /// The private data of its reject.
+        private_data: Vec<u8>,
+    },
+}
+
+impl fmt::Display for CmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CmError::Io(e) => write!(f, "{e}"),
+            CmError::Timeout => f.write_str("timed out waiting for the MPA handshake"),
+            CmError::Closed => f.write_str("peer closed the connection during the MPA handshake"),
+            CmError::Frame(e) => write!(f, "bad MPA frame from the peer: {e}"),
+            CmError::Negotiation(NegotiationError::Rejected { private_data })
+            | CmError::Rejected { private_data } => {
+                write!(f, "connection rejected by the peer ({} bytes of private data)", private_data.len())
+            }
+            CmError::Negotiation(e) => write!(f, "MPA negotiation failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {}
+
+impl From<io::Error> for CmError {
+    fn from(e: io::Error) -> CmError {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => CmError::Timeout,
+            io::ErrorKind::UnexpectedEof => CmError::Closed,
+            _ => CmError::Io(e),
+        }
+    }
+}
+
+impl From<NegotiationError> for CmError {
+    fn from(e: NegotiationError) -> CmError {
+        match e {
+            NegotiationError::Rejected { private_data } => CmError::Rejected { private_data },
+            NegotiationError::Frame(f) => CmError::Frame(f),
+            e => CmError::Negotiation(e),
+        }
+    }
+}
+
+/// A connection made by [`Device::connect`].
+#[derive(Debug)]
+pub struct Connected {
+    /// The queue pair.
+    pub qp: QueuePair,
+    /// The private data of the peer's Reply.
+    pub private_data: Vec<u8>,
+}
+
+/// Reads one whole MPA frame, no byte more (what follows belongs to the FPDU stream).
+fn read_frame(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, CmError> {
+    let mut buf = vec![0u8; HEADER_LEN];
+    read_exact_until(stream, &mut buf, deadline)?;
+    let pd_len = usize::from(u16::from_be_bytes([buf[18], buf[19]]));
+    // Check the key and the length before reading more.
+    match FrameRepr::parse(&buf) {
+        Ok(_) | Err(FrameError::Truncated { .. }) => {}
+        Err(e) => return Err(CmError::Frame(e)),
+    }
+    if pd_len > iwarp_mpa::frame::MAX_PRIVATE_DATA {
+        return Err(CmError::Frame(FrameError::PrivateDataTooLong {
+            len: pd_len,
+            limit: iwarp_mpa::frame::MAX_PRIVATE_DATA,
+        }));
+    }
+    buf.resize(HEADER_LEN + pd_len, 0);
+    read_exact_until(stream, &mut buf[HEADER_LEN..], deadline)?;
+    Ok(buf)
+}
+
+fn read_exact_until(stream: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> Result<(), CmError> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(CmError::Timeout);
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(buf) {
+            Ok(0) => return Err(CmError::Closed),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// MULPDU for a socket: its MSS as the EMSS (1448-ish on Ethernet, about 64 KiB on
+/// loopback), less MPA's framing.
+fn mulpdu_for(stream: &TcpStream, markers: bool) -> usize {
+    let mss = socket2::SockRef::from(stream).mss().ok().and_then(|m| usize::try_from(m).ok()).unwrap_or(1448);
+    iwarp_mpa::fpdu::mulpdu(mss.clamp(128, 65535), markers).max(64)
+}
+
+fn start(
+    dev: &Arc<DeviceShared>,
+    stream: TcpStream,
+    params: ConnParams,
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Result<QueuePair, CmError> {
+    let config = QpConfig {
+        mulpdu: mulpdu_for(&stream, params.markers_tx),
+        ird: params.ird,
+        ord: params.ord,
+        max_send_wr: opts.max_send_wr,
+        max_recv_wr: opts.max_recv_wr,
+        rfc7306: opts.rfc7306,
+    };
+    let link = TcpLink::from_std(stream, &opts.link)?;
+    let conn = Connection::with_qp(&params, RdmapQp::new(config));
+    let mut core = dev.core();
+    let qp_num = core.alloc_qp_num();
+    let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq));
+    core.add(conn, Box::new(link), pd.id, shared.clone());
+    drop(core);
+    dev.ring();
+    Ok(QueuePair { shared, dev: dev.clone() })
+}
+
+impl Device {
+    /// Connects to an iWARP listener at `addr` (rdma_connect): TCP, then the MPA Request and
+    /// Reply, then the queue pair runs on the engine.
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<Connected, CmError> {
+        let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
+        let deadline = Instant::now() + opts.timeout;
+        let mut stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
+        stream.set_nodelay(true)?;
+        stream.write_all(&request)?;
+        let reply = read_frame(&mut stream, deadline)?;
+        let reply = FrameRepr::parse(&reply).map_err(CmError::Frame)?;
+        let params = opts.policy.accept_reply(&reply)?;
+        let private_data = reply.private_data.to_vec();
+        if !opts.first_fpdu_delay.is_zero() {
+            std::thread::sleep(opts.first_fpdu_delay);
+        }
+        let qp = start(&self.shared, stream, params, pd, send_cq, recv_cq, opts)?;
+        Ok(Connected { qp, private_data })
+    }
+
+    /// Listens for iWARP connections on `addr` (rdma_listen).
+    pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
+        let listener = TcpListener::bind(addr)?;
+        Ok(Listener { listener, dev: self.shared.clone() })
+    }
+}
+
+/// A listening endpoint.
+#[derive(Debug)]
+pub struct Listener {
+    listener: TcpListener,
+    dev: Arc<DeviceShared>,
+}
+
+impl Listener {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Waits up to `timeout` for the next connection request: a TCP connection whose MPA
+    /// Request has arrived (within 5 s of the connection, as siw allows).
+    pub fn accept(&self, timeout: Duration) -> Result<ConnectRequest, CmError> {
+        let deadline = Instant::now() + timeout;
+        self.listener.set_nonblocking(true)?;
+        let (mut stream, peer) = loop {
+            match self.listener.accept() {
+                Ok(s) => break s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(CmError::Timeout);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        stream.set_nonblocking(false)?;
+        stream.set_nodelay(true)?;
+        let request = read_frame(&mut stream, Instant::now() + Duration::from_secs(5))?;
+        // Validate now, so that the application only sees well-formed requests.
+        let parsed = FrameRepr::parse(&request).map_err(CmError::Frame)?;
+        if parsed.kind != iwarp_mpa::FrameKind::Request {
+            return Err(CmError::Frame(FrameError::UnexpectedKind {
+                expected: iwarp_mpa::FrameKind::Request,
+            }));
+        }
+        Ok(ConnectRequest { stream, peer, request, dev: self.dev.clone() })
+    }
+}
+
+/// A connection request waiting for the application's decision (RDMA_CM_EVENT_CONNECT_REQUEST).
+#[derive(Debug)]
+pub struct ConnectRequest {
+    stream: TcpStream,
+    peer: SocketAddr,
+    request: Vec<u8>,
+    dev: Arc<DeviceShared>,
+}
+
+impl ConnectRequest {
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The MPA Request (validated when the request was accepted from the listener).
+    pub fn request(&self) -> Option<FrameRepr<'_>> {
+        FrameRepr::parse(&self.request).ok()
+    }
+
+    /// The initiator's private data (after the IRD/ORD word).
+    pub fn private_data(&self) -> &[u8] {
+        self.request().map_or(&[], |r| r.private_data)
+    }
+
+    /// The initiator's IRD/ORD word (MPA revision 2).
+    pub fn peer_ird_ord(&self) -> Option<IrdOrd> {
+        self.request().and_then(|r| r.ird_ord)
+    }
+
+    /// Accepts (rdma_accept): sends the Reply with `opts.private_data` and starts the queue
+    /// pair. A Request that the policy cannot take is rejected on the wire and reported.
+    pub fn accept(
+        mut self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<QueuePair, CmError> {
+        let request = FrameRepr::parse(&self.request).map_err(CmError::Frame)?;
+        match opts.policy.respond(&request, &opts.private_data) {
+            Ok((reply, params)) => {
+                let bytes = reply.to_vec().map_err(CmError::Frame)?;
+                self.stream.write_all(&bytes)?;
+                start(&self.dev, self.stream, params, pd, send_cq, recv_cq, opts)
+            }
+            Err(refusal) => {
+                if let Some(reply) = refusal.reply
+                    && let Ok(bytes) = reply.to_vec()
+                {
+                    let _ = self.stream.write_all(&bytes);
+                }
+                Err(refusal.error.into())
+            }
+        }
+    }
+
+    /// Rejects (rdma_reject): a Reply with the reject bit and `private_data`, then close.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
+        let request = FrameRepr::parse(&self.request).map_err(CmError::Frame)?;
+        let reply = Policy::default().reject(&request, private_data)?;
+        self.stream.write_all(&reply.to_vec().map_err(CmError::Frame)?)?;
+        self.stream.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,252 @@
+//! The engine's state and one pass over it: what an RNIC's processor does between doorbells.
+//!
+//! For each connection, a pass moves the work requests applications posted (lock-free rings)
+//! into the queue pair, reads what the link has, feeds it through MPA/DDP/RDMAP (placing
+//! payload straight into registered memory), frames what the queue pair has to send and
+//! writes it to the link, and publishes completions and events. A failing connection only
+//! affects itself: its queue pair flushes and it is dropped once everything is reported.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+
+use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
+use iwarp_netdev::{Link, LinkError};
+use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::qp::{Completion, QpState, WcOpcode};
+use iwarp_rdmap::table_memory::TableMemory;
+
+use crate::cq::WorkCompletion;
+use crate::qp::QpShared;
+
+/// Bytes read from a link per call.
+const RX_CHUNK: usize = 256 * 1024;
+/// Bytes framed per pass before writing them out.
+const TX_BATCH: usize = 256 * 1024;
+/// Reads per connection per pass, so one busy connection cannot starve the others.
+const RX_READS_PER_PASS: usize = 8;
+
+/// One connection the engine runs.
+struct ConnSlot {
+    conn: Connection,
+    link: Box<dyn Link>,
+    pd: ProtectionDomainId,
+    shared: Arc<QpShared>,
+    tx: Vec<u8>,
+    tx_off: usize,
+    link_down: bool,
+    write_shut: bool,
+}
+
+impl std::fmt::Debug for ConnSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnSlot").field("qp_num", &self.shared.qp_num).finish_non_exhaustive()
+    }
+}
+
+/// Everything the engine owns.
+#[derive(Debug)]
+pub(crate) struct EngineCore {
+    pub(crate) table: TaggedBufferTable,
+    conns: Vec<ConnSlot>,
+    rx: Vec<u8>,
+    next_pd: u32,
+    next_qp: u32,
+    next_va: u64,
+}
+
+impl EngineCore {
+    pub(crate) fn new(max_regions: u32) -> EngineCore {
+        EngineCore {
+            table: TaggedBufferTable::new(max_regions),
+            conns: Vec::new(),
+            rx: vec![0; RX_CHUNK],
+            next_pd: 1,
+            next_qp: 1,
+            next_va: 0x7f10_0000_0000,
+        }
+    }
+
+    pub(crate) fn alloc_pd(&mut self) -> u32 {
+        let id = self.next_pd;
+        self.next_pd += 1;
+        id
+    }
+
+    pub(crate) fn alloc_qp_num(&mut self) -> u32 {
+        let n = self.next_qp;
+        self.next_qp += 1;
+        n
+    }
+
+    /// A virtual address range for a new region (page aligned, never reused).
+    pub(crate) fn alloc_va(&mut self, len: u64) -> u64 {
+        let va = self.next_va;
+        self.next_va = self.next_va.saturating_add(len.div_ceil(4096).max(1) * 4096 + 4096);
+        va
+    }
+
+    pub(crate) fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Hands a connected link and its queue pair to the engine.
+    pub(crate) fn add(
+        &mut self,
+        conn: Connection,
+        link: Box<dyn Link>,
+        pd: ProtectionDomainId,
+        shared: Arc<QpShared>,
+    ) {
+        self.conns.push(ConnSlot {
+            conn,
+            link,
+            pd,
+            shared,
+            tx: Vec::new(),
+            tx_off: 0,
+            link_down: false,
+            write_shut: false,
+        });
+    }
+
+    /// One pass over every connection; whether anything happened.
+    pub(crate) fn progress(&mut self) -> bool {
+        let EngineCore { table, conns, rx, .. } = self;
+        let mut work = false;
+        for slot in conns.iter_mut() {
+            work |= pass(slot, table, rx);
+        }
+        // Drop connections that are finished and fully reported.
+        conns.retain(|s| {
+            let done = s.conn.qp_ref().state() == QpState::Error && (s.link_down || s.write_shut);
+            !done || s.tx_off < s.tx.len()
+        });
+        work
+    }
+}
+
+fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bool {
+    let mut work = false;
+    let mut mem = TableMemory { table, pd: slot.pd };
+    let shared = slot.shared.clone();
+
+    // Work requests from the application.
+    while let Some(wr) = shared.sq.pop() {
+        work = true;
+        let wr_id = wr.wr_id;
+        if let Err(e) = slot.conn.qp().post_send(wr) {
+            // Checked on the application side already; a queue full here completes with an
+            // error rather than vanishing.
+            shared.send_cq.push(error_completion(shared.qp_num, wr_id, WcOpcode::Send, e));
+        }
+    }
+    while let Some(wr) = shared.rq.pop() {
+        work = true;
+        let wr_id = wr.wr_id;
+        if let Err(e) = slot.conn.qp().post_recv(wr) {
+            shared.recv_cq.push(error_completion(shared.qp_num, wr_id, WcOpcode::Recv, e));
+        }
+    }
+    if shared.take_disconnect() {
+        work = true;
+        slot.conn.qp().close();
+    }
+
+    // Input.
+    if !slot.link_down {
+        for _ in 0..RX_READS_PER_PASS {
+            match slot.link.recv(rx) {
+                Ok(0) => break,
+                Ok(n) => {
+                    work = true;
+                    slot.conn.handle_bytes(&mut mem, &rx[..n]);
+                }
+                Err(LinkError::Closed | LinkError::Reset | LinkError::Io(_)) | Err(_) => {
+                    work = true;
+                    slot.link_down = true;
+                    slot.conn.handle_llp_lost();
+                    break;
+                }
+            }
+        }
+    }
+
+    // Output.
+    if !slot.link_down {
+        if slot.tx_off == slot.tx.len() {
+            slot.tx.clear();
+            slot.tx_off = 0;
+            slot.conn.poll_transmit(&mut mem, &mut slot.tx, TX_BATCH);
+        }
+        if slot.tx_off < slot.tx.len() {
+            match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..])]) {
+                Ok(n) => {
+                    work |= n > 0;
+                    slot.tx_off += n;
+                }
+                Err(_) => {
+                    work = true;
+                    slot.link_down = true;
+                    slot.conn.handle_llp_lost();
+                }
+            }
+        }
+        // A queue pair that is done closes its side of the stream once its last bytes (a
+        // Terminate, say) are out.
+        if slot.conn.qp_ref().state() == QpState::Error && slot.tx_off == slot.tx.len() && !slot.write_shut {
+            slot.link.shutdown_write();
+            slot.write_shut = true;
+            work = true;
+        }
+    }
+
+    // Completions and events.
+    while let Some(c) = slot.conn.qp().poll_completion() {
+        work = true;
+        let wc = work_completion(shared.qp_num, c);
+        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
+            shared.recv_cq.push(wc);
+        } else {
+            shared.send_cq.push(wc);
+        }
+    }
+    shared.send_cq.drain_backlog();
+    shared.recv_cq.drain_backlog();
+    while let Some(e) = slot.conn.qp().poll_event() {
+        work = true;
+        shared.push_event(e);
+    }
+    shared.set_state(slot.conn.qp_ref().state());
+    work
+}
+
+fn work_completion(qp_num: u32, c: Completion) -> WorkCompletion {
+    WorkCompletion {
+        qp_num,
+        wr_id: c.wr_id,
+        status: c.status,
+        opcode: c.opcode,
+        byte_len: c.byte_len,
+        solicited: c.solicited,
+        invalidated: c.invalidated,
+        imm_data: c.imm_data,
+    }
+}
+
+fn error_completion(
+    qp_num: u32,
+    wr_id: u64,
+    opcode: WcOpcode,
+    _e: iwarp_rdmap::qp::PostError,
+) -> WorkCompletion {
+    WorkCompletion {
+        qp_num,
+        wr_id,
+        status: iwarp_rdmap::qp::WcStatus::LocalLengthError,
+        opcode,
+        byte_len: 0,
+        solicited: false,
+        invalidated: None,
+        imm_data: None,
+    }
+}

@@ -1,0 +1,168 @@
+//! The application's handle on a queue pair: post work requests into lock-free rings the
+//! engine drains, ring the doorbell, and read the queue pair's events.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use iwarp_mpa::ConnParams;
+use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr};
+
+use crate::cq::{CompletionQueue, CqShared};
+use crate::device::DeviceShared;
+
+/// What the application's handle and the engine share for one queue pair.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    pub(crate) qp_num: u32,
+    pub(crate) sq: ArrayQueue<SendWr>,
+    pub(crate) rq: ArrayQueue<RecvWr>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    events: Mutex<VecDeque<QpEvent>>,
+    state: AtomicU8,
+    disconnect: AtomicBool,
+    pub(crate) config: QpConfig,
+    pub(crate) params: ConnParams,
+}
+
+fn state_code(s: QpState) -> u8 {
+    match s {
+        QpState::Rts => 0,
+        QpState::Terminate => 1,
+        QpState::Closing => 2,
+        QpState::Error => 3,
+    }
+}
+
+fn state_of(c: u8) -> QpState {
+    match c {
+        0 => QpState::Rts,
+        1 => QpState::Terminate,
+        2 => QpState::Closing,
+        _ => QpState::Error,
+    }
+}
+
+impl QpShared {
+    pub(crate) fn new(
+        qp_num: u32,
+        config: QpConfig,
+        params: ConnParams,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> QpShared {
+        QpShared {
+            qp_num,
+            sq: ArrayQueue::new(config.max_send_wr.max(1)),
+            rq: ArrayQueue::new(config.max_recv_wr.max(1)),
+            send_cq: send_cq.shared.clone(),
+            recv_cq: recv_cq.shared.clone(),
+            events: Mutex::new(VecDeque::new()),
+            state: AtomicU8::new(state_code(QpState::Rts)),
+            disconnect: AtomicBool::new(false),
+            config,
+            params,
+        }
+    }
+
+    pub(crate) fn push_event(&self, e: QpEvent) {
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).push_back(e);
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(state_code(s), Ordering::Release);
+    }
+
+    pub(crate) fn take_disconnect(&self) -> bool {
+        self.disconnect.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// A connected queue pair.
+///
+/// Posting is lock-free (a bounded ring per queue) and makes no system call unless the
+/// engine is parked, when the doorbell wakes it. Completions arrive on the completion queues
+/// given at connection time.
+#[derive(Debug, Clone)]
+pub struct QueuePair {
+    pub(crate) shared: Arc<QpShared>,
+    pub(crate) dev: Arc<DeviceShared>,
+}
+
+impl QueuePair {
+    /// The queue pair's number (in every [`crate::WorkCompletion`] of it).
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp_num
+    }
+
+    /// What MPA negotiated for the connection (CRC, markers, IRD/ORD, RTR).
+    pub fn conn_params(&self) -> ConnParams {
+        self.shared.params
+    }
+
+    /// The queue pair's settings.
+    pub fn config(&self) -> QpConfig {
+        self.shared.config
+    }
+
+    /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
+    /// where the connection negotiated them).
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        let is_ext = matches!(
+            wr.op,
+            SendOp::ImmediateData { .. } | SendOp::WriteImmediate { .. } | SendOp::Atomic { .. }
+        );
+        if is_ext && !self.shared.config.rfc7306 {
+            return Err(PostError::ExtensionNotNegotiated);
+        }
+        if matches!(wr.op, SendOp::Read { .. }) && wr.sgl.len() != 1 {
+            return Err(PostError::ReadNeedsOneSge);
+        }
+        self.shared.sq.push(wr).map_err(|_| PostError::QueueFull)?;
+        self.dev.ring();
+        Ok(())
+    }
+
+    /// Posts a receive buffer.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.shared.rq.push(wr).map_err(|_| PostError::QueueFull)?;
+        self.dev.ring();
+        Ok(())
+    }
+
+    /// The queue pair's state as the engine last saw it.
+    pub fn state(&self) -> QpState {
+        state_of(self.shared.state.load(Ordering::Acquire))
+    }
+
+    /// The next event (a Terminate sent or received, the connection lost).
+    pub fn poll_event(&self) -> Option<QpEvent> {
+        if self.dev.inline() {
+            self.dev.progress();
+        }
+        self.shared.events.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
+    }
+
+    /// Waits up to `timeout` for the next event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<QpEvent> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.poll_event() {
+                return Some(e);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Closes the connection: outstanding work requests are flushed and the stream is shut.
+    pub fn disconnect(&self) {
+        self.shared.disconnect.store(true, Ordering::Release);
+        self.dev.ring();
+    }
+}
