@@ -9,12 +9,12 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iwarp_mpa::frame::HEADER_LEN;
-use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy};
-use iwarp_netdev::{LinkOptions, TcpLink};
+use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy, Role};
+use iwarp_netdev::{CapturingLink, Direction, Link, LinkOptions, PcapWriter, TcpLink};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp};
 
@@ -24,7 +24,7 @@ use crate::mr::ProtectionDomain;
 use crate::qp::{QpShared, QueuePair};
 
 /// Settings for one connection, either end.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// MPA settings: revision, CRC, markers, IRD/ORD, peer-to-peer RTR.
     pub policy: Policy,
@@ -45,6 +45,9 @@ pub struct ConnectOptions {
     pub first_fpdu_delay: Duration,
     /// Socket settings.
     pub link: LinkOptions,
+    /// Record what crosses the connection into this pcap writer (Ethernet/IPv4/TCP framing
+    /// synthesized around the stream, readable by tshark and `iwarp dissect`).
+    pub capture: Option<Arc<Mutex<PcapWriter>>>,
 }
 
 impl Default for ConnectOptions {
@@ -58,6 +61,7 @@ impl Default for ConnectOptions {
             rfc7306: false,
             first_fpdu_delay: Duration::ZERO,
             link: LinkOptions::default(),
+            capture: None,
         }
     }
 }
@@ -174,9 +178,13 @@ fn mulpdu_for(stream: &TcpStream, markers: bool) -> usize {
     iwarp_mpa::fpdu::mulpdu(mss.clamp(128, 65535), markers).max(64)
 }
 
+/// Starts the queue pair of a connection whose MPA exchange (`handshake`: the Request and the
+/// Reply as sent) is done.
+#[expect(clippy::too_many_arguments, reason = "one private helper, called from connect and accept")]
 fn start(
     dev: &Arc<DeviceShared>,
     stream: TcpStream,
+    handshake: (&[u8], &[u8]),
     params: ConnParams,
     pd: &ProtectionDomain,
     send_cq: &CompletionQueue,
@@ -191,12 +199,26 @@ fn start(
         max_recv_wr: opts.max_recv_wr,
         rfc7306: opts.rfc7306,
     };
-    let link = TcpLink::from_std(stream, &opts.link)?;
+    let tcp = TcpLink::from_std(stream, &opts.link)?;
+    let link: Box<dyn Link> = match &opts.capture {
+        Some(writer) => {
+            let mut link = CapturingLink::new(tcp, writer.clone())?;
+            // The MPA exchange happened on the bare socket: put it first in the capture.
+            let (first, second) = match params.role {
+                Role::Initiator => (Direction::Outbound, Direction::Inbound),
+                Role::Responder => (Direction::Inbound, Direction::Outbound),
+            };
+            link.record_earlier(first, handshake.0);
+            link.record_earlier(second, handshake.1);
+            Box::new(link)
+        }
+        None => Box::new(tcp),
+    };
     let conn = Connection::with_qp(&params, RdmapQp::new(config));
     let mut core = dev.core();
     let qp_num = core.alloc_qp_num();
     let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq));
-    core.add(conn, Box::new(link), pd.id, shared.clone());
+    core.add(conn, link, pd.id, shared.clone());
     drop(core);
     dev.ring();
     Ok(QueuePair { shared, dev: dev.clone() })
@@ -218,14 +240,15 @@ impl Device {
         let mut stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
         stream.set_nodelay(true)?;
         stream.write_all(&request)?;
-        let reply = read_frame(&mut stream, deadline)?;
-        let reply = FrameRepr::parse(&reply).map_err(CmError::Frame)?;
+        let reply_bytes = read_frame(&mut stream, deadline)?;
+        let reply = FrameRepr::parse(&reply_bytes).map_err(CmError::Frame)?;
         let params = opts.policy.accept_reply(&reply)?;
         let private_data = reply.private_data.to_vec();
         if !opts.first_fpdu_delay.is_zero() {
             std::thread::sleep(opts.first_fpdu_delay);
         }
-        let qp = start(&self.shared, stream, params, pd, send_cq, recv_cq, opts)?;
+        let handshake = (&request[..], &reply_bytes[..]);
+        let qp = start(&self.shared, stream, handshake, params, pd, send_cq, recv_cq, opts)?;
         Ok(Connected { qp, private_data })
     }
 
@@ -324,7 +347,8 @@ impl ConnectRequest {
             Ok((reply, params)) => {
                 let bytes = reply.to_vec().map_err(CmError::Frame)?;
                 self.stream.write_all(&bytes)?;
-                start(&self.dev, self.stream, params, pd, send_cq, recv_cq, opts)
+                let handshake = (&self.request[..], &bytes[..]);
+                start(&self.dev, self.stream, handshake, params, pd, send_cq, recv_cq, opts)
             }
             Err(refusal) => {
                 if let Some(reply) = refusal.reply

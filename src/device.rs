@@ -52,7 +52,12 @@ pub(crate) struct DeviceShared {
     parked: AtomicBool,
     stop: AtomicBool,
     engine: OnceLock<Thread>,
+    /// Wakes an engine waiting in `mio::Poll` (adaptive and event modes).
+    waker: OnceLock<mio::Waker>,
 }
+
+/// The token of the doorbell in the engine's `mio::Poll`; connections use their QP number.
+const DOORBELL: mio::Token = mio::Token(usize::MAX);
 
 impl DeviceShared {
     pub(crate) fn core(&self) -> MutexGuard<'_, EngineCore> {
@@ -66,10 +71,12 @@ impl DeviceShared {
     /// Rings the doorbell: wakes a parked engine. Costs one atomic load when the engine is
     /// awake.
     pub(crate) fn ring(&self) {
-        if self.parked.load(Ordering::SeqCst)
-            && let Some(t) = self.engine.get()
-        {
-            t.unpark();
+        if self.parked.load(Ordering::SeqCst) {
+            if let Some(w) = self.waker.get() {
+                let _ = w.wake();
+            } else if let Some(t) = self.engine.get() {
+                t.unpark();
+            }
         }
     }
 
@@ -99,16 +106,28 @@ pub struct Device {
 impl Device {
     /// Opens a device and, unless the poll mode is inline, starts its engine thread.
     pub fn open(config: DeviceConfig) -> Device {
+        // Adaptive and event modes sleep in a mio Poll that the connections' sockets and the
+        // doorbell wake; without one (it cannot be created) they fall back to timed parking.
+        let poll = match config.poll_mode {
+            PollMode::Adaptive | PollMode::Event => mio::Poll::new().ok(),
+            PollMode::Busy | PollMode::Inline => None,
+        };
+        let registry = poll.as_ref().and_then(|p| p.registry().try_clone().ok());
+        let waker = poll.as_ref().and_then(|p| mio::Waker::new(p.registry(), DOORBELL).ok());
         let shared = Arc::new(DeviceShared {
-            core: Mutex::new(EngineCore::new(config.max_regions)),
+            core: Mutex::new(EngineCore::new(config.max_regions, registry)),
             config,
             parked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             engine: OnceLock::new(),
+            waker: OnceLock::new(),
         });
+        if let Some(w) = waker {
+            let _ = shared.waker.set(w);
+        }
         let thread = (config.poll_mode != PollMode::Inline).then(|| {
             let s = shared.clone();
-            std::thread::Builder::new().name("iwarp-engine".into()).spawn(move || engine_loop(&s)).ok()
+            std::thread::Builder::new().name("iwarp-engine".into()).spawn(move || engine_loop(&s, poll)).ok()
         });
         let thread = thread.flatten();
         if let Some(t) = &thread {
@@ -149,36 +168,45 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            if let Some(w) = self.shared.waker.get() {
+                let _ = w.wake();
+            }
             t.thread().unpark();
             let _ = t.join();
         }
     }
 }
 
-fn engine_loop(s: &DeviceShared) {
+fn engine_loop(s: &DeviceShared, mut poll: Option<mio::Poll>) {
     let mode = s.config.poll_mode;
+    let mut events = mio::Events::with_capacity(256);
     let mut last_work = Instant::now();
     while !s.stop.load(Ordering::Acquire) {
         if s.progress() {
             last_work = Instant::now();
             continue;
         }
-        let idle_for = last_work.elapsed();
         match mode {
             PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
-            PollMode::Adaptive if idle_for < s.config.spin => std::hint::spin_loop(),
+            PollMode::Adaptive if last_work.elapsed() < s.config.spin => std::hint::spin_loop(),
             PollMode::Adaptive | PollMode::Event => {
                 s.parked.store(true, Ordering::SeqCst);
                 // One more pass after announcing the park: work posted before the flag was
-                // visible is found here; work posted after it rings the doorbell, whose
-                // unpark makes the park below return at once. Network input is picked up
-                // within the timeout.
+                // visible is found here; work posted after it rings the doorbell.
                 if !s.progress() {
-                    let nap = if mode == PollMode::Event { 1000 } else { 200 };
-                    std::thread::park_timeout(Duration::from_micros(nap));
+                    // Sockets and the doorbell wake the poll; the timeout bounds the wait for
+                    // links without readiness events (in-memory links) and for timers.
+                    let nap = Duration::from_millis(if mode == PollMode::Event { 10 } else { 1 });
+                    match poll.as_mut() {
+                        Some(p) => {
+                            let _ = p.poll(&mut events, Some(nap));
+                        }
+                        None => std::thread::park_timeout(nap),
+                    }
                 }
                 s.parked.store(false, Ordering::SeqCst);
-                last_work = Instant::now() - s.config.spin;
+                // Back from a nap: keep napping while idle instead of spinning again.
+                last_work = Instant::now().checked_sub(s.config.spin).unwrap_or_else(Instant::now);
             }
         }
     }

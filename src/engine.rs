@@ -47,6 +47,8 @@ impl std::fmt::Debug for ConnSlot {
 #[derive(Debug)]
 pub(crate) struct EngineCore {
     pub(crate) table: TaggedBufferTable,
+    /// Where connections' sockets are registered for readiness (adaptive and event modes).
+    registry: Option<mio::Registry>,
     conns: Vec<ConnSlot>,
     rx: Vec<u8>,
     next_pd: u32,
@@ -55,9 +57,10 @@ pub(crate) struct EngineCore {
 }
 
 impl EngineCore {
-    pub(crate) fn new(max_regions: u32) -> EngineCore {
+    pub(crate) fn new(max_regions: u32, registry: Option<mio::Registry>) -> EngineCore {
         EngineCore {
             table: TaggedBufferTable::new(max_regions),
+            registry,
             conns: Vec::new(),
             rx: vec![0; RX_CHUNK],
             next_pd: 1,
@@ -111,15 +114,20 @@ impl EngineCore {
 
     /// One pass over every connection; whether anything happened.
     pub(crate) fn progress(&mut self) -> bool {
-        let EngineCore { table, conns, rx, .. } = self;
+        let EngineCore { table, conns, rx, registry, .. } = self;
         let mut work = false;
         for slot in conns.iter_mut() {
             work |= pass(slot, table, rx);
         }
         // Drop connections that are finished and fully reported.
-        conns.retain(|s| {
+        let registry = registry.as_ref();
+        conns.retain_mut(|s| {
             let done = s.conn.qp_ref().state() == QpState::Error && (s.link_down || s.write_shut);
-            !done || s.tx_off < s.tx.len()
+            let keep = !done || s.tx_off < s.tx.len();
+            if !keep && let (Some(r), Some(source)) = (registry, s.link.source()) {
+                let _ = r.deregister(source);
+            }
+            keep
         });
         work
     }

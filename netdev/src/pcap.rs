@@ -346,6 +346,14 @@ impl<L: Link> CapturingLink<L> {
         self.error.as_ref()
     }
 
+    /// Records bytes that crossed the connection before the link was wrapped (a connection
+    /// handshake done on the bare socket), so that the capture holds the whole stream.
+    pub fn record_earlier(&mut self, dir: Direction, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.record(|w, flow| w.write_data(flow, dir, bytes, now()));
+        }
+    }
+
     fn record(&mut self, f: impl FnOnce(&mut PcapWriter, &mut PcapFlow) -> io::Result<()>) {
         if self.error.is_some() {
             return;
