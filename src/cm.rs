@@ -260,6 +260,29 @@ impl Device {
 }
 
 /// A listening endpoint.
+///
+/// ```
+/// use std::time::Duration;
+/// use iwarp::{CmError, ConnectOptions, Device, DeviceConfig};
+///
+/// let device = Device::open(DeviceConfig::default());
+/// let pd = device.alloc_pd();
+/// let cq = device.create_cq(16);
+/// let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+/// let addr = listener.local_addr().unwrap();
+/// // Refuse every connection, saying why in the private data.
+/// let server = std::thread::spawn(move || {
+///     let req = listener.accept(Duration::from_secs(5)).unwrap();
+///     assert_eq!(req.private_data(), b"may I?");
+///     req.reject(b"no").unwrap();
+/// });
+/// let opts = ConnectOptions { private_data: b"may I?".to_vec(), ..ConnectOptions::default() };
+/// match device.connect(addr, &pd, &cq, &cq, &opts) {
+///     Err(CmError::Rejected { private_data }) => assert_eq!(private_data, b"no"),
+///     other => panic!("{other:?}"),
+/// }
+/// server.join().unwrap();
+/// ```
 #[derive(Debug)]
 pub struct Listener {
     listener: TcpListener,

@@ -10,7 +10,7 @@ use std::io::IoSlice;
 use std::sync::Arc;
 
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
-use iwarp_netdev::{Link, LinkError};
+use iwarp_netdev::Link;
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::qp::{Completion, QpState, WcOpcode};
 use iwarp_rdmap::table_memory::TableMemory;
@@ -27,6 +27,8 @@ const RX_READS_PER_PASS: usize = 8;
 
 /// One connection the engine runs.
 struct ConnSlot {
+    /// `iwarp_conn` span: every event of this connection is recorded inside it.
+    span: tracing::Span,
     conn: Connection,
     link: Box<dyn Link>,
     pd: ProtectionDomainId,
@@ -100,7 +102,16 @@ impl EngineCore {
         pd: ProtectionDomainId,
         shared: Arc<QpShared>,
     ) {
+        let span = tracing::debug_span!(
+            "iwarp_conn",
+            qp = shared.qp_num,
+            peer = ?link.peer_addr(),
+            crc = shared.params.crc,
+            mulpdu = shared.config.mulpdu
+        );
+        span.in_scope(|| tracing::debug!(ird = shared.config.ird, ord = shared.config.ord, "connection up"));
         self.conns.push(ConnSlot {
+            span,
             conn,
             link,
             pd,
@@ -134,6 +145,8 @@ impl EngineCore {
 }
 
 fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bool {
+    let span = slot.span.clone();
+    let _entered = span.enter();
     let mut work = false;
     let mut mem = TableMemory { table, pd: slot.pd };
     let shared = slot.shared.clone();
@@ -142,6 +155,7 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     while let Some(wr) = shared.sq.pop() {
         work = true;
         let wr_id = wr.wr_id;
+        tracing::trace!(wr_id, op = ?wr.op, "post_send");
         if let Err(e) = slot.conn.qp().post_send(wr) {
             // Checked on the application side already; a queue full here completes with an
             // error rather than vanishing.
@@ -169,7 +183,8 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
                     work = true;
                     slot.conn.handle_bytes(&mut mem, &rx[..n]);
                 }
-                Err(LinkError::Closed | LinkError::Reset | LinkError::Io(_)) | Err(_) => {
+                Err(e) => {
+                    tracing::debug!(error = %e, "link down");
                     work = true;
                     slot.link_down = true;
                     slot.conn.handle_llp_lost();
@@ -211,6 +226,7 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     // Completions and events.
     while let Some(c) = slot.conn.qp().poll_completion() {
         work = true;
+        tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
         let wc = work_completion(shared.qp_num, c);
         if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
             shared.recv_cq.push(wc);
@@ -221,6 +237,7 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     shared.send_cq.drain_backlog();
     shared.recv_cq.drain_backlog();
     while let Some(e) = slot.conn.qp().poll_event() {
+        tracing::debug!(event = ?e, "queue pair event");
         work = true;
         shared.push_event(e);
     }

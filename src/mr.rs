@@ -36,6 +36,15 @@ impl fmt::Display for RegisterError {
 impl std::error::Error for RegisterError {}
 
 /// A protection domain: regions and queue pairs in one domain only see each other.
+///
+/// ```
+/// use iwarp::{Access, Device, DeviceConfig, PollMode};
+/// let device = Device::open(DeviceConfig { poll_mode: PollMode::Inline, ..DeviceConfig::default() });
+/// let pd = device.alloc_pd();
+/// let mr = pd.register_bytes(b"advertised", Access::REMOTE_READ).unwrap();
+/// // A peer reads it with the rkey and the address.
+/// println!("rkey {} addr {:#x} len {}", mr.rkey(), mr.addr(), mr.len());
+/// ```
 #[derive(Debug, Clone)]
 pub struct ProtectionDomain {
     pub(crate) id: ProtectionDomainId,
@@ -69,6 +78,18 @@ impl ProtectionDomain {
 
 /// A registered memory region. Deregistered when dropped; a placement in flight keeps the
 /// memory alive until it is done.
+///
+/// ```
+/// use iwarp::{Access, Device, DeviceConfig, PollMode};
+/// let device = Device::open(DeviceConfig { poll_mode: PollMode::Inline, ..DeviceConfig::default() });
+/// let mr = device.alloc_pd().register(64, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE)).unwrap();
+/// mr.write(8, &[1, 2, 3]).unwrap();
+/// let mut back = [0u8; 3];
+/// mr.read(8, &mut back).unwrap();
+/// assert_eq!(back, [1, 2, 3]);
+/// let sge = mr.sge(8, 3); // for a work request's scatter/gather list
+/// assert_eq!(sge.addr, mr.addr() + 8);
+/// ```
 pub struct MemoryRegion {
     stag: STag,
     va: u64,

@@ -86,6 +86,41 @@ impl QpShared {
 /// Posting is lock-free (a bounded ring per queue) and makes no system call unless the
 /// engine is parked, when the doorbell wakes it. Completions arrive on the completion queues
 /// given at connection time.
+///
+/// ```
+/// use std::time::Duration;
+/// use iwarp::{Access, ConnectOptions, Device, DeviceConfig, RecvWr, SendOp, SendWr};
+///
+/// let device = Device::open(DeviceConfig::default());
+/// let (pd, cq) = (device.alloc_pd(), device.create_cq(16));
+/// let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+/// let addr = listener.local_addr().unwrap();
+/// let (spd, scq) = (pd.clone(), cq.clone());
+/// let server = std::thread::spawn(move || {
+///     let req = listener.accept(Duration::from_secs(5)).unwrap();
+///     req.accept(&spd, &scq, &scq, &ConnectOptions::default()).unwrap()
+/// });
+/// let client = device.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).unwrap().qp;
+/// let server = server.join().unwrap();
+///
+/// // A Send from the client lands in the server's posted receive buffer.
+/// let inbox = pd.register(16, Access::LOCAL_WRITE).unwrap();
+/// server.post_recv(RecvWr { wr_id: 7, sgl: vec![inbox.sge(0, 16)] }).unwrap();
+/// let msg = pd.register_bytes(b"ping", Access::NONE).unwrap();
+/// client.post_send(SendWr {
+///     wr_id: 1,
+///     op: SendOp::Send { solicited: false, invalidate: None },
+///     sgl: vec![msg.sge(0, 4)],
+///     signaled: true,
+/// }).unwrap();
+/// let mut got = Vec::new();
+/// while got.len() < 2 {
+///     got.push(cq.wait(Duration::from_secs(5)).unwrap().wr_id);
+/// }
+/// got.sort();
+/// assert_eq!(got, [1, 7]);
+/// assert_eq!(&inbox.to_vec()[..4], b"ping");
+/// ```
 #[derive(Debug, Clone)]
 pub struct QueuePair {
     pub(crate) shared: Arc<QpShared>,
