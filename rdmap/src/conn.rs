@@ -11,7 +11,7 @@
 //! the RTR message of the agreed type.
 
 use iwarp_ddp::{TerminateCode, TerminateLayer};
-use iwarp_mpa::{ConnParams, Deframer, Framer, Role, StreamDeframer};
+use iwarp_mpa::{ConnParams, DeframeError, Deframed, Deframer, Framer, Role};
 
 use crate::memory::Memory;
 use crate::qp::{QpConfig, QueuePair};
@@ -22,7 +22,9 @@ use crate::qp::{QpConfig, QueuePair};
 pub struct Connection {
     qp: QueuePair,
     framer: Framer,
-    deframer: StreamDeframer,
+    deframer: Deframer,
+    /// An FPDU cut by the end of a received chunk, waiting for the rest.
+    pending: Vec<u8>,
     segment: Vec<u8>,
     /// The responder waits for the initiator's first FPDU before sending.
     awaiting_peer: bool,
@@ -49,7 +51,8 @@ impl Connection {
         Connection {
             qp,
             framer: Framer::new(params.crc, params.markers_tx),
-            deframer: StreamDeframer::new(Deframer::new(params.crc, params.markers_rx)),
+            deframer: Deframer::new(params.crc, params.markers_rx),
+            pending: Vec::new(),
             segment: vec![0; config.mulpdu],
             awaiting_peer: params.must_wait_for_peer(),
             rx_failed: false,
@@ -71,34 +74,62 @@ impl Connection {
         &self.qp
     }
 
-    /// Takes received bytes.
-    pub fn handle_bytes(&mut self, mem: &mut impl Memory, bytes: &[u8]) {
-        if self.rx_failed {
-            return;
-        }
-        self.deframer.push(bytes);
-        loop {
-            match self.deframer.next_fpdu() {
-                Ok(Some(f)) => {
+    /// Takes received bytes (any chunking). FPDUs wholly inside `bytes` are deframed and
+    /// placed straight from it; only an FPDU cut by the end of a chunk is staged, and only
+    /// until its last byte arrives.
+    pub fn handle_bytes(&mut self, mem: &mut impl Memory, mut bytes: &[u8]) {
+        while !self.rx_failed && !self.pending.is_empty() {
+            // Complete the staged FPDU with just the bytes it still needs.
+            let step = match self.deframer.deframe(&self.pending) {
+                Ok(Deframed::NeedMore(n)) => {
+                    let take = n.saturating_sub(self.pending.len()).min(bytes.len());
+                    self.pending.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if self.pending.len() < n {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(Deframed::Fpdu(f)) => {
                     self.awaiting_peer = false;
                     self.qp.handle_ulpdu(mem, f.ulpdu);
+                    Ok(f.wire_len)
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    // The peer has spoken (badly): the Terminate may go out.
-                    self.awaiting_peer = false;
-                    self.rx_failed = true;
-                    self.deframer = StreamDeframer::new(Deframer::new(false, false));
-                    let code = TerminateCode {
-                        layer: TerminateLayer::Llp,
-                        error_type: 0,
-                        code: e.llp_code().code(),
-                    };
-                    self.qp.handle_llp_error(code);
-                    break;
+                Err(e) => Err(e),
+            };
+            match step {
+                Ok(n) => {
+                    self.pending.drain(..n);
                 }
+                Err(e) => return self.rx_error(e),
             }
         }
+        while !self.rx_failed && !bytes.is_empty() {
+            match self.deframer.deframe(bytes) {
+                Ok(Deframed::Fpdu(f)) => {
+                    self.awaiting_peer = false;
+                    let n = f.wire_len;
+                    self.qp.handle_ulpdu(mem, f.ulpdu);
+                    bytes = &bytes[n..];
+                }
+                Ok(Deframed::NeedMore(_)) => {
+                    self.pending.extend_from_slice(bytes);
+                    return;
+                }
+                Err(e) => return self.rx_error(e),
+            }
+        }
+    }
+
+    /// The received stream cannot be deframed: terminate with the LLP code, and drop what
+    /// arrives from now on (memory stays bounded while the Terminate goes out).
+    fn rx_error(&mut self, e: DeframeError) {
+        // The peer has spoken (badly): the Terminate may go out even from a responder.
+        self.awaiting_peer = false;
+        self.rx_failed = true;
+        self.pending = Vec::new();
+        let code = TerminateCode { layer: TerminateLayer::Llp, error_type: 0, code: e.llp_code().code() };
+        self.qp.handle_llp_error(code);
     }
 
     /// Frames everything the queue pair has to send, up to about `limit` bytes, appending to
