@@ -26,6 +26,8 @@ pub enum FramerError {
         /// Bytes offered.
         got: usize,
     },
+    /// In-place framing asked for on a stream with markers.
+    MarkersInPlace,
 }
 
 impl fmt::Display for FramerError {
@@ -37,6 +39,7 @@ impl fmt::Display for FramerError {
             FramerError::BufferTooSmall { needed, got } => {
                 write!(f, "FPDU needs {needed} bytes, buffer has {got}")
             }
+            FramerError::MarkersInPlace => f.write_str("in-place framing cannot insert markers"),
         }
     }
 }
@@ -144,6 +147,27 @@ impl Framer {
         w.put(&crc_to_wire(crc));
         debug_assert_eq!(w.off, needed);
         self.pos = w.pos;
+        Ok(needed)
+    }
+
+    /// Frames a ULPDU that the caller already wrote at `buf[2..2 + ulpdu_len]`, so that it is
+    /// never copied: writes the length field, the pad and the CRC around it and returns the
+    /// FPDU's length. Only without markers (which would have to be inserted inside the
+    /// ULPDU): with markers it returns [`FramerError::MarkersInPlace`].
+    pub fn frame_in_place(&mut self, buf: &mut [u8], ulpdu_len: usize) -> Result<usize, FramerError> {
+        if self.markers {
+            return Err(FramerError::MarkersInPlace);
+        }
+        let len16 = u16::try_from(ulpdu_len).map_err(|_| FramerError::UlpduTooLong { len: ulpdu_len })?;
+        let needed = fpdu::fpdu_len(ulpdu_len);
+        let got = buf.len();
+        let fpdu = buf.get_mut(..needed).ok_or(FramerError::BufferTooSmall { needed, got })?;
+        fpdu[..LENGTH_LEN].copy_from_slice(&len16.to_be_bytes());
+        let crc_at = needed - CRC_LEN;
+        fpdu[LENGTH_LEN + ulpdu_len..crc_at].fill(0);
+        let crc = if self.crc { crc32c::crc32c(&fpdu[..crc_at]) } else { 0 };
+        fpdu[crc_at..].copy_from_slice(&crc_to_wire(crc));
+        self.pos = self.pos.wrapping_add(needed as u64);
         Ok(needed)
     }
 
@@ -621,6 +645,30 @@ mod tests {
         assert_eq!(
             Framer::new(false, false).frame_to_vec(&vec![0; MAX_ULPDU + 1]),
             Err(FramerError::UlpduTooLong { len: MAX_ULPDU + 1 })
+        );
+    }
+
+    #[test]
+    fn in_place_equals_copying() {
+        for crc in [false, true] {
+            for len in [0usize, 1, 2, 3, 4, 1442, 65535] {
+                let ulpdu: Vec<u8> = (0..len).map(|i| (i * 13) as u8).collect();
+                let mut a = Framer::new(crc, false);
+                let expect = a.frame_to_vec(&ulpdu).unwrap();
+                let mut b = Framer::new(crc, false);
+                let mut buf = vec![0xee; len + 16];
+                buf[2..2 + len].copy_from_slice(&ulpdu);
+                let n = b.frame_in_place(&mut buf, len).unwrap();
+                assert_eq!(&buf[..n], &expect[..], "crc {crc} len {len}");
+                assert_eq!(a.position(), b.position());
+            }
+        }
+        let mut m = Framer::new(false, true);
+        assert_eq!(m.frame_in_place(&mut [0u8; 64], 4), Err(FramerError::MarkersInPlace));
+        let mut f = Framer::new(false, false);
+        assert_eq!(
+            f.frame_in_place(&mut [0u8; 8], 4),
+            Err(FramerError::BufferTooSmall { needed: 12, got: 8 })
         );
     }
 

@@ -133,16 +133,35 @@ impl Connection {
     }
 
     /// Frames everything the queue pair has to send, up to about `limit` bytes, appending to
-    /// `out`; returns the bytes appended.
+    /// `out`; returns the bytes appended. Without markers the queue pair writes each segment
+    /// straight into `out` and the framer adds length, pad and CRC around it.
     pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
         let start = out.len();
         if self.awaiting_peer {
             return 0;
         }
+        let room = iwarp_mpa::fpdu::fpdu_len(self.segment.len());
         while out.len() - start < limit {
-            let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
-            if Self::frame_into(&mut self.framer, &self.segment[..n], out) == 0 {
+            if self.framer.markers() {
+                let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
+                if Self::frame_into(&mut self.framer, &self.segment[..n], out) == 0 {
+                    break;
+                }
+                continue;
+            }
+            let at = out.len();
+            out.resize(at + room, 0);
+            let ulpdu_at = at + iwarp_mpa::fpdu::LENGTH_LEN;
+            let Some(n) = self.qp.poll_transmit(mem, &mut out[ulpdu_at..]) else {
+                out.truncate(at);
                 break;
+            };
+            match self.framer.frame_in_place(&mut out[at..], n) {
+                Ok(w) => out.truncate(at + w),
+                Err(_) => {
+                    out.truncate(at);
+                    break;
+                }
             }
         }
         out.len() - start
