@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod dissect;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
@@ -18,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    // The help text comes from `bench::Args`' doc comment.
+    Bench(bench::Args),
     // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
 }
@@ -25,6 +28,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Dissect(args) => dissect::run(&args),
     }
 }

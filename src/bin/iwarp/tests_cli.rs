@@ -209,3 +209,84 @@ fn capture_without_mpa_exits_0() {
     assert!(s.contains("no MPA connection found"), "{s}");
     assert!(s.contains("0 MPA connections, 0 FPDUs, 0 violations"), "{s}");
 }
+
+/// A short `iwarp bench --json` run: every op's rows with positive numbers and the ratios.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["bench", "--sizes", "64,4k", "--duration", "0.05", "--json", "--quiet"];
+    args.extend_from_slice(extra);
+    let o = iwarp(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    for op in ["write", "read", "send"] {
+        for size in [64, 4096] {
+            let r = rows
+                .iter()
+                .find(|r| r["op"] == op && r["size"] == size)
+                .unwrap_or_else(|| panic!("{op} {size}"));
+            for side in ["iwarp", "raw"] {
+                for key in ["gbyte_s", "gbit_s", "mmsg_s", "p50_us", "p99_us"] {
+                    assert!(r[side][key].as_f64().unwrap() > 0.0, "{op} {size} {side} {key}: {r}");
+                }
+            }
+            for key in ["bandwidth", "msg_rate", "p50"] {
+                assert!(r["ratio"][key].as_f64().unwrap() > 0.0, "{op} {size} ratio {key}: {r}");
+            }
+        }
+    }
+    assert!(v["msg_rate_64"]["ratio"].as_f64().unwrap() > 0.0);
+    v
+}
+
+#[test]
+fn bench_json_has_every_row() {
+    let v = bench_json(&[]);
+    assert_eq!(v["config"]["crc"], true);
+    assert_eq!(v["config"]["poll"], "busy");
+    assert_eq!(v["config"]["negotiated"]["crc"], true);
+}
+
+#[test]
+fn bench_inline_two_qps_no_crc() {
+    let v =
+        bench_json(&["--poll", "inline", "--qps", "2", "--crc", "off", "--mpa-rev", "1", "--window", "8"]);
+    assert_eq!(v["config"]["poll"], "inline");
+    assert_eq!(v["config"]["negotiated"]["crc"], false);
+    assert_eq!(v["config"]["negotiated"]["mpa_revision"], 1);
+}
+
+#[test]
+fn bench_text_and_iters() {
+    let o = iwarp(&["bench", "--ops", "send", "--sizes", "1K", "--iters", "50", "--poll", "event"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99 us", "64 B message rate"] {
+        assert!(s.contains(word), "{word}: {s}");
+    }
+    assert!(stderr(&o).contains("bench: send"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
+    for (args, needle) in [
+        (&["--sizes", "0"][..], "at least 1 byte"),
+        (&["--sizes", "2g"], "1 GiB"),
+        (&["--sizes", "12q"], "not a size"),
+        (&["--qps", "0"], "--qps"),
+        (&["--window", "0"], "--window"),
+        (&["--crc", "maybe"], "--crc"),
+        (&["--mpa-rev", "3"], "--mpa-rev"),
+        (&["--poll", "sometimes"], "--poll"),
+        (&["--duration", "0"], "duration"),
+        (&["--duration", "1", "--iters", "5"], "cannot be used with"),
+        (&["--ops", "atomic"], "--ops"),
+    ] {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        let o = iwarp(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = stderr(&o);
+        assert!(e.starts_with("error:") && e.contains(needle), "{args:?}: {e}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}

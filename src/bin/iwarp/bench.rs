@@ -1,0 +1,553 @@
+//! `iwarp bench`: iWARP Write, Read and Send bandwidth, message rate and ping-pong latency
+//! over 127.0.0.1, against a raw-TCP baseline measured in the same run.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use iwarp::PollMode;
+use serde_json::{Value, json};
+
+mod raw;
+mod rdma;
+
+/// Exit status when a measurement failed (a completion did not come, or came with an error).
+const EXIT_FAILED: u8 = 1;
+/// The largest message size taken.
+const MAX_SIZE: usize = 1 << 30;
+/// The default message sizes: 64 B to 1 MiB in powers of 4.
+const DEFAULT_SIZES: [usize; 8] = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+/// The default time per measurement.
+const DEFAULT_DURATION: Duration = Duration::from_millis(300);
+/// The message size of the message-rate summary.
+const RATE_SIZE: usize = 64;
+
+/// Measure iWARP RDMA Write, RDMA Read and Send against raw TCP, server and client in one
+/// process over 127.0.0.1.
+///
+/// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
+/// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
+/// to them the same for a raw-TCP baseline measured in the same run (a length-prefixed
+/// stream, and an echo ping-pong of the same size, busy-polling nonblocking sockets when the
+/// engine busy-polls or runs inline), and the ratios iwarp / raw. The ping-pongs: Write
+/// writes into the peer's buffer, which notices the new sequence number in its last bytes
+/// and writes back; Send answers each received message with a Send; Read is one Read.
+///
+/// Exit status: 0 when every measurement completed, 1 when one failed (a completion did not
+/// come in time or had an error status), 2 for bad arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Operations, comma-separated [default: write,read,send].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    ops: Vec<Op>,
+    /// Message sizes in bytes, comma-separated, with optional k/K (KiB), m/M (MiB) or g/G
+    /// suffixes; 1 B to 1 GiB [default: 64,256,1k,4k,16k,64k,256k,1m].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// Messages (bandwidth) or round trips (latency) per measurement, instead of a duration.
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    iters: Option<u64>,
+    /// Seconds per measurement [default: 0.3].
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// MPA CRC32c.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    crc: OnOff,
+    /// MPA revision.
+    #[arg(long = "mpa-rev", value_parser = clap::value_parser!(u8).range(1..=2), default_value_t = 2)]
+    mpa_rev: u8,
+    /// The engine's poll mode.
+    #[arg(long, value_enum, default_value_t = Poll::Busy)]
+    poll: Poll,
+    /// Queue pairs (connections); bandwidth messages go round-robin over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    qps: u16,
+    /// Work requests outstanding in the bandwidth measurements (Reads: also at most the ORD,
+    /// 16, per queue pair).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    window: u16,
+    /// Print one JSON document with the configuration and every row instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// An operation to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum Op {
+    /// RDMA Write.
+    Write,
+    /// RDMA Read.
+    Read,
+    /// Send / Receive.
+    Send,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+        }
+    }
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// The engine's poll mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Poll {
+    /// The engine thread spins.
+    Busy,
+    /// The engine spins a while, then parks.
+    Adaptive,
+    /// The engine parks whenever idle.
+    Event,
+    /// No engine thread: the benchmark's thread drives the engine.
+    Inline,
+}
+
+impl Poll {
+    fn mode(self) -> PollMode {
+        match self {
+            Poll::Busy => PollMode::Busy,
+            Poll::Adaptive => PollMode::Adaptive,
+            Poll::Event => PollMode::Event,
+            Poll::Inline => PollMode::Inline,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Poll::Busy => "busy",
+            Poll::Adaptive => "adaptive",
+            Poll::Event => "event",
+            Poll::Inline => "inline",
+        }
+    }
+}
+
+/// Parses a message size: digits with an optional k/K, m/M or g/G (binary) suffix.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("'{s}' is not a size (e.g. 64, 4k, 1M)"))?;
+    let size = n.checked_mul(unit).ok_or_else(|| format!("size '{s}' is above the 1 GiB limit"))?;
+    if size == 0 {
+        return Err("a message size must be at least 1 byte".into());
+    }
+    if size > MAX_SIZE {
+        return Err(format!("size '{s}' is above the 1 GiB limit"));
+    }
+    Ok(size)
+}
+
+/// Parses a positive number of seconds (at most a day).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("the duration must be above 0 and at most 86400 seconds, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A measurement failure.
+#[derive(Debug)]
+pub(crate) struct BenchError(String);
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+/// How long one measurement runs: a number of iterations, or a duration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    iters: Option<u64>,
+    duration: Duration,
+}
+
+impl Budget {
+    /// Whether `n` iterations begun at `start` spend the budget.
+    fn spent(&self, n: u64, start: Instant) -> bool {
+        match self.iters {
+            Some(iters) => n >= iters,
+            None => start.elapsed() >= self.duration,
+        }
+    }
+}
+
+/// A bandwidth measurement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Throughput {
+    msgs: u64,
+    bytes: u64,
+    secs: f64,
+}
+
+impl Throughput {
+    fn gbyte_s(&self) -> f64 {
+        self.bytes as f64 / self.secs.max(1e-9) / 1e9
+    }
+
+    fn mmsg_s(&self) -> f64 {
+        self.msgs as f64 / self.secs.max(1e-9) / 1e6
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "gbyte_s": self.gbyte_s(),
+            "gbit_s": self.gbyte_s() * 8.0,
+            "mmsg_s": self.mmsg_s(),
+            "msgs": self.msgs,
+            "bytes": self.bytes,
+            "secs": self.secs,
+        })
+    }
+}
+
+/// Round-trip times of a ping-pong.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Latency {
+    p50_us: f64,
+    p99_us: f64,
+    samples: usize,
+}
+
+impl Latency {
+    fn from_samples(samples: Vec<Duration>) -> Latency {
+        let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        us.sort_by(f64::total_cmp);
+        let pick = |p: usize| us.get((us.len().saturating_sub(1)) * p / 100).copied().unwrap_or(0.0);
+        Latency { p50_us: pick(50), p99_us: pick(99), samples: us.len() }
+    }
+
+    fn to_json(self) -> Value {
+        json!({ "p50_us": self.p50_us, "p99_us": self.p99_us, "samples": self.samples })
+    }
+}
+
+/// One size of the raw-TCP baseline.
+#[derive(Debug, Clone, Copy)]
+struct RawRow {
+    stream: Throughput,
+    ping_pong: Latency,
+}
+
+/// One operation at one size.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    op: Op,
+    size: usize,
+    bw: Throughput,
+    lat: Latency,
+    raw: RawRow,
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+impl Row {
+    fn bw_ratio(&self) -> f64 {
+        ratio(self.bw.gbyte_s(), self.raw.stream.gbyte_s())
+    }
+
+    fn rate_ratio(&self) -> f64 {
+        ratio(self.bw.mmsg_s(), self.raw.stream.mmsg_s())
+    }
+
+    fn lat_ratio(&self) -> f64 {
+        ratio(self.lat.p50_us, self.raw.ping_pong.p50_us)
+    }
+}
+
+/// The message-rate summary: 64-byte Sends against a raw stream of 64-byte messages.
+#[derive(Debug, Clone, Copy)]
+struct RateSummary {
+    iwarp: Throughput,
+    raw: Throughput,
+}
+
+/// Everything a run measured.
+struct Report {
+    rows: Vec<Row>,
+    rate: RateSummary,
+    negotiated: Option<rdma::Negotiated>,
+}
+
+/// Runs the subcommand and returns the exit status.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    match measure(args) {
+        Ok(report) => {
+            let text = if args.json { json_report(args, &report) } else { text_report(args, &report) };
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`| head`) is not an error worth reporting.
+            let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: bench: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn ops(args: &Args) -> Vec<Op> {
+    let mut ops = if args.ops.is_empty() { vec![Op::Write, Op::Read, Op::Send] } else { args.ops.clone() };
+    let mut seen = Vec::new();
+    ops.retain(|o| {
+        let new = !seen.contains(o);
+        seen.push(*o);
+        new
+    });
+    ops
+}
+
+fn sizes(args: &Args) -> Vec<usize> {
+    let mut sizes = if args.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { args.sizes.clone() };
+    let mut seen = Vec::new();
+    sizes.retain(|s| {
+        let new = !seen.contains(s);
+        seen.push(*s);
+        new
+    });
+    sizes
+}
+
+fn budget(args: &Args) -> Budget {
+    Budget { iters: args.iters, duration: args.duration.unwrap_or(DEFAULT_DURATION) }
+}
+
+/// Whether the raw-TCP ping-pong busy-polls (as the engine's thread or the inline
+/// application thread does).
+fn raw_busy(args: &Args) -> bool {
+    matches!(args.poll, Poll::Busy | Poll::Inline)
+}
+
+fn measure(args: &Args) -> Result<Report, BenchError> {
+    let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
+    let progress = |line: String| {
+        if !args.quiet {
+            eprintln!("bench: {line}");
+        }
+    };
+    let rate_row = ops.contains(&Op::Send) && sizes.contains(&RATE_SIZE);
+    // The baseline first, before the engine's thread starts (a busy one takes a core).
+    let mut raw_rows = BTreeMap::new();
+    let mut raw_sizes = sizes.clone();
+    if !rate_row {
+        raw_sizes.push(RATE_SIZE);
+    }
+    for &size in &raw_sizes {
+        let stream = raw::stream(size, &budget)?;
+        let ping_pong = if sizes.contains(&size) {
+            raw::ping_pong(size, &budget, raw_busy(args))?
+        } else {
+            Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+        };
+        progress(format!(
+            "raw TCP {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  ping-pong p50 {:.1} us",
+            show_size(size),
+            stream.gbyte_s(),
+            stream.mmsg_s(),
+            ping_pong.p50_us
+        ));
+        raw_rows.insert(size, RawRow { stream, ping_pong });
+    }
+    let cfg = rdma::Config {
+        poll: args.poll.mode(),
+        crc: args.crc == OnOff::On,
+        revision: args.mpa_rev,
+        qps: usize::from(args.qps),
+        window: usize::from(args.window),
+        max_size: sizes.iter().copied().chain([RATE_SIZE]).max().unwrap_or(RATE_SIZE),
+    };
+    let mut bench = rdma::Bench::open(cfg)?;
+    let negotiated = bench.negotiated();
+    let mut rows = Vec::new();
+    for &op in &ops {
+        for &size in &sizes {
+            let bw = bench.throughput(op, size, &budget)?;
+            let lat = bench.latency(op, size, &budget)?;
+            let raw = raw_rows
+                .get(&size)
+                .copied()
+                .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
+            let row = Row { op, size, bw, lat, raw };
+            progress(format!(
+                "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw)",
+                op.name(),
+                show_size(size),
+                bw.gbyte_s(),
+                row.bw_ratio(),
+                bw.mmsg_s(),
+                lat.p50_us,
+                row.lat_ratio()
+            ));
+            rows.push(row);
+        }
+    }
+    let raw_rate =
+        raw_rows.get(&RATE_SIZE).map(|r| r.stream).ok_or_else(|| BenchError("no raw-TCP 64 B row".into()))?;
+    let iwarp_rate = match rows.iter().find(|r| r.op == Op::Send && r.size == RATE_SIZE) {
+        Some(r) => r.bw,
+        None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
+    };
+    bench.close();
+    Ok(Report { rows, rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate }, negotiated })
+}
+
+/// 64, 256, 1K, 4K, 1M, 1.5K...
+fn show_size(size: usize) -> String {
+    for (unit, name) in [(1usize << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
+        if size >= unit && size % unit == 0 {
+            return format!("{}{name}", size / unit);
+        }
+    }
+    size.to_string()
+}
+
+fn config_line(args: &Args, report: &Report) -> String {
+    let b = budget(args);
+    let per = match b.iters {
+        Some(n) => format!("{n} iterations"),
+        None => format!("{} s", b.duration.as_secs_f64()),
+    };
+    let neg = match report.negotiated {
+        Some(n) => format!(" (negotiated: CRC {}, rev {}, ORD {})", on_off(n.crc), n.revision, n.ord),
+        None => String::new(),
+    };
+    format!(
+        "iwarp bench: 127.0.0.1, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
+         raw TCP: length-prefixed stream; {} ping-pong. Latency is the round trip.\n",
+        on_off(args.crc == OnOff::On),
+        args.mpa_rev,
+        args.poll.name(),
+        args.qps,
+        args.window,
+        if raw_busy(args) { "busy-polling" } else { "blocking" },
+    )
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+fn text_report(args: &Args, report: &Report) -> String {
+    let mut out = config_line(args, report);
+    for op in ops(args) {
+        out.push('\n');
+        out.push_str(&format!("{}\n", op.name()));
+        out.push_str(&format!(
+            "{:>6} | {:>9} {:>9} {:>6} | {:>8} {:>6} | {:>17} {:>17} {:>6}\n",
+            "size",
+            "iwarp GB/s",
+            "raw GB/s",
+            "ratio",
+            "Mmsg/s",
+            "ratio",
+            "iwarp p50/p99 us",
+            "raw p50/p99 us",
+            "ratio"
+        ));
+        for r in report.rows.iter().filter(|r| r.op == op) {
+            let iw = format!("{:.1}/{:.1}", r.lat.p50_us, r.lat.p99_us);
+            let raw = format!("{:.1}/{:.1}", r.raw.ping_pong.p50_us, r.raw.ping_pong.p99_us);
+            out.push_str(&format!(
+                "{:>6} | {:>10.3} {:>9.3} {:>6.2} | {:>8.3} {:>6.2} | {:>17} {:>17} {:>6.2}\n",
+                show_size(r.size),
+                r.bw.gbyte_s(),
+                r.raw.stream.gbyte_s(),
+                r.bw_ratio(),
+                r.bw.mmsg_s(),
+                r.rate_ratio(),
+                iw,
+                raw,
+                r.lat_ratio()
+            ));
+        }
+    }
+    let rate = report.rate;
+    out.push_str(&format!(
+        "\n64 B message rate: iwarp send {:.3} Mmsg/s, raw TCP stream {:.3} Mmsg/s, ratio {:.2}\n",
+        rate.iwarp.mmsg_s(),
+        rate.raw.mmsg_s(),
+        ratio(rate.iwarp.mmsg_s(), rate.raw.mmsg_s())
+    ));
+    out
+}
+
+fn json_report(args: &Args, report: &Report) -> String {
+    let b = budget(args);
+    let rows: Vec<Value> = report
+        .rows
+        .iter()
+        .map(|r| {
+            let mut iwarp = r.bw.to_json();
+            let mut raw = r.raw.stream.to_json();
+            if let (Value::Object(i), Value::Object(l)) = (&mut iwarp, r.lat.to_json()) {
+                i.extend(l);
+            }
+            if let (Value::Object(i), Value::Object(l)) = (&mut raw, r.raw.ping_pong.to_json()) {
+                i.extend(l);
+            }
+            json!({
+                "op": r.op.name(),
+                "size": r.size,
+                "iwarp": iwarp,
+                "raw": raw,
+                "ratio": {
+                    "bandwidth": r.bw_ratio(),
+                    "msg_rate": r.rate_ratio(),
+                    "p50": r.lat_ratio(),
+                },
+            })
+        })
+        .collect();
+    let doc = json!({
+        "config": {
+            "ops": ops(args).iter().map(|o| o.name()).collect::<Vec<_>>(),
+            "sizes": sizes(args),
+            "iters": b.iters,
+            "duration_s": if b.iters.is_some() { None } else { Some(b.duration.as_secs_f64()) },
+            "crc": args.crc == OnOff::On,
+            "mpa_revision": args.mpa_rev,
+            "poll": args.poll.name(),
+            "qps": args.qps,
+            "window": args.window,
+            "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
+            "latency": "round trip",
+            "negotiated": report.negotiated.map(|n| json!({
+                "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,
+            })),
+        },
+        "rows": rows,
+        "msg_rate_64": {
+            "iwarp_send_mmsg_s": report.rate.iwarp.mmsg_s(),
+            "raw_mmsg_s": report.rate.raw.mmsg_s(),
+            "ratio": ratio(report.rate.iwarp.mmsg_s(), report.rate.raw.mmsg_s()),
+        },
+    });
+    let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}
