@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod dissect;
+mod rping;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
 #[derive(Debug, Parser)]
@@ -23,6 +24,8 @@ enum Command {
     Bench(bench::Args),
     // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
+    // The help text comes from `rping::Args`' doc comment.
+    Rping(rping::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,5 +33,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Dissect(args) => dissect::run(&args),
+        Command::Rping(args) => rping::run(&args),
     }
 }

@@ -290,3 +290,349 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         assert!(o.stdout.is_empty(), "{args:?}");
     }
 }
+
+// --- iwarp rping -----------------------------------------------------------------------------
+
+mod rping {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use super::{iwarp, stderr, stdout};
+
+    const BIN: &str = env!("CARGO_BIN_EXE_iwarp");
+
+    /// A port nobody listens on (bound to 127.0.0.1:0, then released).
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// An `iwarp rping -s` child process; on drop it is killed (by its own PID) and reaped.
+    struct Server {
+        child: Option<Child>,
+        port: u16,
+        stderr: mpsc::Receiver<String>,
+        stdout: Option<JoinHandle<String>>,
+    }
+
+    impl Server {
+        fn start(extra: &[&str]) -> Server {
+            let port = free_port();
+            let p = port.to_string();
+            let mut child = Command::new(BIN)
+                .args(["rping", "-s", "-a", "127.0.0.1", "-p", &p, "-d", "--accept-timeout", "60"])
+                .args(extra)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let err = child.stderr.take().unwrap();
+            let out = child.stdout.take().unwrap();
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let stdout = std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = BufReader::new(out).read_to_string(&mut s);
+                s
+            });
+            let server = Server { child: Some(child), port, stderr: rx, stdout: Some(stdout) };
+            server.wait_line("listening on 127.0.0.1:");
+            server
+        }
+
+        /// Waits (10 s at most) for a stderr line containing `needle`; returns the lines so far.
+        fn wait_line(&self, needle: &str) -> Vec<String> {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut seen = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.stderr.recv_timeout(left) {
+                    Ok(l) => {
+                        let hit = l.contains(needle);
+                        seen.push(l);
+                        if hit {
+                            return seen;
+                        }
+                    }
+                    Err(_) => panic!("no stderr line with {needle:?}; got {seen:?}"),
+                }
+            }
+        }
+
+        /// Waits (10 s at most) for the server to exit; its status, stdout and stderr lines.
+        fn wait_exit(mut self) -> (ExitStatus, String, Vec<String>) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let child = self.child.as_mut().unwrap();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(Instant::now() < deadline, "the server did not exit");
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            self.child = None;
+            let out = self.stdout.take().unwrap().join().unwrap();
+            let err: Vec<String> = self.stderr.try_iter().collect();
+            (status, out, err)
+        }
+
+        /// Kills the server and returns its stdout and the stderr lines not read yet.
+        fn kill(mut self) -> (String, Vec<String>) {
+            let mut child = self.child.take().unwrap();
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = self.stdout.take().unwrap().join().unwrap();
+            let err: Vec<String> = self.stderr.try_iter().collect();
+            (out, err)
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    fn client(port: u16, extra: &[&str]) -> std::process::Output {
+        let p = port.to_string();
+        let mut args = vec!["rping", "-c", "-a", "127.0.0.1", "-p", &p];
+        args.extend_from_slice(extra);
+        iwarp(&args)
+    }
+
+    #[test]
+    fn help_lists_rping() {
+        let o = iwarp(&["--help"]);
+        assert!(stdout(&o).contains("rping"));
+        let o = iwarp(&["rping", "--help"]);
+        assert!(o.status.success());
+        let s = stdout(&o);
+        for word in ["--first-fpdu-delay", "--crc", "--count", "--size", "--persistent", "siw", "Exit status"]
+        {
+            assert!(s.contains(word), "{word}: {s}");
+        }
+    }
+
+    #[test]
+    fn client_and_server_ping_10_times() {
+        let server = Server::start(&["-v"]);
+        let o = client(server.port, &["-C", "10", "-V", "-S", "64", "-v"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+        let s = stdout(&o);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 10, "{s}");
+        assert_eq!(lines[0], "ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr");
+        assert_eq!(lines[1], "ping data: rdma-ping-1: BCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrs");
+        assert!(lines[9].starts_with("ping data: rdma-ping-9: JKLM"), "{s}");
+        assert!(lines.iter().all(|l| l.len() == "ping data: ".len() + 63), "{s}");
+
+        // Without -P the server ends with the client's connection, successfully.
+        let (status, out, err) = server.wait_exit();
+        assert_eq!(status.code(), Some(0), "{err:?}");
+        let server_lines: Vec<&str> = out.lines().collect();
+        assert_eq!(server_lines.len(), 10, "{out}");
+        assert_eq!(server_lines[0], format!("server {}", lines[0]));
+        assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
+    }
+
+    #[test]
+    fn persistent_server_serves_small_large_and_concurrent_clients() {
+        let server = Server::start(&["-P"]);
+        let o = client(server.port, &["-C", "10", "-V", "-S", "64"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let o = client(server.port, &["-C", "10", "-V", "-S", "65536"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        // Two at once (with the siw delay flag and CRC asked for by the clients).
+        let port = server.port;
+        let both: Vec<_> = (0..2)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20 * i));
+                    client(port, &["-C", "50", "-V", "-S", "1000", "--first-fpdu-delay", "5", "--crc"])
+                })
+            })
+            .collect();
+        for h in both {
+            let o = h.join().unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        }
+        let (_, err) = server.kill();
+        assert!(!err.iter().any(|l| l.contains("connection from") && !l.contains("disconnected")), "{err:?}");
+    }
+
+    #[test]
+    fn client_without_listener_fails_clearly() {
+        let port = free_port();
+        let o = client(port, &["-C", "1"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert_eq!(stderr(&o), format!("rping: cannot connect to 127.0.0.1:{port}: Connection refused\n"));
+        assert!(stdout(&o).is_empty());
+    }
+
+    #[test]
+    fn bad_flags_exit_2() {
+        for args in [
+            &["rping", "-a", "127.0.0.1"][..],
+            &["rping", "-c", "-s", "-a", "127.0.0.1"],
+            &["rping", "-c", "-a", "127.0.0.1", "-S", "22"],
+            &["rping", "-c", "-a", "127.0.0.1", "-S", "16777217"],
+            &["rping", "-c", "-a", "127.0.0.1", "-C", "-1"],
+            &["rping", "-c", "-a", "127.0.0.1", "-p", "70000"],
+            &["rping", "-c", "-a", "127.0.0.1", "--bogus"],
+        ] {
+            let o = iwarp(args);
+            assert_eq!(o.status.code(), Some(2), "{args:?}");
+            assert!(!stderr(&o).is_empty(), "{args:?}");
+        }
+        let o = iwarp(&["rping", "-c"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert_eq!(stderr(&o), "rping: the client needs the server's address (-a ADDR)\n");
+        let o = iwarp(&["rping", "-c", "-a", "127.0.0.1", "-P"]);
+        assert_eq!(o.status.code(), Some(2));
+    }
+
+    /// A listener of this stack on a thread: `handle` gets each connection request.
+    fn lib_server(
+        handle: impl FnOnce(iwarp::ConnectRequest, &iwarp::ProtectionDomain, &iwarp::CompletionQueue)
+        + Send
+        + 'static,
+    ) -> (u16, JoinHandle<()>) {
+        let device = iwarp::Device::open(iwarp::DeviceConfig::default());
+        let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let pd = device.alloc_pd();
+            let cq = device.create_cq(16);
+            let req = listener.accept(Duration::from_secs(10)).unwrap();
+            handle(req, &pd, &cq);
+        });
+        (port, h)
+    }
+
+    #[test]
+    fn rejected_connection_fails_clearly() {
+        let (port, h) = lib_server(|req, _, _| req.reject(b"no thanks").unwrap());
+        let o = client(port, &["-C", "1"]);
+        h.join().unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        let e = stderr(&o);
+        assert!(e.starts_with(&format!("rping: cannot connect to 127.0.0.1:{port}: ")), "{e}");
+        assert!(e.contains("rejected"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn terminate_from_the_peer_fails_clearly() {
+        // The server posts no receive: the client's first Send draws a Terminate (DDP,
+        // untagged buffer, no buffer).
+        let (port, h) = lib_server(|req, pd, cq| {
+            let qp = req.accept(pd, cq, cq, &iwarp::ConnectOptions::default()).unwrap();
+            let _ = qp.wait_event(Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let o = client(port, &["-C", "1"]);
+        h.join().unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        let e = stderr(&o);
+        assert!(e.starts_with("rping: ping 0: the peer sent a Terminate while waiting for "), "{e}");
+        assert!(e.contains("DDP type 2 code 0x02"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn silent_peer_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            drop(s);
+        });
+        let t = Instant::now();
+        let o = client(port, &["-C", "1", "--timeout", "1"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        let e = stderr(&o);
+        assert!(e.contains("timed out"), "{e}");
+        h.join().unwrap();
+    }
+
+    /// What the proxy saw: (direction 0 = client to server, offset, bytes), in order.
+    type Log = Arc<Mutex<Vec<(u8, usize, Vec<u8>)>>>;
+
+    /// One direction of the proxy: copies bytes and logs (direction, offset, length) in the
+    /// order the bytes were seen, before forwarding them.
+    fn pump(mut from: TcpStream, mut to: TcpStream, dir: u8, log: Log) {
+        let mut buf = vec![0u8; 65536];
+        let mut off = 0;
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    log.lock().unwrap().push((dir, off, buf[..n].to_vec()));
+                    off += n;
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    }
+
+    #[test]
+    fn first_fpdu_comes_from_the_client_and_mpa_is_rev2_ird_ord_1() {
+        let server = Server::start(&[]);
+        let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_port = proxy.local_addr().unwrap().port();
+        let upstream = server.port;
+        let log: Log = Arc::new(Mutex::new(Vec::new()));
+        let plog = log.clone();
+        let p = std::thread::spawn(move || {
+            let (c, _) = proxy.accept().unwrap();
+            let s = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+            let l2 = plog.clone();
+            let up = std::thread::spawn(move || pump(c, s, 0, plog));
+            pump(s2, c2, 1, l2);
+            up.join().unwrap();
+        });
+        let o = client(proxy_port, &["-C", "3", "-V"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        p.join().unwrap();
+        let (status, _, err) = server.wait_exit();
+        assert_eq!(status.code(), Some(0), "{err:?}");
+
+        let log = log.lock().unwrap();
+        let stream =
+            |dir: u8| -> Vec<u8> { log.iter().filter(|e| e.0 == dir).flat_map(|e| e.2.clone()).collect() };
+        let (c2s, s2c) = (stream(0), stream(1));
+        // MPA Request and Reply: rev 2, Enhanced, no CRC/markers, private data = IRD/ORD 1/1.
+        assert_eq!(&c2s[..16], b"MPA ID Req Frame");
+        assert_eq!(&c2s[16..24], &[0x10, 2, 0, 4, 0, 1, 0, 1]);
+        assert_eq!(&s2c[..16], b"MPA ID Rep Frame");
+        assert_eq!(&s2c[16..24], &[0x10, 2, 0, 4, 0, 1, 0, 1]);
+        // The first FPDU: the client's 16-byte Send (ULPDU 34 = 18-byte header + 16).
+        assert_eq!(&c2s[24..28], &[0x00, 0x22, 0x41, 0x43]);
+        // Who sent first: the first logged chunk reaching past the 24-byte frames.
+        let first = log.iter().find(|(_, off, b)| off + b.len() > 24).unwrap();
+        assert_eq!(first.0, 0, "the server sent an FPDU before the client's first FPDU");
+        // Per ping 3 client Sends + 1 Read Response, 4 server messages; 3 pings.
+        assert!(c2s.len() > 24 + 3 * 3 * 40 && s2c.len() > 24 + 3 * 3 * 40, "{} {}", c2s.len(), s2c.len());
+    }
+}
