@@ -19,6 +19,9 @@ use super::{BenchError, Budget, Latency, Op, Throughput};
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);
 
+/// Busy-wait turns before a busy wait starts yielding the core (some tens of microseconds).
+const SPINS_BEFORE_YIELD: u32 = 20_000;
+
 /// What a work request id says about its origin (low byte); the pair index is above it.
 const TAG_CLIENT_SQ: u64 = 0;
 const TAG_SERVER_SQ: u64 = 1;
@@ -198,7 +201,7 @@ impl Bench {
                 if spins % 1024 == 0 && Instant::now() >= deadline {
                     break None;
                 }
-                std::hint::spin_loop();
+                relax(spins);
             }
         } else {
             self.cq.wait(STALL)
@@ -468,7 +471,7 @@ impl Bench {
                     STALL.as_secs()
                 )));
             }
-            std::hint::spin_loop();
+            relax(spins);
         }
     }
 
@@ -494,6 +497,16 @@ impl Bench {
         for p in &self.pairs {
             p.client.disconnect();
         }
+    }
+}
+
+/// One turn of a busy wait: spin, and after a while also yield the core, so that on a machine
+/// with more runnable threads than cores the engine (or the peer) gets to run.
+fn relax(spins: u32) {
+    if spins >= SPINS_BEFORE_YIELD {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
