@@ -16,7 +16,7 @@ use iwarp_mpa::frame::HEADER_LEN;
 use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy, Role};
 use iwarp_netdev::{CapturingLink, Direction, Link, LinkOptions, PcapWriter, TcpLink};
 use iwarp_rdmap::conn::Connection;
-use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp};
+use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp, RecvWr};
 
 use crate::cq::CompletionQueue;
 use crate::device::{Device, DeviceShared};
@@ -45,6 +45,10 @@ pub struct ConnectOptions {
     pub first_fpdu_delay: Duration,
     /// Socket settings.
     pub link: LinkOptions,
+    /// Receive buffers posted before the connection goes live, as verbs applications post
+    /// them before `rdma_accept`/`rdma_connect`: the peer's first Send may arrive right
+    /// after the MPA exchange, before the application could post anything.
+    pub recv: Vec<RecvWr>,
     /// Record what crosses the connection into this pcap writer (Ethernet/IPv4/TCP framing
     /// synthesized around the stream, readable by tshark and `iwarp dissect`).
     pub capture: Option<Arc<Mutex<PcapWriter>>>,
@@ -61,6 +65,7 @@ impl Default for ConnectOptions {
             rfc7306: false,
             first_fpdu_delay: Duration::ZERO,
             link: LinkOptions::default(),
+            recv: Vec::new(),
             capture: None,
         }
     }
@@ -214,7 +219,10 @@ fn start(
         }
         None => Box::new(tcp),
     };
-    let conn = Connection::with_qp(&params, RdmapQp::new(config));
+    let mut conn = Connection::with_qp(&params, RdmapQp::new(config));
+    for wr in &opts.recv {
+        conn.qp().post_recv(wr.clone()).map_err(|e| CmError::Io(io::Error::other(e.to_string())))?;
+    }
     let mut core = dev.core();
     let qp_num = core.alloc_qp_num();
     let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq));

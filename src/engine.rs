@@ -223,7 +223,12 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
         }
     }
 
-    // Completions and events.
+    // Events, then completions: the reason for a flush is there before the flushed requests.
+    while let Some(e) = slot.conn.qp().poll_event() {
+        tracing::debug!(event = ?e, "queue pair event");
+        work = true;
+        shared.push_event(e);
+    }
     while let Some(c) = slot.conn.qp().poll_completion() {
         work = true;
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
@@ -236,11 +241,6 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     }
     shared.send_cq.drain_backlog();
     shared.recv_cq.drain_backlog();
-    while let Some(e) = slot.conn.qp().poll_event() {
-        tracing::debug!(event = ?e, "queue pair event");
-        work = true;
-        shared.push_event(e);
-    }
     shared.set_state(slot.conn.qp_ref().state());
     work
 }
