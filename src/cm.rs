@@ -16,7 +16,7 @@ use iwarp_mpa::frame::HEADER_LEN;
 use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy, Role};
 use iwarp_netdev::{CapturingLink, Direction, Link, LinkOptions, PcapWriter, TcpLink};
 use iwarp_rdmap::conn::Connection;
-use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp, RecvWr};
+use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp, RecvWr, SharedReceiveQueue};
 
 use crate::cq::CompletionQueue;
 use crate::device::{Device, DeviceShared};
@@ -49,6 +49,9 @@ pub struct ConnectOptions {
     /// them before `rdma_accept`/`rdma_connect`: the peer's first Send may arrive right
     /// after the MPA exchange, before the application could post anything.
     pub recv: Vec<RecvWr>,
+    /// Take receive buffers from this shared receive queue instead of the queue pair's own
+    /// (posting to the queue pair is then an error).
+    pub srq: Option<SharedReceiveQueue>,
     /// Record what crosses the connection into this pcap writer (Ethernet/IPv4/TCP framing
     /// synthesized around the stream, readable by tshark and `iwarp dissect`).
     pub capture: Option<Arc<Mutex<PcapWriter>>>,
@@ -66,6 +69,7 @@ impl Default for ConnectOptions {
             first_fpdu_delay: Duration::ZERO,
             link: LinkOptions::default(),
             recv: Vec::new(),
+            srq: None,
             capture: None,
         }
     }
@@ -219,13 +223,17 @@ fn start(
         }
         None => Box::new(tcp),
     };
-    let mut conn = Connection::with_qp(&params, RdmapQp::new(config));
+    let qp = match &opts.srq {
+        Some(srq) => RdmapQp::with_srq(config, srq.clone()),
+        None => RdmapQp::new(config),
+    };
+    let mut conn = Connection::with_qp(&params, qp);
     for wr in &opts.recv {
         conn.qp().post_recv(wr.clone()).map_err(|e| CmError::Io(io::Error::other(e.to_string())))?;
     }
     let mut core = dev.core();
     let qp_num = core.alloc_qp_num();
-    let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq));
+    let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq, opts.srq.is_some()));
     core.add(conn, link, pd.id, shared.clone());
     drop(core);
     dev.ring();

@@ -152,6 +152,12 @@ impl Device {
         CompletionQueue::new(self.shared.clone(), depth)
     }
 
+    /// A shared receive queue holding up to `depth` buffers; connections made with it in
+    /// [`crate::ConnectOptions::srq`] take their receive buffers from it.
+    pub fn create_srq(&self, depth: usize) -> iwarp_rdmap::qp::SharedReceiveQueue {
+        iwarp_rdmap::qp::SharedReceiveQueue::new(depth)
+    }
+
     /// Runs one engine pass on the calling thread (inline mode; harmless otherwise). Returns
     /// whether there was work.
     pub fn progress(&self) -> bool {

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::Link;
 use iwarp_rdmap::conn::Connection;
-use iwarp_rdmap::qp::{Completion, QpState, WcOpcode};
+use iwarp_rdmap::qp::{Completion, QpState, WcOpcode, WcStatus};
 use iwarp_rdmap::table_memory::TableMemory;
 
 use crate::cq::WorkCompletion;
-use crate::qp::QpShared;
+use crate::qp::{QpShared, flushed};
 
 /// Bytes read from a link per call.
 const RX_CHUNK: usize = 256 * 1024;
@@ -37,6 +37,8 @@ struct ConnSlot {
     tx_off: usize,
     link_down: bool,
     write_shut: bool,
+    /// The queue pair's retired send count when last looked at.
+    sq_retired: u64,
 }
 
 impl std::fmt::Debug for ConnSlot {
@@ -120,6 +122,7 @@ impl EngineCore {
             tx_off: 0,
             link_down: false,
             write_shut: false,
+            sq_retired: 0,
         });
     }
 
@@ -135,8 +138,12 @@ impl EngineCore {
         conns.retain_mut(|s| {
             let done = s.conn.qp_ref().state() == QpState::Error && (s.link_down || s.write_shut);
             let keep = !done || s.tx_off < s.tx.len();
-            if !keep && let (Some(r), Some(source)) = (registry, s.link.source()) {
-                let _ = r.deregister(source);
+            if !keep {
+                if let (Some(r), Some(source)) = (registry, s.link.source()) {
+                    let _ = r.deregister(source);
+                }
+                // Work posted from now on is flushed by whoever finds it.
+                s.shared.retire();
             }
             keep
         });
@@ -154,19 +161,29 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     // Work requests from the application.
     while let Some(wr) = shared.sq.pop() {
         work = true;
-        let wr_id = wr.wr_id;
+        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
         tracing::trace!(wr_id, op = ?wr.op, "post_send");
         if let Err(e) = slot.conn.qp().post_send(wr) {
-            // Checked on the application side already; a queue full here completes with an
-            // error rather than vanishing.
-            shared.send_cq.push(error_completion(shared.qp_num, wr_id, WcOpcode::Send, e));
+            // Checked on the application side already; should the queue pair refuse it, it
+            // completes with an error rather than vanishing.
+            tracing::debug!(wr_id, error = %e, "post_send refused");
+            shared.send_cq.push(WorkCompletion {
+                status: WcStatus::LocalLengthError,
+                ..flushed(shared.qp_num, wr_id, opcode)
+            });
+            shared.sq_retired(1);
         }
     }
     while let Some(wr) = shared.rq.pop() {
         work = true;
         let wr_id = wr.wr_id;
         if let Err(e) = slot.conn.qp().post_recv(wr) {
-            shared.recv_cq.push(error_completion(shared.qp_num, wr_id, WcOpcode::Recv, e));
+            tracing::debug!(wr_id, error = %e, "post_recv refused");
+            shared.recv_cq.push(WorkCompletion {
+                status: WcStatus::LocalLengthError,
+                ..flushed(shared.qp_num, wr_id, WcOpcode::Recv)
+            });
+            shared.rq_retired();
         }
     }
     if shared.take_disconnect() {
@@ -235,10 +252,14 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
         let wc = work_completion(shared.qp_num, c);
         if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
             shared.recv_cq.push(wc);
+            shared.rq_retired();
         } else {
             shared.send_cq.push(wc);
         }
     }
+    let retired = slot.conn.qp_ref().sq_retired();
+    shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
+    slot.sq_retired = retired;
     shared.send_cq.drain_backlog();
     shared.recv_cq.drain_backlog();
     shared.set_state(slot.conn.qp_ref().state());
@@ -255,23 +276,5 @@ fn work_completion(qp_num: u32, c: Completion) -> WorkCompletion {
         solicited: c.solicited,
         invalidated: c.invalidated,
         imm_data: c.imm_data,
-    }
-}
-
-fn error_completion(
-    qp_num: u32,
-    wr_id: u64,
-    opcode: WcOpcode,
-    _e: iwarp_rdmap::qp::PostError,
-) -> WorkCompletion {
-    WorkCompletion {
-        qp_num,
-        wr_id,
-        status: iwarp_rdmap::qp::WcStatus::LocalLengthError,
-        opcode,
-        byte_len: 0,
-        solicited: false,
-        invalidated: None,
-        imm_data: None,
     }
 }

@@ -66,6 +66,8 @@ pub use device::{Device, DeviceConfig, PollMode};
 pub use iwarp_ddp::STag;
 pub use iwarp_ddp::stag_table::Access;
 pub use iwarp_rdmap::memory::Sge;
-pub use iwarp_rdmap::qp::{PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+pub use iwarp_rdmap::qp::{
+    PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
+};
 pub use mr::{MemoryRegion, ProtectionDomain, RegisterError};
 pub use qp::QueuePair;

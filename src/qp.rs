@@ -2,15 +2,29 @@
 //! engine drains, ring the doorbell, and read the queue pair's events.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr};
+use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
-use crate::cq::{CompletionQueue, CqShared};
+use crate::cq::{CompletionQueue, CqShared, WorkCompletion};
+
+/// A work request's completion with a flush error.
+pub(crate) fn flushed(qp_num: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    WorkCompletion {
+        qp_num,
+        wr_id,
+        status: WcStatus::WrFlushError,
+        opcode,
+        byte_len: 0,
+        solicited: false,
+        invalidated: None,
+        imm_data: None,
+    }
+}
 use crate::device::DeviceShared;
 
 /// What the application's handle and the engine share for one queue pair.
@@ -26,6 +40,16 @@ pub(crate) struct QpShared {
     disconnect: AtomicBool,
     pub(crate) config: QpConfig,
     pub(crate) params: ConnParams,
+    /// Receive buffers come from a shared receive queue.
+    pub(crate) uses_srq: bool,
+    /// Send work requests posted and not yet retired: the send queue's occupancy, so that
+    /// posting beyond `max_send_wr` fails as verbs' does.
+    sq_in_use: AtomicUsize,
+    /// Receive work requests posted and not yet completed.
+    rq_in_use: AtomicUsize,
+    /// The engine has dropped the connection: nothing drains the rings any more, so whoever
+    /// finds work in them flushes it.
+    retired: AtomicBool,
 }
 
 fn state_code(s: QpState) -> u8 {
@@ -53,6 +77,7 @@ impl QpShared {
         params: ConnParams,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
+        uses_srq: bool,
     ) -> QpShared {
         QpShared {
             qp_num,
@@ -65,6 +90,49 @@ impl QpShared {
             disconnect: AtomicBool::new(false),
             config,
             params,
+            uses_srq,
+            sq_in_use: AtomicUsize::new(0),
+            rq_in_use: AtomicUsize::new(0),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Engine side: `n` send work requests left the send queue.
+    pub(crate) fn sq_retired(&self, n: usize) {
+        self.sq_in_use.fetch_sub(n.min(self.sq_in_use.load(Ordering::Acquire)), Ordering::AcqRel);
+    }
+
+    /// Engine side: a receive work request completed.
+    pub(crate) fn rq_retired(&self) {
+        let _ = self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+    }
+
+    /// Marks the queue pair as no longer run by the engine and flushes what is in its rings.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        self.flush_rings();
+    }
+
+    /// Completes every work request still in the rings with a flush error. Both the engine
+    /// (on retiring) and a poster that finds the queue pair retired call it; each request is
+    /// popped, and so completed, once.
+    fn flush_rings(&self) {
+        while let Some(wr) = self.sq.pop() {
+            self.send_cq.push(flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
+            self.sq_retired(1);
+        }
+        while let Some(wr) = self.rq.pop() {
+            self.recv_cq.push(flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
+            self.rq_retired();
+        }
+    }
+
+    /// Poster side: after pushing, flush if the engine has already let go of the queue pair.
+    fn after_post(&self) {
+        fence(Ordering::SeqCst);
+        if self.retired.load(Ordering::SeqCst) {
+            self.flush_rings();
         }
     }
 
@@ -156,14 +224,35 @@ impl QueuePair {
         if matches!(wr.op, SendOp::Read { .. }) && wr.sgl.len() != 1 {
             return Err(PostError::ReadNeedsOneSge);
         }
-        self.shared.sq.push(wr).map_err(|_| PostError::QueueFull)?;
+        let depth = self.shared.config.max_send_wr;
+        if self.shared.sq_in_use.fetch_add(1, Ordering::AcqRel) >= depth {
+            self.shared.sq_retired(1);
+            return Err(PostError::QueueFull);
+        }
+        if self.shared.sq.push(wr).is_err() {
+            self.shared.sq_retired(1);
+            return Err(PostError::QueueFull);
+        }
+        self.shared.after_post();
         self.dev.ring();
         Ok(())
     }
 
     /// Posts a receive buffer.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.shared.rq.push(wr).map_err(|_| PostError::QueueFull)?;
+        if self.shared.uses_srq {
+            return Err(PostError::UsesSrq);
+        }
+        let depth = self.shared.config.max_recv_wr;
+        if self.shared.rq_in_use.fetch_add(1, Ordering::AcqRel) >= depth {
+            self.shared.rq_retired();
+            return Err(PostError::QueueFull);
+        }
+        if self.shared.rq.push(wr).is_err() {
+            self.shared.rq_retired();
+            return Err(PostError::QueueFull);
+        }
+        self.shared.after_post();
         self.dev.ring();
         Ok(())
     }

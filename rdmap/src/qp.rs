@@ -127,6 +127,17 @@ pub enum SendOp {
 }
 
 impl SendOp {
+    /// The opcode of this operation's completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteImmediate { .. } => WcOpcode::Write,
+            SendOp::Read { .. } => WcOpcode::Read,
+            SendOp::ImmediateData { .. } => WcOpcode::ImmediateData,
+            SendOp::Atomic { .. } => WcOpcode::Atomic,
+        }
+    }
+
     fn is_rfc7306(&self) -> bool {
         matches!(self, SendOp::ImmediateData { .. } | SendOp::WriteImmediate { .. } | SendOp::Atomic { .. })
     }
@@ -411,6 +422,8 @@ pub struct QueuePair {
     completions: VecDeque<Completion>,
     events: VecDeque<QpEvent>,
     stats: QpStats,
+    /// Send-queue work requests retired so far (completed, flushed, or done unsignaled).
+    sq_retired: u64,
 }
 
 const QN_SEND: QueueNumber = QueueNumber::Send;
@@ -456,6 +469,7 @@ impl QueuePair {
             completions: VecDeque::new(),
             events: VecDeque::new(),
             stats: QpStats::default(),
+            sq_retired: 0,
         }
     }
 
@@ -512,6 +526,12 @@ impl QueuePair {
         self.stats
     }
 
+    /// Send-queue work requests retired since the queue pair was made: completed (signaled
+    /// or not), failed or flushed. Posted minus retired is what occupies the send queue.
+    pub fn sq_retired(&self) -> u64 {
+        self.sq_retired
+    }
+
     /// Posts a send-queue work request. In a state other than RTS it is flushed at once.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         if self.sq_slots.len() >= self.config.max_send_wr {
@@ -524,28 +544,15 @@ impl QueuePair {
         if wr.op.is_rfc7306() && !self.config.rfc7306 {
             return Err(PostError::ExtensionNotNegotiated);
         }
-        let opcode = match wr.op {
-            SendOp::Send { .. } => WcOpcode::Send,
-            SendOp::Write { .. } | SendOp::WriteImmediate { .. } => WcOpcode::Write,
-            SendOp::Read { .. } => {
-                if wr.sgl.len() != 1 {
-                    return Err(PostError::ReadNeedsOneSge);
-                }
-                WcOpcode::Read
+        match wr.op {
+            SendOp::Read { .. } if wr.sgl.len() != 1 => return Err(PostError::ReadNeedsOneSge),
+            SendOp::ImmediateData { .. } if !wr.sgl.is_empty() => return Err(PostError::BadSgl),
+            SendOp::Atomic { .. } if wr.sgl.len() != 1 || wr.sgl.first().map(|s| s.len) != Some(8) => {
+                return Err(PostError::BadSgl);
             }
-            SendOp::ImmediateData { .. } => {
-                if !wr.sgl.is_empty() {
-                    return Err(PostError::BadSgl);
-                }
-                WcOpcode::ImmediateData
-            }
-            SendOp::Atomic { .. } => {
-                if wr.sgl.len() != 1 || wr.sgl.first().map(|s| s.len) != Some(8) {
-                    return Err(PostError::BadSgl);
-                }
-                WcOpcode::Atomic
-            }
-        };
+            _ => {}
+        }
+        let opcode = wr.op.wc_opcode();
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = SqSlot { seq, wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, status: None };
@@ -728,10 +735,17 @@ impl QueuePair {
         let immediate = matches!(op, Opcode::ImmediateData | Opcode::ImmediateDataSe);
         // Immediate Data consumes a receive buffer but places nothing in it.
         let placed_len = if immediate { 0 } else { seg.payload.len() };
-        let placed = self
-            .rx_queues
-            .accept(seg.header.kind, seg.header.last, placed_len)
-            .map_err(|e| e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)))?;
+        let placed = match self.rx_queues.accept(seg.header.kind, seg.header.last, placed_len) {
+            Ok(p) => p,
+            Err(e) => {
+                if qn == QN_SEND && matches!(e, UntaggedError::MessageTooLong { .. }) {
+                    // The receive the message was meant for fails as too short (verbs'
+                    // IBV_WC_LOC_LEN_ERR), then the stream is terminated.
+                    self.fail_front_recv(WcStatus::LocalLengthError);
+                }
+                return Err(e.terminate_code().unwrap_or(TerminateCode::ddp(2, 0x01)));
+            }
+        };
         let whole = |expected: usize| {
             if seg.header.last && placed.offset == 0 && seg.payload.len() == expected {
                 Ok(())
@@ -747,8 +761,11 @@ impl QueuePair {
                     .then_some(STag(rdmap_word));
                 self.rx_send.get_or_insert((solicited, invalidate));
                 let Some(wr) = self.rq.front() else { return Err(TerminateCode::ddp(2, 0x02)) };
-                scatter(mem, &wr.sgl, u64::from(placed.offset), seg.payload)
-                    .map_err(|_| TerminateCode::ddp(2, 0x05))?;
+                if scatter(mem, &wr.sgl, u64::from(placed.offset), seg.payload).is_err() {
+                    // The receive buffer's own elements could not be written (a bad lkey).
+                    self.fail_front_recv(WcStatus::LocalProtectionError);
+                    return Err(TerminateCode::ddp(2, 0x05));
+                }
                 if let Some(len) = placed.completed_len {
                     let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
                     if let Some(stag) = invalidate {
@@ -827,6 +844,15 @@ impl QueuePair {
                 Ok(())
             }
             _ => Err(RdmapError::UnexpectedOpcode { opcode: op }.terminate_code()),
+        }
+    }
+
+    /// Completes the receive at the front of the queue with `status` (before a Terminate
+    /// flushes the rest).
+    fn fail_front_recv(&mut self, status: WcStatus) {
+        self.rx_send = None;
+        if let Some(wr) = self.rq.pop_front() {
+            self.completions.push_back(Completion { status, ..flushed(wr.wr_id, WcOpcode::Recv) });
         }
     }
 
@@ -1155,6 +1181,7 @@ impl QueuePair {
                 });
             }
             self.sq_slots.pop_front();
+            self.sq_retired += 1;
         }
     }
 

@@ -626,8 +626,6 @@ fn local_disconnect_flushes_sends_and_recvs() {
 /// (and as `iwarp_rdmap::qp` documents), also once the engine has let go of the dead
 /// connection.
 #[test]
-#[ignore = "bug: the engine drops a finished connection (EngineCore::progress retain), after which \
-            nothing drains the QP's rings: work posted later never completes"]
 fn post_after_error_flushes() {
     let p = default_pair(PollMode::Adaptive);
     p.server.qp.disconnect();
@@ -1309,8 +1307,6 @@ fn send_longer_than_receive_buffer() {
 /// documents for it (`WcStatus::LocalLengthError`: "the incoming message did not fit the
 /// receive buffer"; siw reports `IB_WC_LOC_LEN_ERR` there).
 #[test]
-#[ignore = "bug: the receive a too-long Send was for completes with WrFlushError; rdmap never produces \
-            LocalLengthError for it"]
 fn too_long_send_is_a_length_error() {
     let (_p, first, _) = too_long_send();
     assert_eq!((first.wr_id, first.status), (1, WcStatus::LocalLengthError), "{first:?}");
@@ -1359,9 +1355,6 @@ fn local_protection_errors() {
 }
 
 #[test]
-#[ignore = "bug: the application ring and the rdmap send queue are each max_send_wr deep, so post_send \
-            accepts up to 2x max_send_wr outstanding; the engine then fails the excess with \
-            LocalLengthError and opcode Send (engine.rs error_completion) instead of refusing it"]
 fn send_queue_depth_is_outstanding_work() {
     // The server's engine is never driven: the client's Reads stay outstanding. The send queue
     // holds max_send_wr work requests; one more is refused at posting time (QueueFull) rather

@@ -50,3 +50,52 @@ fn receives_posted_before_accept_catch_the_first_send() {
         assert_eq!(&inbox.to_vec()[..5], b"first");
     }
 }
+
+#[test]
+fn two_connections_share_a_receive_queue() {
+    let device = Device::open(DeviceConfig::default());
+    let pd = device.alloc_pd();
+    let cq = device.create_cq(64);
+    let srq = device.create_srq(16);
+    let inbox = pd.register(4 * 64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4usize {
+        srq.post_recv(RecvWr { wr_id: 100 + i as u64, sgl: vec![inbox.sge(i * 64, 64)] }).unwrap();
+    }
+    let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = {
+        let (pd, cq) = (pd.clone(), cq.clone());
+        let opts = ConnectOptions { srq: Some(srq.clone()), ..ConnectOptions::default() };
+        std::thread::spawn(move || {
+            (0..2)
+                .map(|_| {
+                    listener.accept(Duration::from_secs(5)).unwrap().accept(&pd, &cq, &cq, &opts).unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let clients: Vec<_> =
+        (0..2).map(|_| device.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).unwrap().qp).collect();
+    let servers = server.join().unwrap();
+    assert_eq!(servers[0].post_recv(RecvWr { wr_id: 1, sgl: vec![] }), Err(iwarp::PostError::UsesSrq));
+    let msg = pd.register_bytes(b"hello", Access::NONE).unwrap();
+    for (i, c) in clients.iter().enumerate() {
+        c.post_send(SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: vec![msg.sge(0, 5)],
+            signaled: false,
+        })
+        .unwrap();
+    }
+    let mut recvs = Vec::new();
+    while recvs.len() < 2 {
+        let wc = cq.wait(Duration::from_secs(10)).expect("completion");
+        if wc.opcode == WcOpcode::Recv && wc.status == WcStatus::Success {
+            recvs.push(wc.wr_id);
+        }
+    }
+    recvs.sort_unstable();
+    assert_eq!(recvs, vec![100, 101], "the first two buffers, one per connection");
+    assert_eq!(srq.len(), 2);
+}
