@@ -71,6 +71,10 @@ pub(crate) struct Args {
     /// Print one JSON document with the configuration and every row instead of tables.
     #[arg(long)]
     json: bool,
+    /// Record the iWARP connections (both ends) into this pcap file, readable by tshark and
+    /// `iwarp dissect`. Capturing costs throughput; use it with short runs.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
     /// No progress lines on stderr.
     #[arg(short, long)]
     quiet: bool,
@@ -380,6 +384,14 @@ fn measure(args: &Args) -> Result<Report, BenchError> {
         qps: usize::from(args.qps),
         window: usize::from(args.window),
         max_size: sizes.iter().copied().chain([RATE_SIZE]).max().unwrap_or(RATE_SIZE),
+        pcap: match &args.pcap {
+            Some(path) => Some(
+                iwarp::netdev::PcapWriter::create(path)
+                    .map_err(|e| BenchError(format!("cannot create {}: {e}", path.display())))?
+                    .shared(),
+            ),
+            None => None,
+        },
     };
     let mut bench = rdma::Bench::open(cfg)?;
     let negotiated = bench.negotiated();

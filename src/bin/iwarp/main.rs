@@ -28,7 +28,18 @@ enum Command {
     Rping(rping::Args),
 }
 
+/// Installs a `tracing` subscriber writing to stderr when `IWARP_LOG` is set (a filter such
+/// as `debug` or `iwarp=trace`); without it tracing stays off and costs nothing.
+fn init_logging() {
+    if let Ok(filter) = std::env::var("IWARP_LOG") {
+        let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::run(&args),

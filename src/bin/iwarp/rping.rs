@@ -101,6 +101,12 @@ pub(crate) struct Args {
     /// Ask for MPA CRC32c (either side asking turns it on).
     #[arg(long)]
     crc: bool,
+    /// Ask the peer to insert MPA markers (Linux siw refuses: the connection is rejected).
+    #[arg(long)]
+    markers: bool,
+    /// Record this end's connections into a pcap file (tshark / `iwarp dissect` decode it).
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
     /// Seconds any single wait (connect, a completion) may take before the run fails.
     #[arg(long, value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -239,13 +245,15 @@ fn cm_message(e: &CmError) -> String {
     }
 }
 
-fn connect_options(args: &Args) -> ConnectOptions {
+fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
     ConnectOptions {
+        capture: capture.cloned(),
         // rping: responder_resources = initiator_depth = 1, on the wire `00 01 00 01`.
         policy: Policy {
             ird: 1,
             ord: 1,
             crc: if args.crc { CrcPolicy::Wanted } else { CrcPolicy::Off },
+            markers_wanted: args.markers,
             ..Policy::default()
         },
         timeout: Duration::from_secs(args.timeout),
@@ -254,6 +262,19 @@ fn connect_options(args: &Args) -> ConnectOptions {
         max_recv_wr: 2,
         first_fpdu_delay: Duration::from_millis(args.first_fpdu_delay),
         ..ConnectOptions::default()
+    }
+}
+
+/// A pcap file shared by this process's connections.
+type Capture = std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>;
+
+/// Opens the `--pcap` file, if one was asked for.
+fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
+    match &args.pcap {
+        Some(path) => iwarp::netdev::PcapWriter::create(path)
+            .map(|w| Some(w.shared()))
+            .map_err(|e| Fail::Usage(format!("cannot create {}: {e}", path.display()))),
+        None => Ok(None),
     }
 }
 
@@ -404,7 +425,8 @@ fn client(args: &Args) -> Result<(), Fail> {
     let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
     let start_mr = register(&pd, size, BUF_ACCESS)?;
     let rdma_mr = register(&pd, size, BUF_ACCESS)?;
-    let opts = connect_options(args);
+    let capture = open_capture(args)?;
+    let opts = connect_options(args, capture.as_ref());
     let connected = device
         .connect(addr, &pd, &cq, &cq, &opts)
         .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
@@ -497,7 +519,7 @@ fn server(args: &Args) -> Result<(), Fail> {
         eprintln!("rping: listening on {shown}");
     }
     let settings = Arc::new(ServerSettings {
-        opts: connect_options(args),
+        opts: connect_options(args, open_capture(args)?.as_ref()),
         size: usize_of(args.size),
         verbose: args.verbose,
         debug: args.debug,

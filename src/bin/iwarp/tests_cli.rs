@@ -450,6 +450,29 @@ mod rping {
         assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
     }
 
+    /// `--pcap` records the client's connection, handshake included: it dissects like siw's
+    /// own rping capture (testdata/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
+    #[test]
+    fn pcap_of_a_crc_run_dissects_like_siws() {
+        let server = Server::start(&[]);
+        let file = std::env::temp_dir().join(format!("iwarp-rping-{}.pcap", std::process::id()));
+        let f = file.to_str().unwrap();
+        let o = client(server.port, &["-C", "3", "-V", "-S", "100", "--crc", "--pcap", f]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let (status, _, err) = server.wait_exit();
+        assert_eq!(status.code(), Some(0), "{err:?}");
+        let d = iwarp(&["dissect", f, "--json"]);
+        std::fs::remove_file(&file).ok();
+        assert_eq!(d.status.code(), Some(0), "{}", stderr(&d));
+        let j: serde_json::Value = serde_json::from_str(&stdout(&d)).unwrap();
+        let conns = j["connections"].as_array().unwrap();
+        let mpa: Vec<_> = conns.iter().filter(|c| c["mpa"] == true).collect();
+        assert_eq!(mpa.len(), 1);
+        let fpdus = mpa[0]["fpdus"].as_array().unwrap();
+        assert_eq!(fpdus.len(), 21, "3 pings x 7 FPDUs");
+        assert!(stdout(&iwarp(&["--version"])).contains("iwarp"));
+    }
+
     #[test]
     fn persistent_server_serves_small_large_and_concurrent_clients() {
         let server = Server::start(&["-P"]);

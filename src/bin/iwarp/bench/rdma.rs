@@ -39,7 +39,7 @@ fn split(wr_id: u64) -> (usize, u64) {
 }
 
 /// Settings of the iWARP side.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Config {
     pub(super) poll: PollMode,
     pub(super) crc: bool,
@@ -48,6 +48,8 @@ pub(super) struct Config {
     pub(super) window: usize,
     /// The largest message size of the run (buffers are registered once, this big).
     pub(super) max_size: usize,
+    /// Where to record the connections, if anywhere.
+    pub(super) pcap: Option<std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>>,
 }
 
 /// One connection: both ends, and the receives posted on each.
@@ -119,13 +121,16 @@ impl Bench {
             },
             max_send_wr: per_pair + 64,
             max_recv_wr: per_pair + 64,
+            capture: cfg.pcap.clone(),
             ..ConnectOptions::default()
         };
         let listener = device.listen("127.0.0.1:0".parse().map_err(|_| BenchError("bad address".into()))?);
         let listener = listener.map_err(cm_err("listen on 127.0.0.1"))?;
         let addr = listener.local_addr().map_err(|e| BenchError(format!("listen on 127.0.0.1: {e}")))?;
         let server = {
-            let (pd, cq, opts, n) = (pd.clone(), cq.clone(), opts.clone(), cfg.qps);
+            // The client end records the connection; recording both ends would show it twice.
+            let server_opts = ConnectOptions { capture: None, ..opts.clone() };
+            let (pd, cq, opts, n) = (pd.clone(), cq.clone(), server_opts, cfg.qps);
             std::thread::Builder::new()
                 .name("bench-accept".into())
                 .spawn(move || -> Result<Vec<QueuePair>, BenchError> {
