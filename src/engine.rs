@@ -266,7 +266,8 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
     work
 }
 
-fn work_completion(qp_num: u32, c: Completion) -> WorkCompletion {
+/// The application's view of a queue pair's completion.
+pub(crate) fn work_completion(qp_num: u32, c: Completion) -> WorkCompletion {
     WorkCompletion {
         qp_num,
         wr_id: c.wr_id,

@@ -8,22 +8,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode};
 
 use crate::cq::{CompletionQueue, CqShared, WorkCompletion};
 
 /// A work request's completion with a flush error.
 pub(crate) fn flushed(qp_num: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
-    WorkCompletion {
-        qp_num,
-        wr_id,
-        status: WcStatus::WrFlushError,
-        opcode,
-        byte_len: 0,
-        solicited: false,
-        invalidated: None,
-        imm_data: None,
-    }
+    crate::engine::work_completion(qp_num, iwarp_rdmap::qp::Completion::flushed(wr_id, opcode))
 }
 use crate::device::DeviceShared;
 

@@ -36,7 +36,7 @@ use core::fmt;
 
 use iwarp_ddp::{STag, TaggedOffset};
 
-use crate::wire::Truncated;
+use crate::wire::{Truncated, be32, be64};
 
 /// Length of an Atomic Request body (4 + 4 + 4 + 8 + 4 x 8).
 pub const ATOMIC_REQUEST_LEN: usize = 52;
@@ -114,22 +114,6 @@ pub struct AtomicRequest {
     pub compare_data: u64,
     /// Compare Mask (CmpSwap: bits compared).
     pub compare_mask: u64,
-}
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    if let Some(s) = b.get(at..at + 4) {
-        w.copy_from_slice(s);
-    }
-    u32::from_be_bytes(w)
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    if let Some(s) = b.get(at..at + 8) {
-        w.copy_from_slice(s);
-    }
-    u64::from_be_bytes(w)
 }
 
 impl AtomicRequest {

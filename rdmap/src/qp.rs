@@ -225,6 +225,21 @@ pub struct Completion {
     pub imm_data: Option<[u8; IMMEDIATE_DATA_LEN]>,
 }
 
+impl Completion {
+    /// The completion of a work request flushed when its queue pair left RTS.
+    pub fn flushed(wr_id: u64, opcode: WcOpcode) -> Completion {
+        Completion {
+            wr_id,
+            status: WcStatus::WrFlushError,
+            opcode,
+            byte_len: 0,
+            solicited: false,
+            invalidated: None,
+            imm_data: None,
+        }
+    }
+}
+
 /// Queue-pair states (RFC 5040 section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
@@ -571,7 +586,7 @@ impl QueuePair {
             return Err(PostError::UsesSrq);
         }
         if self.state != QpState::Rts {
-            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+            self.completions.push_back(Completion::flushed(wr.wr_id, WcOpcode::Recv));
             return Ok(());
         }
         if self.rq.len() >= self.config.max_recv_wr {
@@ -852,7 +867,8 @@ impl QueuePair {
     fn fail_front_recv(&mut self, status: WcStatus) {
         self.rx_send = None;
         if let Some(wr) = self.rq.pop_front() {
-            self.completions.push_back(Completion { status, ..flushed(wr.wr_id, WcOpcode::Recv) });
+            self.completions
+                .push_back(Completion { status, ..Completion::flushed(wr.wr_id, WcOpcode::Recv) });
         }
     }
 
@@ -863,7 +879,7 @@ impl QueuePair {
             self.rq.push_back(wr);
         } else {
             // Cannot happen (queue 0 had no buffer); the request still completes once.
-            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+            self.completions.push_back(Completion::flushed(wr.wr_id, WcOpcode::Recv));
         }
     }
 
@@ -1199,19 +1215,7 @@ impl QueuePair {
             self.finish(seq, WcStatus::WrFlushError);
         }
         while let Some(wr) = self.rq.pop_front() {
-            self.completions.push_back(flushed(wr.wr_id, WcOpcode::Recv));
+            self.completions.push_back(Completion::flushed(wr.wr_id, WcOpcode::Recv));
         }
-    }
-}
-
-fn flushed(wr_id: u64, opcode: WcOpcode) -> Completion {
-    Completion {
-        wr_id,
-        status: WcStatus::WrFlushError,
-        opcode,
-        byte_len: 0,
-        solicited: false,
-        invalidated: None,
-        imm_data: None,
     }
 }

@@ -199,7 +199,8 @@ impl fmt::Display for Truncated {
 
 impl std::error::Error for Truncated {}
 
-fn be32(b: &[u8], at: usize) -> u32 {
+/// The big-endian `u32` at `at` (zero where `b` is too short; callers check lengths first).
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];
     if let Some(s) = b.get(at..at + 4) {
         w.copy_from_slice(s);
@@ -207,7 +208,8 @@ fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes(w)
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
+/// The big-endian `u64` at `at` (zero where `b` is too short; callers check lengths first).
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
     let mut w = [0u8; 8];
     if let Some(s) = b.get(at..at + 8) {
         w.copy_from_slice(s);
