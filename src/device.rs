@@ -1,7 +1,7 @@
 //! The device: the offload engine's thread (or none, in inline mode), its poll mode, and the
 //! doorbell applications ring after posting work.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -54,14 +54,21 @@ pub(crate) struct DeviceShared {
     engine: OnceLock<Thread>,
     /// Wakes an engine waiting in `mio::Poll` (adaptive and event modes).
     waker: OnceLock<mio::Waker>,
+    /// Threads waiting for the engine's lock on the slow path.
+    waiting: AtomicUsize,
 }
 
 /// The token of the doorbell in the engine's `mio::Poll`; connections use their QP number.
 const DOORBELL: mio::Token = mio::Token(usize::MAX);
 
 impl DeviceShared {
+    /// The engine's state, for the slow path (registration, connection setup). A busy engine
+    /// re-takes the lock right after each pass; announcing the wait makes it step aside.
     pub(crate) fn core(&self) -> MutexGuard<'_, EngineCore> {
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let guard = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        guard
     }
 
     pub(crate) fn inline(&self) -> bool {
@@ -82,7 +89,11 @@ impl DeviceShared {
 
     /// One pass of the engine over every connection; whether it did any work.
     pub(crate) fn progress(&self) -> bool {
-        self.core().progress()
+        // Let a slow-path caller that is waiting for the lock have it first.
+        while self.waiting.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
+        self.core.lock().unwrap_or_else(PoisonError::into_inner).progress()
     }
 }
 
@@ -121,6 +132,7 @@ impl Device {
             stop: AtomicBool::new(false),
             engine: OnceLock::new(),
             waker: OnceLock::new(),
+            waiting: AtomicUsize::new(0),
         });
         if let Some(w) = waker {
             let _ = shared.waker.set(w);
