@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod dissect;
+mod perftest;
 mod rping;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
@@ -24,6 +25,8 @@ enum Command {
     Bench(bench::Args),
     // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
+    // The help text comes from `perftest::Args`' doc comment.
+    Perftest(perftest::Args),
     // The help text comes from `rping::Args`' doc comment.
     Rping(rping::Args),
 }
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Dissect(args) => dissect::run(&args),
+        Command::Perftest(args) => perftest::run(&args),
         Command::Rping(args) => rping::run(&args),
     }
 }
