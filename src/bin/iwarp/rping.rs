@@ -554,17 +554,14 @@ fn server(args: &Args) -> Result<(), Fail> {
     }
 }
 
-/// Accepts and at once posts the receive for the client's first Send (which may come as
-/// soon as the client has the Reply: the library cannot take a receive before the queue pair
-/// exists, so the post follows the accept as closely as it can).
+/// Accepts with the receive for the client's first Send already posted (it may arrive as
+/// soon as the client has the Reply), as rping posts it before `rdma_accept`.
 fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) -> Result<Served, String> {
     let Prepared { device, pd, cq, recv_mr, send_mr, rdma_mr } = p;
-    let qp = req.accept(&pd, &cq, &cq, &s.opts).map_err(|e| cm_message(&e))?;
-    let mut conn = Conn { qp, cq, recv_mr, send_mr, timeout: s.timeout, next_wr: 0 };
-    if let Err(e) = conn.post_recv() {
-        conn.close();
-        return Err(e.to_string());
-    }
+    let first = RecvWr { wr_id: 1, sgl: vec![recv_mr.sge_all()] };
+    let opts = ConnectOptions { recv: vec![first], ..s.opts.clone() };
+    let qp = req.accept(&pd, &cq, &cq, &opts).map_err(|e| cm_message(&e))?;
+    let conn = Conn { qp, cq, recv_mr, send_mr, timeout: s.timeout, next_wr: 1 };
     Ok(Served { _device: device, conn, pd, rdma_mr })
 }
 
