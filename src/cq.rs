@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -54,8 +54,12 @@ pub(crate) struct CqShared {
     ring: ArrayQueue<WorkCompletion>,
     /// Completions the ring had no room for, in order; only the engine touches it.
     backlog: Mutex<VecDeque<WorkCompletion>>,
+    /// Whether the backlog holds anything (kept by the engine, the only pusher).
+    backlogged: AtomicBool,
     notify: AtomicU8,
     waiters: Mutex<Vec<Waiter>>,
+    /// Whether `waiters` may hold anyone (so a push without waiters takes no lock).
+    has_waiters: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -67,43 +71,66 @@ impl CqShared {
         CqShared {
             ring: ArrayQueue::new(depth.max(1)),
             backlog: Mutex::new(VecDeque::new()),
+            backlogged: AtomicBool::new(false),
             notify: AtomicU8::new(ARMED_NONE),
             waiters: Mutex::new(Vec::new()),
+            has_waiters: AtomicBool::new(false),
         }
     }
 
     /// Engine side: publishes a completion (the ring's push is a Release, so every placement
-    /// the engine made before it is visible to whoever pops it).
+    /// the engine made before it is visible to whoever pops it). Only the engine pushes, so
+    /// the backlog's emptiness cannot change under it; with no backlog and no waiter this
+    /// takes no lock.
     pub(crate) fn push(&self, wc: WorkCompletion) {
-        let mut backlog = lock(&self.backlog);
-        backlog.push_back(wc);
-        while let Some(front) = backlog.pop_front() {
-            if let Err(front) = self.ring.push(front) {
-                backlog.push_front(front);
-                break;
-            }
+        let direct = !self.backlogged.load(Ordering::Acquire) && self.ring.push(wc).is_ok();
+        if !direct {
+            let mut backlog = lock(&self.backlog);
+            backlog.push_back(wc);
+            Self::move_backlog(&self.ring, &mut backlog);
+            self.backlogged.store(!backlog.is_empty(), Ordering::Release);
         }
-        drop(backlog);
         let armed = self.notify.load(Ordering::Acquire);
         if armed == ARMED_ANY || (armed == ARMED_SOLICITED && wc.solicited) {
             let _ = self.notify.compare_exchange(armed, NOTIFIED, Ordering::AcqRel, Ordering::Acquire);
         }
-        self.wake();
+        // Pairs with the fence in `add_waiter`: either the waiter's re-check sees this
+        // completion, or this load sees the waiter.
+        fence(Ordering::SeqCst);
+        if self.has_waiters.load(Ordering::SeqCst) {
+            self.wake();
+        }
     }
 
-    /// Engine side: moves backlogged completions into the ring as room appears.
-    pub(crate) fn drain_backlog(&self) {
-        let mut backlog = lock(&self.backlog);
+    fn move_backlog(ring: &ArrayQueue<WorkCompletion>, backlog: &mut VecDeque<WorkCompletion>) {
         while let Some(front) = backlog.pop_front() {
-            if let Err(front) = self.ring.push(front) {
+            if let Err(front) = ring.push(front) {
                 backlog.push_front(front);
                 break;
             }
         }
     }
 
+    /// Registers a waiter; it is woken by the next push.
+    fn add_waiter(&self, w: Waiter) {
+        lock(&self.waiters).push(w);
+        self.has_waiters.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Engine side: moves backlogged completions into the ring as room appears.
+    pub(crate) fn drain_backlog(&self) {
+        if !self.backlogged.load(Ordering::Acquire) {
+            return;
+        }
+        let mut backlog = lock(&self.backlog);
+        Self::move_backlog(&self.ring, &mut backlog);
+        self.backlogged.store(!backlog.is_empty(), Ordering::Release);
+    }
+
     fn wake(&self) {
         let mut waiters = lock(&self.waiters);
+        self.has_waiters.store(false, Ordering::SeqCst);
         for w in waiters.drain(..) {
             match w {
                 Waiter::Thread(t) => t.unpark(),
@@ -177,7 +204,7 @@ impl CompletionQueue {
                 std::hint::spin_loop();
                 continue;
             }
-            lock(&self.shared.waiters).push(Waiter::Thread(std::thread::current()));
+            self.shared.add_waiter(Waiter::Thread(std::thread::current()));
             // Re-check after registering, so a push between the poll and the registration is
             // not missed.
             if let Some(wc) = self.shared.ring.pop() {
@@ -221,7 +248,7 @@ impl CompletionQueue {
                 self.dev.progress();
                 continue;
             }
-            lock(&self.shared.waiters).push(Waiter::Thread(std::thread::current()));
+            self.shared.add_waiter(Waiter::Thread(std::thread::current()));
             if self.shared.notify.load(Ordering::Acquire) == NOTIFIED {
                 continue;
             }
@@ -243,7 +270,7 @@ impl Future for NextCompletion<'_> {
         if let Some(wc) = self.cq.poll() {
             return Poll::Ready(wc);
         }
-        lock(&self.cq.shared.waiters).push(Waiter::Task(cx.waker().clone()));
+        self.cq.shared.add_waiter(Waiter::Task(cx.waker().clone()));
         match self.cq.shared.ring.pop() {
             Some(wc) => Poll::Ready(wc),
             None => {

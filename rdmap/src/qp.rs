@@ -1178,7 +1178,10 @@ impl QueuePair {
     /// Records the outcome of send-queue entry `seq` and delivers what can be delivered in
     /// posting order.
     fn finish(&mut self, seq: u64, status: WcStatus) {
-        if let Some(slot) = self.sq_slots.iter_mut().find(|s| s.seq == seq)
+        // Slots hold consecutive sequence numbers, oldest first: index by the difference.
+        let index = self.sq_slots.front().and_then(|f| seq.checked_sub(f.seq));
+        if let Some(slot) = index.and_then(|i| usize::try_from(i).ok()).and_then(|i| self.sq_slots.get_mut(i))
+            && slot.seq == seq
             && slot.status.is_none()
         {
             slot.status = Some(status);
