@@ -205,10 +205,7 @@ impl QueuePair {
     /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
     /// where the connection negotiated them).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let is_ext = matches!(
-            wr.op,
-            SendOp::ImmediateData { .. } | SendOp::WriteImmediate { .. } | SendOp::Atomic { .. }
-        );
+        let is_ext = wr.op.is_rfc7306();
         if is_ext && !self.shared.config.rfc7306 {
             return Err(PostError::ExtensionNotNegotiated);
         }

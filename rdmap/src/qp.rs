@@ -105,6 +105,15 @@ pub enum SendOp {
         /// The Immediate Data message asks for a solicited event.
         solicited: bool,
     },
+    /// RFC 7306 Send with Immediate Data: a Send (its bytes into the peer's next receive
+    /// buffer) followed by an Immediate Data message (which takes the buffer after it, the
+    /// data in its completion); one completion here.
+    SendImmediate {
+        /// The immediate data.
+        data: [u8; IMMEDIATE_DATA_LEN],
+        /// The Immediate Data message asks for a solicited event.
+        solicited: bool,
+    },
     /// RFC 7306 Atomic operation on the 64-bit value at `remote_to` of the peer's
     /// `remote_stag`; the original value lands, as a native-endian `u64`, in the single
     /// 8-byte local element.
@@ -130,7 +139,7 @@ impl SendOp {
     /// The opcode of this operation's completion.
     pub fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Send { .. } | SendOp::SendImmediate { .. } => WcOpcode::Send,
             SendOp::Write { .. } | SendOp::WriteImmediate { .. } => WcOpcode::Write,
             SendOp::Read { .. } => WcOpcode::Read,
             SendOp::ImmediateData { .. } => WcOpcode::ImmediateData,
@@ -138,8 +147,16 @@ impl SendOp {
         }
     }
 
-    fn is_rfc7306(&self) -> bool {
-        matches!(self, SendOp::ImmediateData { .. } | SendOp::WriteImmediate { .. } | SendOp::Atomic { .. })
+    /// Whether the operation is an RFC 7306 extension (to be posted only to peers that take
+    /// them).
+    pub fn is_rfc7306(&self) -> bool {
+        matches!(
+            self,
+            SendOp::ImmediateData { .. }
+                | SendOp::WriteImmediate { .. }
+                | SendOp::SendImmediate { .. }
+                | SendOp::Atomic { .. }
+        )
     }
 
     /// Whether the operation takes an ORD slot (a Read or Atomic Request).
@@ -1063,6 +1080,14 @@ impl QueuePair {
                 let write = self.message(None, target, Opcode::Write, len, Source::Local(wr.sgl))?;
                 self.tx_next = Some(self.immediate(Some(seq), data, solicited)?);
                 Ok(write)
+            }
+            SendOp::SendImmediate { data, solicited } => {
+                // RFC 7306: a Send, then an Immediate Data message; the work request completes
+                // with the second.
+                let target = self.untagged(QN_SEND, 0);
+                let send = self.message(None, target, Opcode::Send, len, Source::Local(wr.sgl))?;
+                self.tx_next = Some(self.immediate(Some(seq), data, solicited)?);
+                Ok(send)
             }
             SendOp::ImmediateData { data, solicited } => self.immediate(Some(seq), data, solicited),
             SendOp::Read { remote_stag, remote_to } => {

@@ -226,7 +226,19 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn sizes() -> Vec<usize> {
-    vec![0, 1, TAGGED_ROOM - 1, TAGGED_ROOM, TAGGED_ROOM + 1, UNTAGGED_ROOM + 1, 3 * MULPDU + 7, 1 << 20]
+    vec![
+        0,
+        1,
+        TAGGED_ROOM - 1,
+        TAGGED_ROOM,
+        TAGGED_ROOM + 1,
+        UNTAGGED_ROOM + 1,
+        MULPDU - 1,
+        MULPDU,
+        MULPDU + 1,
+        3 * MULPDU + 7,
+        1 << 20,
+    ]
 }
 
 fn modes() -> Vec<(bool, bool)> {
@@ -757,6 +769,30 @@ fn extensions_are_an_api_error_unless_negotiated() {
     p.run();
     assert_eq!(p.moved, 0, "nothing went on the wire");
     assert!(p.a.completions.is_empty());
+}
+
+#[test]
+fn send_with_immediate() {
+    let mut p = Pair::rfc7306();
+    let src = p.a.register(100, Access::NONE, 0);
+    src.mem.write(0, &pattern(100, 2)).unwrap();
+    let recv = p.b.register(200, Access::LOCAL_WRITE, 0);
+    p.b.post_recv(1, vec![recv.sge_at(0, 100)]);
+    p.b.post_recv(2, vec![recv.sge_at(100, 100)]);
+    p.a.post_send(SendWr {
+        wr_id: 5,
+        op: SendOp::SendImmediate { data: *b"12345678", solicited: true },
+        sgl: vec![src.sge()],
+        signaled: true,
+    });
+    p.run();
+    assert_eq!(
+        p.a.completions.iter().map(|c| (c.wr_id, c.opcode)).collect::<Vec<_>>(),
+        vec![(5, WcOpcode::Send)]
+    );
+    let b: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.opcode, c.byte_len, c.imm_data)).collect();
+    assert_eq!(b, vec![(1, WcOpcode::Recv, 100, None), (2, WcOpcode::RecvImmediate, 0, Some(*b"12345678"))]);
+    assert_eq!(&recv.bytes()[..100], &pattern(100, 2)[..]);
 }
 
 #[test]
