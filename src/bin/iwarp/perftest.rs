@@ -263,7 +263,9 @@ impl Agreed {
 /// A random 64-bit value (std's per-process hash keys, mixed with the time).
 fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
     h.finish()
 }
 
@@ -359,10 +361,9 @@ fn conn_options(args: &Args, ird_ord: u16, capture: Option<&Capture>) -> Connect
 fn event_text(ev: QpEvent) -> String {
     match ev {
         QpEvent::LlpLost => "the peer closed the connection".to_string(),
-        QpEvent::RemoteTerminate { header, siw } => format!(
-            "the peer sent a Terminate: {} (read as siw lays it out: {})",
-            header.cause, siw.cause
-        ),
+        QpEvent::RemoteTerminate { header, siw } => {
+            format!("the peer sent a Terminate: {} (read as siw lays it out: {})", header.cause, siw.cause)
+        }
         QpEvent::LocalTerminate(code) => {
             format!("terminated the connection after a protocol error by the peer: {code}")
         }
@@ -454,7 +455,12 @@ impl CtrlBufs {
 impl Ctrl {
     /// Waits for the next completion of `want` (Send or Recv); `limit` None waits as long as
     /// the connection lives.
-    fn wait(&mut self, want: WcOpcode, what: &str, limit: Option<Duration>) -> Result<WorkCompletion, String> {
+    fn wait(
+        &mut self,
+        want: WcOpcode,
+        what: &str,
+        limit: Option<Duration>,
+    ) -> Result<WorkCompletion, String> {
         if let Some(i) = self.stash.iter().position(|wc| wc.opcode == want) {
             return Ok(self.stash.remove(i));
         }
@@ -726,7 +732,14 @@ impl Window {
     fn new(d: Duration) -> Window {
         let start = Instant::now();
         let margin = d / 4;
-        Window { start, begin: start + margin, end: start + d - margin, stop: start + d, at_begin: None, at_end: None }
+        Window {
+            start,
+            begin: start + margin,
+            end: start + d - margin,
+            stop: start + d,
+            at_begin: None,
+            at_end: None,
+        }
     }
 
     /// Notes the completion count as time passes; returns whether the run is over.
@@ -757,9 +770,11 @@ struct Data {
     /// Two halves of `half` bytes: the first is sent/read from, the second advertised.
     buf: MemoryRegion,
     half: usize,
-    /// send_bw's credit words: [0..4] the source of the server's credit Writes, [4..8] the
-    /// word the peer writes (advertised).
+    /// send_bw's credit words, as perftest's: [4..8] is the word the peer writes (advertised).
     credit: MemoryRegion,
+    /// The sources of the send_bw server's credit Writes, one 4-byte word per send-queue
+    /// slot.
+    credit_src: MemoryRegion,
 }
 
 impl Data {
@@ -790,19 +805,41 @@ fn local_gid() -> [u8; 16] {
     g
 }
 
-fn data_buffers(device: &Device, pd: &ProtectionDomain, p: &Params, a: &Agreed) -> Result<(CompletionQueue, MemoryRegion, usize, MemoryRegion), Fail> {
-    let half = a.half(p.size);
-    let buf = register(pd, 2 * half, DATA_ACCESS)?;
-    buf.write(0, &random_bytes(half)).map_err(|e| Fail::Run(format!("data buffer: {e:?}")))?;
-    let credit = register(pd, 8, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE))?;
-    let depth = usize::try_from(p.tx_depth + p.rx_depth).unwrap_or(1024) + 64;
-    Ok((device.create_cq(depth), buf, half, credit))
+/// A data connection's completion queue and buffers, before the connection.
+struct DataBufs {
+    cq: CompletionQueue,
+    buf: MemoryRegion,
+    half: usize,
+    credit: MemoryRegion,
+    credit_src: MemoryRegion,
+}
+
+impl DataBufs {
+    fn new(device: &Device, pd: &ProtectionDomain, p: &Params, a: &Agreed) -> Result<DataBufs, Fail> {
+        let half = a.half(p.size);
+        let buf = register(pd, 2 * half, DATA_ACCESS)?;
+        buf.write(0, &random_bytes(half)).map_err(|e| Fail::Run(format!("data buffer: {e:?}")))?;
+        let credit = register(pd, 8, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE))?;
+        let credit_src = register(pd, 4 * send_depth(p), Access::LOCAL_WRITE)?;
+        let depth = usize::try_from(p.tx_depth + p.rx_depth).unwrap_or(1024) + 64;
+        Ok(DataBufs { cq: device.create_cq(depth), buf, half, credit, credit_src })
+    }
+
+    fn into_data(self, qp: QueuePair) -> Data {
+        let DataBufs { cq, buf, half, credit, credit_src } = self;
+        Data { qp, cq, buf, half, credit, credit_src }
+    }
+}
+
+/// The data connection's send queue depth.
+fn send_depth(p: &Params) -> usize {
+    usize::try_from(p.tx_depth.max(p.rx_depth)).unwrap_or(512) + 16
 }
 
 fn data_options(args: &Args, p: &Params, capture: Option<&Capture>) -> ConnectOptions {
     let ird_ord = if p.test == Test::Read { p.out_reads } else { 0 };
     ConnectOptions {
-        max_send_wr: usize::try_from(p.tx_depth.max(p.rx_depth)).unwrap_or(512) + 16,
+        max_send_wr: send_depth(p),
         max_recv_wr: usize::try_from(p.rx_depth).unwrap_or(512) + 16,
         ..conn_options(args, ird_ord, capture)
     }
@@ -913,7 +950,10 @@ fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
         d.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
         let credit = u64::from(u32::from_le_bytes(word));
         let mut progressed = false;
-        while more_to_post(n, posted, stopping) && posted - completed < tx && (posted + 1).saturating_sub(credit) < rx {
+        while more_to_post(n, posted, stopping)
+            && posted - completed < tx
+            && (posted + 1).saturating_sub(credit) < rx
+        {
             let last = n != 0 && posted + 1 == n;
             let signaled = (posted + 1) % cq_mod == 0 || last || (n == 0 && posted - completed + 1 >= tx);
             let wr = SendWr {
@@ -991,6 +1031,8 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
     let mut stop_at: Option<Instant> = None;
     let mut wr = posted_recvs;
     let mut last_progress = Instant::now();
+    let slots = u64::try_from(d.credit_src.len() / 4).unwrap_or(1).max(1);
+    let mut credit_seq = 0u64;
     loop {
         if n != 0 && received >= n {
             break;
@@ -1029,12 +1071,18 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             posted_recvs += 1;
         }
         if (received % rx) % every == 0 {
+            // Each Write gets its own source word: a word still waiting to be sent must not
+            // change under it.
             let count = u32::try_from(received).unwrap_or(u32::MAX);
-            d.credit.write(0, &wire::credit_bytes(count)).map_err(|e| format!("credit word: {e:?}"))?;
+            let slot = usize::try_from(credit_seq % slots).unwrap_or(0) * 4;
+            credit_seq += 1;
+            d.credit_src
+                .write(slot, &wire::credit_bytes(count))
+                .map_err(|e| format!("credit word: {e:?}"))?;
             let w = SendWr {
                 wr_id: u64::MAX - received,
                 op: SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr },
-                sgl: vec![d.credit.sge(0, 4)],
+                sgl: vec![d.credit_src.sge(slot, 4)],
                 signaled: true,
             };
             d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
@@ -1097,12 +1145,12 @@ fn client_session(
         std::thread::sleep(Duration::from_secs(1));
     }
     let agreed = ctrl.part_a()?;
-    let (cq, buf, half, credit) = data_buffers(device, pd, p, &agreed)?;
+    let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
-    let qp = device
-        .connect(addr, pd, &cq, &cq, &opts)
-        .map_err(|e| Fail::Run(format!("cannot connect the data connection to {addr}: {}", cm_message(&e))))?;
-    let data = Data { qp: qp.qp, cq, buf, half, credit };
+    let qp = device.connect(addr, pd, &bufs.cq, &bufs.cq, &opts).map_err(|e| {
+        Fail::Run(format!("cannot connect the data connection to {addr}: {}", cm_message(&e)))
+    })?;
+    let data = bufs.into_data(qp.qp);
     print_banner(p, &agreed, &args.ib_dev, false);
     let result = client_data(p, &agreed, ctrl, &data);
     close(&data.qp);
@@ -1192,9 +1240,9 @@ fn server_run(
     opts.max_send_wr = 2;
     opts.max_recv_wr = 2;
     opts.recv = vec![bufs.first_recv()];
-    let qp = req
-        .accept(&pd, &bufs.cq, &bufs.cq, &opts)
-        .map_err(|e| Fail::Run(format!("cannot accept the connection from {peer_addr}: {}", cm_message(&e))))?;
+    let qp = req.accept(&pd, &bufs.cq, &bufs.cq, &opts).map_err(|e| {
+        Fail::Run(format!("cannot accept the connection from {peer_addr}: {}", cm_message(&e)))
+    })?;
     let mut ctrl = bufs.into_ctrl(qp, p.timeout, true);
     let result = server_session(args, p, device, &pd, listener, &mut ctrl, capture);
     close(&ctrl.qp);
@@ -1217,29 +1265,26 @@ fn server_session(
         std::thread::sleep(Duration::from_secs(1));
     }
     let agreed = ctrl.part_a()?;
-    let (cq, buf, half, credit) = data_buffers(device, pd, p, &agreed)?;
+    let bufs = DataBufs::new(device, pd, p, &agreed)?;
     print_banner(p, &agreed, &args.ib_dev, true);
-    let req = loop {
-        let req = accept_next(listener, Some(Instant::now() + p.timeout))?;
-        if let Some(ev) = ctrl.qp.poll_event() {
-            return Err(Fail::Run(format!("{} before the data connection", event_text(ev))));
-        }
-        break req;
-    };
+    let req = accept_next(listener, Some(Instant::now() + p.timeout))?;
+    if let Some(ev) = ctrl.qp.poll_event() {
+        return Err(Fail::Run(format!("{} before the data connection", event_text(ev))));
+    }
     let mut opts = data_options(args, p, capture);
     // send_bw: the data receives (rx depth of them, at most N) go up with the connection.
     let first_recvs = if p.test == Test::Send {
         let k = if p.iters == 0 { u64::from(p.rx_depth) } else { u64::from(p.rx_depth).min(p.iters) };
-        (0..k).map(|i| RecvWr { wr_id: i, sgl: vec![buf.sge(half, p.size)] }).collect()
+        (0..k).map(|i| RecvWr { wr_id: i, sgl: vec![bufs.buf.sge(bufs.half, p.size)] }).collect()
     } else {
         Vec::new()
     };
     let posted = u64::try_from(first_recvs.len()).unwrap_or(0);
     opts.recv = first_recvs;
     let qp = req
-        .accept(pd, &cq, &cq, &opts)
+        .accept(pd, &bufs.cq, &bufs.cq, &opts)
         .map_err(|e| Fail::Run(format!("cannot accept the data connection: {}", cm_message(&e))))?;
-    let data = Data { qp, cq, buf, half, credit };
+    let data = bufs.into_data(qp);
     let result = server_data(p, ctrl, &data, posted);
     if result.is_ok() {
         // The client closes the data connection first.
