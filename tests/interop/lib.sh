@@ -1,0 +1,160 @@
+# shellcheck shell=bash
+# Sourced by run-guest.sh and run-suite.sh: boot the interop guest with its NIC on a tap device
+# in a network namespace this script creates, run things on both sides, clean up by PID.
+#
+# Network rule (shared/interop-vm.md): traffic only inside the namespace created here
+# (10.99.0.0/24 on the tap, host side .1, guest .2) and qemu's link.
+#
+# Usage:
+#   source lib.sh; iw_setup_ns              # namespace + tap, trap cleanup installed
+#   iw_boot OUTDIR [--siw stock|param] [--siwopts a=1,b=0] [--cmd 'guest shell'] [--pcap F]
+#   iw_wait_marker REGEX SECS              # wait for a line on the guest's serial console
+#   iw_wait_exit SECS                      # wait for IWARP-GUEST-EXIT=N; sets IW_GUEST_RC
+#   iw_ns CMD...                           # run a command inside the namespace
+#   iw_stop_guest                          # kill qemu (by PID) if still running
+#   iw_cleanup                             # everything (also run by the EXIT trap)
+
+IW_HOST_IP=10.99.0.1
+IW_GUEST_IP=10.99.0.2
+IW_TAP=iwtap0
+IW_NS=""
+IW_QEMU_PID=""
+IW_SERIAL=""
+IW_GUEST_RC=""
+IW_BG_PIDS=()
+
+iw_log() { printf '[interop %s] %s\n' "$(date +%T)" "$*" >&2; }
+iw_die() { printf '[interop] FAILED: %s\n' "$*" >&2; exit 1; }
+
+iw_cleanup() {
+  local p
+  for p in "${IW_BG_PIDS[@]}"; do
+    kill "$p" 2>/dev/null || true
+  done
+  iw_stop_guest
+  if [ -n "$IW_NS" ]; then
+    ip -n "$IW_NS" link del "$IW_TAP" 2>/dev/null || true
+    ip netns del "$IW_NS" 2>/dev/null || true
+    IW_NS=""
+  fi
+}
+
+iw_stop_guest() {
+  if [ -n "$IW_QEMU_PID" ]; then
+    if kill -0 "$IW_QEMU_PID" 2>/dev/null; then
+      kill "$IW_QEMU_PID" 2>/dev/null || true
+      local i
+      for i in 1 2 3 4 5 6 7 8 9 10; do
+        kill -0 "$IW_QEMU_PID" 2>/dev/null || break
+        sleep 0.2
+      done
+      kill -9 "$IW_QEMU_PID" 2>/dev/null || true
+    fi
+    wait "$IW_QEMU_PID" 2>/dev/null || true
+    IW_QEMU_PID=""
+  fi
+}
+
+# Creates the namespace and the tap; installs the cleanup trap.
+iw_setup_ns() {
+  [ "$(id -u)" = 0 ] || iw_die "must run as root (network namespace, tap device)"
+  [ -c /dev/net/tun ] || iw_die "/dev/net/tun missing: cannot create a tap device"
+  IW_NS="iwarp-interop-$$-$RANDOM"
+  trap iw_cleanup EXIT
+  trap 'exit 130' INT TERM
+  ip netns add "$IW_NS" || iw_die "cannot create network namespace $IW_NS (ip netns add)"
+  ip -n "$IW_NS" link set lo up
+  ip netns exec "$IW_NS" ip tuntap add dev "$IW_TAP" mode tap \
+    || iw_die "cannot create tap device $IW_TAP in namespace $IW_NS"
+  ip -n "$IW_NS" addr add "$IW_HOST_IP/24" dev "$IW_TAP"
+  ip -n "$IW_NS" link set "$IW_TAP" up
+}
+
+iw_ns() { ip netns exec "$IW_NS" "$@"; }
+
+# Runs CMD in the namespace in the background (bounded by SECS), output to FILE; sets IW_BG_PID.
+iw_ns_bg() { # SECS FILE CMD...
+  local secs="$1" file="$2"; shift 2
+  ip netns exec "$IW_NS" timeout -k 2 "$secs" "$@" > "$file" 2>&1 &
+  IW_BG_PID=$!
+  IW_BG_PIDS+=("$IW_BG_PID")
+}
+
+iw_boot() { # OUTDIR [options]
+  local out="$1"; shift
+  local siw=stock siwopts="" cmd="" pcap="" max=300
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --siw) siw="$2"; shift 2 ;;
+      --siwopts) siwopts="$2"; shift 2 ;;
+      --cmd) cmd="$2"; shift 2 ;;
+      --pcap) pcap="$2"; shift 2 ;;
+      --max) max="$2"; shift 2 ;;
+      *) iw_die "iw_boot: unknown option $1" ;;
+    esac
+  done
+  [ -n "$IW_IMG" ] || iw_die "IW_IMG (image directory from build-guest.sh) not set"
+  [ -n "$IW_NS" ] || iw_die "iw_setup_ns first"
+  mkdir -p "$out"
+  IW_SERIAL="$out/serial.log"
+  : > "$IW_SERIAL"
+  IW_GUEST_RC=""
+  local append="console=ttyS0 quiet panic=-1 iw.ip=$IW_GUEST_IP iw.siw=$siw"
+  [ -n "$siwopts" ] && append+=" iw.siwopts=$siwopts"
+  [ -n "$cmd" ] && append+=" iw.cmd=$(printf '%s' "$cmd" | base64 -w0)"
+  local filter=()
+  [ -n "$pcap" ] && filter=(-object "filter-dump,id=d0,netdev=n0,file=$pcap")
+  # qemu is exec'd by `ip netns exec` and `timeout`... keep qemu itself the PID we hold:
+  # `ip netns exec` execs its command, so $! is qemu.
+  ip netns exec "$IW_NS" qemu-system-x86_64 \
+    -M pc -accel tcg -cpu max -m 512M -smp 1 \
+    -nographic -monitor none -serial "file:$IW_SERIAL" -no-reboot \
+    -kernel "$IW_IMG/vmlinux" -initrd "$IW_IMG/initrd.img" -append "$append" \
+    -netdev "tap,id=n0,ifname=$IW_TAP,script=no,downscript=no,vnet_hdr=off" \
+    -device "virtio-net-pci,netdev=n0,mac=52:54:00:99:00:02" \
+    "${filter[@]}" \
+    < /dev/null > "$out/qemu.log" 2>&1 &
+  IW_QEMU_PID=$!
+  # hard bound on the guest's life, whatever the caller does
+  ( sleep "$max"; kill "$IW_QEMU_PID" 2>/dev/null ) > /dev/null 2>&1 &
+  IW_BG_PIDS+=("$!")
+}
+
+# Waits until the serial log has a line matching REGEX (grep -E); fails on guest exit/timeout.
+iw_wait_marker() { # REGEX SECS
+  local re="$1" secs="$2" end=$((SECONDS + $2))
+  while [ $SECONDS -lt $end ]; do
+    grep -qE "$re" "$IW_SERIAL" 2>/dev/null && return 0
+    if ! kill -0 "$IW_QEMU_PID" 2>/dev/null; then
+      grep -qE "$re" "$IW_SERIAL" 2>/dev/null && return 0
+      iw_log "guest exited before '$re'"; return 1
+    fi
+    sleep 0.1
+  done
+  iw_log "timeout ($secs s) waiting for '$re' on the guest console"
+  return 1
+}
+
+# Waits for the guest's exit marker; sets IW_GUEST_RC (empty on timeout) and stops qemu.
+iw_wait_exit() { # SECS
+  local secs="$1" end=$((SECONDS + $1)) line
+  local alive=1
+  while [ $SECONDS -lt $end ]; do
+    line="$(grep -aoE 'IWARP-GUEST-EXIT=[0-9]+' "$IW_SERIAL" 2>/dev/null | head -1)"
+    if [ -n "$line" ]; then
+      IW_GUEST_RC="${line#IWARP-GUEST-EXIT=}"
+      break
+    fi
+    [ $alive = 0 ] && break
+    kill -0 "$IW_QEMU_PID" 2>/dev/null || alive=0
+    sleep 0.1
+  done
+  # let qemu finish on its own (the guest reboots = qemu exits), then make sure
+  local i
+  for i in $(seq 1 20); do
+    kill -0 "$IW_QEMU_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  iw_stop_guest
+  [ -n "$IW_GUEST_RC" ]
+}
