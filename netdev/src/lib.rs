@@ -10,6 +10,8 @@
 //!   [`Link::send_vectored`] until they return 0.
 //! - [`MemLink`]: an in-memory pair for deterministic tests, with fault injection through
 //!   [`MemFaults`] (cut, stall, half-close, slow reader, capacity changes).
+//! - [`SmolStack`] / [`SmolLink`] / [`SmolListener`]: userspace TCP/IP (smoltcp) on a TAP
+//!   device or a raw Ethernet interface ("plain Ethernet"), polled by the engine.
 //! - [`CapturingLink`] and [`PcapWriter`]: a pcap capture of what crosses any link, with
 //!   Ethernet/IPv4/TCP framing synthesized so Wireshark/tshark can decode the iWARP traffic.
 //!
@@ -17,6 +19,8 @@
 
 mod mem;
 mod pcap;
+mod smol;
+mod smol_device;
 mod tcp;
 
 use std::fmt;
@@ -25,6 +29,9 @@ use std::net::SocketAddr;
 
 pub use mem::{MemFaults, MemLink};
 pub use pcap::{CapturingLink, Direction, PcapFlow, PcapWriter, TCP_MSS};
+pub use smol::{DeviceStats, SmolConfig, SmolLink, SmolListener, SmolStack, random_mac};
+/// The smoltcp types in [`SmolStack`]'s API (time, TCP state).
+pub use smoltcp;
 pub use tcp::{LinkOptions, TcpLink, TcpListenerLink};
 
 /// Why a link cannot carry bytes (any more).
