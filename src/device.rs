@@ -192,6 +192,8 @@ impl Drop for Device {
             t.thread().unpark();
             let _ = t.join();
         }
+        // Nobody runs the connections any more: flush their work so that none is lost.
+        self.shared.core().shutdown();
     }
 }
 

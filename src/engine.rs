@@ -126,6 +126,27 @@ impl EngineCore {
         });
     }
 
+    /// Closes every connection (the device is going away): each queue pair flushes its work,
+    /// the completions are published, and work posted later is flushed by the poster.
+    pub(crate) fn shutdown(&mut self) {
+        for slot in &mut self.conns {
+            slot.conn.qp().close();
+            slot.link.shutdown_write();
+            while let Some(c) = slot.conn.qp().poll_completion() {
+                let wc = work_completion(slot.shared.qp_num, c);
+                if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
+                    slot.shared.recv_cq.push(wc);
+                    slot.shared.rq_retired();
+                } else {
+                    slot.shared.send_cq.push(wc);
+                }
+            }
+            slot.shared.set_state(QpState::Error);
+            slot.shared.retire();
+        }
+        self.conns.clear();
+    }
+
     /// One pass over every connection; whether anything happened.
     pub(crate) fn progress(&mut self) -> bool {
         let EngineCore { table, conns, rx, registry, .. } = self;
