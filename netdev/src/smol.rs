@@ -84,6 +84,9 @@ pub struct SmolConfig {
     pub max_rounds: usize,
     /// Fault injection: each frame (either direction) is dropped with this probability.
     pub drop_chance: f64,
+    /// TCP congestion control. Cubic by default: smoltcp retransmits go-back-N, so without
+    /// a congestion window a loss costs a whole 4 MiB window of retransmissions.
+    pub congestion: tcp::CongestionControl,
 }
 
 impl SmolConfig {
@@ -104,6 +107,7 @@ impl SmolConfig {
             auto_poll: true,
             max_rounds: 256,
             drop_chance: 0.0,
+            congestion: tcp::CongestionControl::Cubic,
         }
     }
 }
@@ -154,6 +158,7 @@ impl Inner {
         let tx = tcp::SocketBuffer::new(vec![0; size]);
         let mut socket = tcp::Socket::new(rx, tx);
         socket.set_nagle_enabled(self.config.nagle);
+        socket.set_congestion_control(self.config.congestion);
         socket.set_ack_delay(self.config.ack_delay.map(|d| SmolDuration::from_micros(micros(d))));
         self.sockets.add(socket)
     }

@@ -454,7 +454,7 @@ fn inner_raw_loss() {
     b.set_drop_chance(0.01);
     let ab = pattern(4, 4 << 20);
     let ba = pattern(5, 4 << 20);
-    let took = exchange([&a, &b], &mut ca, &mut cb, &ab, &ba, Duration::from_secs(100));
+    let took = exchange([&a, &b], &mut ca, &mut cb, &ab, &ba, Duration::from_secs(60));
     let (sa, sb) = (a.device_stats(), b.device_stats());
     println!(
         "1% loss: 4 MiB each way in {took:?}; dropped {} + {} frames",
@@ -595,4 +595,42 @@ fn transfer_with_kernel(smol: &SmolStack, link: &mut SmolLink, send: &[u8], expe
         smol.poll_now();
         smol.wait(Duration::from_millis(1)).unwrap();
     }
+}
+
+// ---- errors --------------------------------------------------------------------------------
+
+#[test]
+fn permission_errors_name_the_interface_and_cause() {
+    let ns = Netns::new("perm");
+    ns.veth();
+    ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
+    // The inner test runs as an unprivileged user: no CAP_NET_RAW, no CAP_NET_ADMIN.
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(exe)
+        .args(["--exact", "inner_permission_errors", "--ignored", "--nocapture"])
+        .env(INNER_ENV, &ns.name)
+        .output()
+        .expect("setpriv (util-linux) is needed to drop privileges");
+    let text = String::from_utf8_lossy(&out.stdout);
+    print!("{text}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "inner_permission_errors failed");
+}
+
+#[test]
+#[ignore = "runs inside the namespace of permission_errors_name_the_interface_and_cause"]
+fn inner_permission_errors() {
+    if !inside() {
+        return;
+    }
+    let err = SmolStack::raw("va", SmolConfig::new(IP_A, 24)).unwrap_err();
+    println!("raw as nobody: {err}");
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("va") && err.to_string().contains("CAP_NET_RAW"), "{err}");
+    let err = SmolStack::tap("tp0", SmolConfig::new(IP_A, 24)).unwrap_err();
+    println!("tap as nobody: {err}");
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("tp0") && err.to_string().contains("CAP_NET_ADMIN"), "{err}");
 }
