@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use iwarp_mpa::frame::HEADER_LEN;
 use iwarp_mpa::{ConnParams, FrameError, FrameRepr, IrdOrd, NegotiationError, Policy, Role};
-use iwarp_netdev::{CapturingLink, Direction, Link, LinkOptions, PcapWriter, TcpLink};
+use iwarp_netdev::{
+    CapturingLink, Direction, Link, LinkError, LinkOptions, PcapWriter, SmolLink, SmolListener, SmolStack,
+    TcpLink,
+};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp, RecvWr, SharedReceiveQueue};
 
@@ -142,49 +145,136 @@ pub struct Connected {
     pub private_data: Vec<u8>,
 }
 
-/// Reads one whole MPA frame, no byte more (what follows belongs to the FPDU stream).
-fn read_frame(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, CmError> {
-    let mut buf = vec![0u8; HEADER_LEN];
-    read_exact_until(stream, &mut buf, deadline)?;
-    let pd_len = usize::from(u16::from_be_bytes([buf[18], buf[19]]));
-    // Check the key and the length before reading more.
-    match FrameRepr::parse(&buf) {
-        Ok(_) | Err(FrameError::Truncated { .. }) => {}
-        Err(e) => return Err(CmError::Frame(e)),
-    }
-    if pd_len > iwarp_mpa::frame::MAX_PRIVATE_DATA {
-        return Err(CmError::Frame(FrameError::PrivateDataTooLong {
-            len: pd_len,
-            limit: iwarp_mpa::frame::MAX_PRIVATE_DATA,
-        }));
-    }
-    buf.resize(HEADER_LEN + pd_len, 0);
-    read_exact_until(stream, &mut buf[HEADER_LEN..], deadline)?;
-    Ok(buf)
+/// The byte stream of a connection during its MPA exchange: a blocking kernel socket, or a
+/// link of a userspace TCP/IP stack (polled while waiting).
+#[derive(Debug)]
+enum Transport {
+    /// Kernel TCP.
+    Tcp(TcpStream),
+    /// smoltcp.
+    Smol(SmolLink),
 }
 
-fn read_exact_until(stream: &mut TcpStream, mut buf: &mut [u8], deadline: Instant) -> Result<(), CmError> {
-    while !buf.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(CmError::Timeout);
+fn link_error(e: LinkError) -> CmError {
+    match e {
+        LinkError::Closed => CmError::Closed,
+        LinkError::Reset => {
+            CmError::Io(io::Error::new(io::ErrorKind::ConnectionReset, "connection reset by the peer"))
         }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(buf) {
-            Ok(0) => return Err(CmError::Closed),
-            Ok(n) => buf = &mut buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+        LinkError::WriteShutdown => {
+            CmError::Io(io::Error::new(io::ErrorKind::BrokenPipe, "write side shut down"))
         }
+        LinkError::Io(e) => e.into(),
+        other => CmError::Io(io::Error::other(other.to_string())),
     }
+}
+
+/// Waits a little for a smoltcp link to make progress: polls its stack, then waits for a
+/// frame or its next timer (at most until `deadline`).
+fn smol_wait(link: &SmolLink, deadline: Instant) -> Result<(), CmError> {
+    let stack = link.stack();
+    stack.poll_now();
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(CmError::Timeout);
+    }
+    stack.wait(left.min(Duration::from_millis(5)))?;
+    stack.poll_now();
     Ok(())
 }
 
-/// MULPDU for a socket: its MSS as the EMSS (1448-ish on Ethernet, about 64 KiB on
-/// loopback), less MPA's framing.
-fn mulpdu_for(stream: &TcpStream, markers: bool) -> usize {
-    let mss = socket2::SockRef::from(stream).mss().ok().and_then(|m| usize::try_from(m).ok()).unwrap_or(1448);
-    iwarp_mpa::fpdu::mulpdu(mss.clamp(128, 65535), markers).max(64)
+impl Transport {
+    /// Writes all of `bytes` by `deadline`.
+    fn write_all(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), CmError> {
+        match self {
+            Transport::Tcp(stream) => {
+                // The request and reply are small: the socket buffer takes them at once.
+                stream.write_all(bytes)?;
+                Ok(())
+            }
+            Transport::Smol(link) => {
+                while !bytes.is_empty() {
+                    match link.send(bytes) {
+                        Ok(0) => smol_wait(link, deadline)?,
+                        Ok(n) => bytes = &bytes[n..],
+                        Err(e) => return Err(link_error(e)),
+                    }
+                }
+                link.stack().poll_now();
+                Ok(())
+            }
+        }
+    }
+
+    /// Fills `buf` by `deadline`, reading no byte more.
+    fn read_exact_until(&mut self, mut buf: &mut [u8], deadline: Instant) -> Result<(), CmError> {
+        while !buf.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CmError::Timeout);
+            }
+            match self {
+                Transport::Tcp(stream) => {
+                    stream.set_read_timeout(Some(left))?;
+                    match stream.read(buf) {
+                        Ok(0) => return Err(CmError::Closed),
+                        Ok(n) => buf = &mut buf[n..],
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Transport::Smol(link) => match link.recv(buf) {
+                    Ok(0) => smol_wait(link, deadline)?,
+                    Ok(n) => buf = &mut buf[n..],
+                    Err(e) => return Err(link_error(e)),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one whole MPA frame, no byte more (what follows belongs to the FPDU stream).
+    fn read_frame(&mut self, deadline: Instant) -> Result<Vec<u8>, CmError> {
+        let mut buf = vec![0u8; HEADER_LEN];
+        self.read_exact_until(&mut buf, deadline)?;
+        let pd_len = usize::from(u16::from_be_bytes([buf[18], buf[19]]));
+        // Check the key and the length before reading more.
+        match FrameRepr::parse(&buf) {
+            Ok(_) | Err(FrameError::Truncated { .. }) => {}
+            Err(e) => return Err(CmError::Frame(e)),
+        }
+        if pd_len > iwarp_mpa::frame::MAX_PRIVATE_DATA {
+            return Err(CmError::Frame(FrameError::PrivateDataTooLong {
+                len: pd_len,
+                limit: iwarp_mpa::frame::MAX_PRIVATE_DATA,
+            }));
+        }
+        buf.resize(HEADER_LEN + pd_len, 0);
+        self.read_exact_until(&mut buf[HEADER_LEN..], deadline)?;
+        Ok(buf)
+    }
+
+    /// MULPDU for the connection: the MSS as the EMSS (1448-ish on Ethernet, about 64 KiB on
+    /// loopback; MTU - 40 on a smoltcp stack), less MPA's framing.
+    fn mulpdu(&self, markers: bool) -> usize {
+        let mss = match self {
+            Transport::Tcp(stream) => socket2::SockRef::from(stream)
+                .mss()
+                .ok()
+                .and_then(|m| usize::try_from(m).ok())
+                .unwrap_or(1448),
+            Transport::Smol(link) => link.stack().mtu().saturating_sub(40),
+        };
+        iwarp_mpa::fpdu::mulpdu(mss.clamp(128, 65535), markers).max(64)
+    }
+
+    /// The link the engine runs.
+    fn into_link(self, opts: &LinkOptions) -> Result<Box<dyn Link>, CmError> {
+        Ok(match self {
+            Transport::Tcp(stream) => Box::new(TcpLink::from_std(stream, opts)?),
+            Transport::Smol(link) => Box::new(link),
+        })
+    }
 }
 
 /// Starts the queue pair of a connection whose MPA exchange (`handshake`: the Request and the
@@ -192,7 +282,7 @@ fn mulpdu_for(stream: &TcpStream, markers: bool) -> usize {
 #[expect(clippy::too_many_arguments, reason = "one private helper, called from connect and accept")]
 fn start(
     dev: &Arc<DeviceShared>,
-    stream: TcpStream,
+    transport: Transport,
     handshake: (&[u8], &[u8]),
     params: ConnParams,
     pd: &ProtectionDomain,
@@ -201,14 +291,14 @@ fn start(
     opts: &ConnectOptions,
 ) -> Result<QueuePair, CmError> {
     let config = QpConfig {
-        mulpdu: mulpdu_for(&stream, params.markers_tx),
+        mulpdu: transport.mulpdu(params.markers_tx),
         ird: params.ird,
         ord: params.ord,
         max_send_wr: opts.max_send_wr,
         max_recv_wr: opts.max_recv_wr,
         rfc7306: opts.rfc7306,
     };
-    let tcp = TcpLink::from_std(stream, &opts.link)?;
+    let tcp = transport.into_link(&opts.link)?;
     let link: Box<dyn Link> = match &opts.capture {
         Some(writer) => {
             let mut link = CapturingLink::new(tcp, writer.clone())?;
@@ -221,7 +311,7 @@ fn start(
             link.record_earlier(second, handshake.1);
             Box::new(link)
         }
-        None => Box::new(tcp),
+        None => tcp,
     };
     let qp = match &opts.srq {
         Some(srq) => RdmapQp::with_srq(config, srq.clone()),
@@ -253,10 +343,47 @@ impl Device {
     ) -> Result<Connected, CmError> {
         let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
         let deadline = Instant::now() + opts.timeout;
-        let mut stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
+        let stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
         stream.set_nodelay(true)?;
-        stream.write_all(&request)?;
-        let reply_bytes = read_frame(&mut stream, deadline)?;
+        self.handshake(Transport::Tcp(stream), request, deadline, pd, send_cq, recv_cq, opts)
+    }
+
+    /// Connects to an iWARP listener at `remote` over a userspace TCP/IP stack (smoltcp on a
+    /// TAP device or raw Ethernet interface): the stack's TCP, then the MPA Request and Reply,
+    /// then the queue pair runs on the engine, which drives the stack from then on (the
+    /// stack is attached to the device, see [`Device::attach_stack`]). MULPDU follows from
+    /// the device's MTU (MTU - 40 as the EMSS).
+    pub fn connect_smol(
+        &self,
+        stack: &SmolStack,
+        remote: SocketAddr,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<Connected, CmError> {
+        let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
+        let deadline = Instant::now() + opts.timeout;
+        self.attach_stack(stack);
+        let link = stack.connect(remote)?;
+        link.wait_established(opts.timeout)?;
+        self.handshake(Transport::Smol(link), request, deadline, pd, send_cq, recv_cq, opts)
+    }
+
+    /// The initiator's MPA exchange on a connected transport, then the queue pair.
+    #[expect(clippy::too_many_arguments, reason = "one private helper of connect and connect_smol")]
+    fn handshake(
+        &self,
+        mut transport: Transport,
+        request: Vec<u8>,
+        deadline: Instant,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<Connected, CmError> {
+        transport.write_all(&request, deadline)?;
+        let reply_bytes = transport.read_frame(deadline)?;
         let reply = FrameRepr::parse(&reply_bytes).map_err(CmError::Frame)?;
         let params = opts.policy.accept_reply(&reply)?;
         let private_data = reply.private_data.to_vec();
@@ -264,7 +391,7 @@ impl Device {
             std::thread::sleep(opts.first_fpdu_delay);
         }
         let handshake = (&request[..], &reply_bytes[..]);
-        let qp = start(&self.shared, stream, handshake, params, pd, send_cq, recv_cq, opts)?;
+        let qp = start(&self.shared, transport, handshake, params, pd, send_cq, recv_cq, opts)?;
         Ok(Connected { qp, private_data })
     }
 
@@ -272,6 +399,48 @@ impl Device {
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
         let listener = TcpListener::bind(addr)?;
         Ok(Listener { listener, dev: self.shared.clone() })
+    }
+
+    /// Listens for iWARP connections on TCP port `port` of a userspace TCP/IP stack
+    /// (smoltcp); the stack is attached to the device ([`Device::attach_stack`]).
+    pub fn listen_smol(&self, stack: &SmolStack, port: u16) -> Result<SmolCmListener, CmError> {
+        let listener = stack.listen(port)?;
+        self.attach_stack(stack);
+        Ok(SmolCmListener { listener, dev: self.shared.clone() })
+    }
+}
+
+/// Checks that a frame read from a new connection is an MPA Request.
+fn check_request(request: &[u8]) -> Result<(), CmError> {
+    let parsed = FrameRepr::parse(request).map_err(CmError::Frame)?;
+    if parsed.kind != iwarp_mpa::FrameKind::Request {
+        return Err(CmError::Frame(FrameError::UnexpectedKind { expected: iwarp_mpa::FrameKind::Request }));
+    }
+    Ok(())
+}
+
+/// A listening endpoint on a userspace TCP/IP stack ([`Device::listen_smol`]).
+#[derive(Debug)]
+pub struct SmolCmListener {
+    listener: SmolListener,
+    dev: Arc<DeviceShared>,
+}
+
+impl SmolCmListener {
+    /// The address it listens on (the stack's address and the port).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// Waits up to `timeout` for the next connection request: a TCP connection whose MPA
+    /// Request has arrived (within 5 s of the connection).
+    pub fn accept(&mut self, timeout: Duration) -> Result<ConnectRequest, CmError> {
+        let link = self.listener.accept_timeout(timeout)?;
+        let peer = link.peer_addr().unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let mut transport = Transport::Smol(link);
+        let request = transport.read_frame(Instant::now() + Duration::from_secs(5))?;
+        check_request(&request)?;
+        Ok(ConnectRequest { stream: transport, peer, request, dev: self.dev.clone() })
     }
 }
 
@@ -316,7 +485,7 @@ impl Listener {
     pub fn accept(&self, timeout: Duration) -> Result<ConnectRequest, CmError> {
         let deadline = Instant::now() + timeout;
         self.listener.set_nonblocking(true)?;
-        let (mut stream, peer) = loop {
+        let (stream, peer) = loop {
             match self.listener.accept() {
                 Ok(s) => break s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -330,14 +499,10 @@ impl Listener {
         };
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
-        let request = read_frame(&mut stream, Instant::now() + Duration::from_secs(5))?;
+        let mut stream = Transport::Tcp(stream);
+        let request = stream.read_frame(Instant::now() + Duration::from_secs(5))?;
         // Validate now, so that the application only sees well-formed requests.
-        let parsed = FrameRepr::parse(&request).map_err(CmError::Frame)?;
-        if parsed.kind != iwarp_mpa::FrameKind::Request {
-            return Err(CmError::Frame(FrameError::UnexpectedKind {
-                expected: iwarp_mpa::FrameKind::Request,
-            }));
-        }
+        check_request(&request)?;
         Ok(ConnectRequest { stream, peer, request, dev: self.dev.clone() })
     }
 }
@@ -345,7 +510,7 @@ impl Listener {
 /// A connection request waiting for the application's decision (RDMA_CM_EVENT_CONNECT_REQUEST).
 #[derive(Debug)]
 pub struct ConnectRequest {
-    stream: TcpStream,
+    stream: Transport,
     peer: SocketAddr,
     request: Vec<u8>,
     dev: Arc<DeviceShared>,
@@ -385,7 +550,7 @@ impl ConnectRequest {
         match opts.policy.respond(&request, &opts.private_data) {
             Ok((reply, params)) => {
                 let bytes = reply.to_vec().map_err(CmError::Frame)?;
-                self.stream.write_all(&bytes)?;
+                self.stream.write_all(&bytes, Instant::now() + opts.timeout)?;
                 let handshake = (&self.request[..], &bytes[..]);
                 start(&self.dev, self.stream, handshake, params, pd, send_cq, recv_cq, opts)
             }
@@ -393,7 +558,7 @@ impl ConnectRequest {
                 if let Some(reply) = refusal.reply
                     && let Ok(bytes) = reply.to_vec()
                 {
-                    let _ = self.stream.write_all(&bytes);
+                    let _ = self.stream.write_all(&bytes, Instant::now() + opts.timeout);
                 }
                 Err(refusal.error.into())
             }
@@ -404,8 +569,11 @@ impl ConnectRequest {
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
         let request = FrameRepr::parse(&self.request).map_err(CmError::Frame)?;
         let reply = Policy::default().reject(&request, private_data)?;
-        self.stream.write_all(&reply.to_vec().map_err(CmError::Frame)?)?;
-        self.stream.flush()?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        self.stream.write_all(&reply.to_vec().map_err(CmError::Frame)?, deadline)?;
+        if let Transport::Tcp(stream) = &mut self.stream {
+            stream.flush()?;
+        }
         Ok(())
     }
 }

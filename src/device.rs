@@ -71,6 +71,12 @@ impl DeviceShared {
         guard
     }
 
+    /// The nearest timer of the attached smoltcp stacks, if any stack is attached.
+    fn stack_delay(&self) -> Option<Duration> {
+        let core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        if core.stacks().is_empty() { None } else { core.stack_delay() }
+    }
+
     pub(crate) fn inline(&self) -> bool {
         self.config.poll_mode == PollMode::Inline
     }
@@ -176,6 +182,18 @@ impl Device {
         self.shared.progress()
     }
 
+    /// Has the engine drive a userspace TCP/IP stack (smoltcp on a TAP device or a raw
+    /// Ethernet interface): every engine pass polls it before and after running the
+    /// connections, and an idle engine (adaptive, event mode) sleeps no longer than the
+    /// stack's next timer and wakes when a frame arrives. Inline mode polls it in
+    /// [`Device::progress`]. Attaching a stack twice is harmless; [`Device::connect_smol`] and
+    /// [`Device::listen_smol`] attach theirs.
+    pub fn attach_stack(&self, stack: &iwarp_netdev::SmolStack) {
+        if self.shared.core().attach_stack(stack) {
+            self.shared.ring();
+        }
+    }
+
     /// Connections the engine is running.
     pub fn connections(&self) -> usize {
         self.shared.core().connections()
@@ -216,7 +234,11 @@ fn engine_loop(s: &DeviceShared, mut poll: Option<mio::Poll>) {
                 if !s.progress() {
                     // Sockets and the doorbell wake the poll; the timeout bounds the wait for
                     // links without readiness events (in-memory links) and for timers.
-                    let nap = Duration::from_millis(if mode == PollMode::Event { 10 } else { 1 });
+                    let mut nap = Duration::from_millis(if mode == PollMode::Event { 10 } else { 1 });
+                    // A userspace TCP/IP stack's timers (retransmission) must not wait longer.
+                    if let Some(delay) = s.stack_delay() {
+                        nap = nap.min(delay);
+                    }
                     match poll.as_mut() {
                         Some(p) => {
                             let _ = p.poll(&mut events, Some(nap));

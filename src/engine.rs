@@ -10,7 +10,7 @@ use std::io::IoSlice;
 use std::sync::Arc;
 
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
-use iwarp_netdev::Link;
+use iwarp_netdev::{Link, SmolStack};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::qp::{Completion, QpState, WcOpcode, WcStatus};
 use iwarp_rdmap::table_memory::TableMemory;
@@ -22,6 +22,9 @@ use crate::qp::{QpShared, flushed};
 const RX_CHUNK: usize = 256 * 1024;
 /// Bytes framed per pass before writing them out.
 const TX_BATCH: usize = 256 * 1024;
+/// The `mio` token of the first attached stack; the next ones count down from it (the
+/// doorbell is `usize::MAX`, connections use their small QP numbers).
+pub(crate) const STACK_TOKEN_BASE: usize = usize::MAX - 1;
 /// Reads per connection per pass, so one busy connection cannot starve the others.
 const RX_READS_PER_PASS: usize = 8;
 
@@ -54,6 +57,8 @@ pub(crate) struct EngineCore {
     /// Where connections' sockets are registered for readiness (adaptive and event modes).
     registry: Option<mio::Registry>,
     conns: Vec<ConnSlot>,
+    /// Userspace TCP/IP stacks whose links the connections use, polled every pass.
+    stacks: Vec<SmolStack>,
     rx: Vec<u8>,
     next_pd: u32,
     next_qp: u32,
@@ -66,6 +71,7 @@ impl EngineCore {
             table: TaggedBufferTable::new(max_regions),
             registry,
             conns: Vec::new(),
+            stacks: Vec::new(),
             rx: vec![0; RX_CHUNK],
             next_pd: 1,
             next_qp: 1,
@@ -94,6 +100,41 @@ impl EngineCore {
 
     pub(crate) fn connections(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Adds a smoltcp stack to the ones polled every pass (once: a stack already attached is
+    /// left as is). Its frame descriptor wakes an engine waiting in `mio::Poll`.
+    pub(crate) fn attach_stack(&mut self, stack: &SmolStack) -> bool {
+        let fd = stack.raw_fd();
+        if self.stacks.iter().any(|s| s.raw_fd() == fd) {
+            return false;
+        }
+        if let Some(r) = &self.registry {
+            let token = mio::Token(STACK_TOKEN_BASE - self.stacks.len());
+            let _ = r.register(&mut mio::unix::SourceFd(&fd), token, mio::Interest::READABLE);
+        }
+        self.stacks.push(stack.clone());
+        true
+    }
+
+    /// Stacks attached.
+    pub(crate) fn stacks(&self) -> &[SmolStack] {
+        &self.stacks
+    }
+
+    /// How long the engine may sleep before a stack's timer (retransmission, delayed ACK) is
+    /// due; `None` when no stack has one pending.
+    pub(crate) fn stack_delay(&self) -> Option<std::time::Duration> {
+        let now = iwarp_netdev::smoltcp::time::Instant::now();
+        self.stacks.iter().filter_map(|s| s.poll_delay(now)).min()
+    }
+
+    fn poll_stacks(&self) -> bool {
+        let mut work = false;
+        for stack in &self.stacks {
+            work |= stack.poll_now();
+        }
+        work
     }
 
     /// Hands a connected link and its queue pair to the engine.
@@ -149,8 +190,9 @@ impl EngineCore {
 
     /// One pass over every connection; whether anything happened.
     pub(crate) fn progress(&mut self) -> bool {
+        // Frames received reach the sockets before the connections read them...
+        let mut work = self.poll_stacks();
         let EngineCore { table, conns, rx, registry, .. } = self;
-        let mut work = false;
         for slot in conns.iter_mut() {
             work |= pass(slot, table, rx);
         }
@@ -168,6 +210,10 @@ impl EngineCore {
             }
             keep
         });
+        // ... and what they wrote leaves now rather than at the next pass.
+        if !self.stacks.is_empty() {
+            work |= self.poll_stacks();
+        }
         work
     }
 }

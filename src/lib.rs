@@ -60,7 +60,7 @@ mod engine;
 mod mr;
 mod qp;
 
-pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener};
+pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener, SmolCmListener};
 pub use cq::{CompletionQueue, NextCompletion, WorkCompletion};
 pub use device::{Device, DeviceConfig, PollMode};
 pub use iwarp_ddp::STag;
