@@ -188,6 +188,11 @@ for f in "$R"/usr/bin/* "$R"/usr/lib/x86_64-linux-gnu/libibverbs/*.so; do
     { readelf -d "$f" >/dev/null 2>&1 || continue; }
   copy_deps "$f"
 done
+# glibc dlopens libgcc_s for pthread_exit/cancellation (ldd does not show it): rping -P aborts
+# without it ("libgcc_s.so.1 must be installed for pthread_exit to work")
+cp -L "$U/lib/x86_64-linux-gnu/libgcc_s.so.1" "$R/usr/lib/x86_64-linux-gnu/" 2>/dev/null \
+  || cp -L "$U/usr/lib/x86_64-linux-gnu/libgcc_s.so.1" "$R/usr/lib/x86_64-linux-gnu/" \
+  || die "libgcc_s.so.1 not found in libgcc-s1"
 # the loader finds libraries under /usr/lib/x86_64-linux-gnu (merged /usr); keep /lib a link
 rmdir "$R/lib/x86_64-linux-gnu" 2>/dev/null || true
 rm -rf "$R/lib"; ln -s usr/lib "$R/lib"

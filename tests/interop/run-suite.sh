@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The siw interop suite: this stack's `iwarp rping` against Linux soft-iWARP (siw) running in a
+# qemu guest on a tap in a private network namespace, both directions, several siw settings.
+# Each guest boot runs one siw configuration; per case it checks the exit statuses and output
+# of both sides, and the capture of the guest NIC with `iwarp dissect` and (when installable)
+# tshark. Prints one PASS/FAIL line per case and exits non-zero when any case failed or when
+# the harness could not run (no qemu, no tap, no namespace): it never skips silently.
+#
+# Environment: IWARP_BIN (default: cargo build --release), IWARP_INTEROP_CACHE (image cache),
+# IWARP_INTEROP_OUT (logs and captures; default target/interop), IWARP_INTEROP_TIMEOUT (whole
+# suite, default 900 s), IWARP_INTEROP_CONFIGS (default "stock crc p2p rev1").
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+T0=$SECONDS
+SUITE_TIMEOUT="${IWARP_INTEROP_TIMEOUT:-900}"
+CONFIGS="${IWARP_INTEROP_CONFIGS:-stock crc p2p rev1}"
+OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop}"
+rm -rf "$OUT"; mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
+FAILS=0
+
+# whole-suite watchdog: TERM ourselves (the trap cleans up) when over time
+( sleep "$SUITE_TIMEOUT"; echo "[interop] suite timeout ($SUITE_TIMEOUT s)" >&2; kill -TERM $$ ) \
+  > /dev/null 2>&1 &
+WATCHDOG=$!
+IW_BG_PIDS+=("$WATCHDOG")
+
+[ "$(id -u)" = 0 ] || iw_die "the interop suite needs root (apt-get, network namespace, tap)"
+
+iw_log "guest image"
+IW_IMG="$(bash "$HERE/build-guest.sh" | tail -1)" || iw_die "guest image build failed"
+[ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+iw_log "image: $IW_IMG ($((SECONDS - T0)) s)"
+
+if [ -z "${IWARP_BIN:-}" ]; then
+  iw_log "cargo build --release --bin iwarp"
+  (cd "$ROOT" && timeout 900 cargo build --release --locked --quiet --bin iwarp) \
+    || iw_die "cargo build of iwarp failed"
+  IWARP_BIN="$ROOT/target/release/iwarp"
+fi
+[ -x "$IWARP_BIN" ] || iw_die "IWARP_BIN=$IWARP_BIN is not executable"
+
+TSHARK=""
+if command -v tshark > /dev/null; then
+  TSHARK=tshark
+else
+  iw_log "installing tshark (capture check)"
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections || true
+  if DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends tshark \
+      > "$OUT/tshark-install.log" 2>&1; then
+    TSHARK=tshark
+  else
+    iw_log "NOTE: tshark could not be installed; captures are checked with iwarp dissect only"
+    echo "NOTE tshark unavailable: captures checked with iwarp dissect only" >> "$SUMMARY"
+  fi
+fi
+
+iw_setup_ns
+iw_log "namespace $IW_NS, tap $IW_TAP, host $IW_HOST_IP, guest $IW_GUEST_IP"
+
+result() { # PASS|FAIL name detail
+  printf '%-4s %-22s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY" >&2
+  [ "$1" = PASS ] || FAILS=$((FAILS + 1))
+}
+
+# Per-port capture check: tshark decodes with no malformed frame; with CRC expected, every FPDU
+# of the connection says "Good CRC32". Prints a short verdict, returns 1 on a problem.
+check_capture_port() { # pcap port crc(on|off|any)
+  local pcap="$1" port="$2" crc="$3" n_fpdu n_good n_bad n_mal txt
+  [ -n "$TSHARK" ] || { echo "tshark n/a"; return 0; }
+  txt="$(tshark -r "$pcap" -Y "tcp.port == $port && iwarp_mpa" -O iwarp_mpa 2>/dev/null)" || true
+  n_fpdu="$(grep -c 'ULPDU length:' <<<"$txt" || true)"
+  n_good="$(grep -c 'Good CRC32' <<<"$txt" || true)"
+  n_bad="$(grep -ciE 'Bad CRC' <<<"$txt" || true)"
+  n_mal="$(tshark -r "$pcap" -Y "tcp.port == $port && _ws.malformed" 2>/dev/null | wc -l)"
+  echo "tshark: $n_fpdu FPDUs, $n_good Good CRC32, $n_bad bad, $n_mal malformed"
+  [ "$n_mal" = 0 ] && [ "$n_bad" = 0 ] || return 1
+  case "$crc" in
+    on) [ "$n_fpdu" -gt 0 ] && [ "$n_good" = "$n_fpdu" ] || return 1 ;;
+    off) [ "$n_good" = 0 ] || return 1 ;;
+  esac
+  return 0
+}
+
+# One guest boot = one siw configuration.
+#   HOST_CASES: "name:port:expect:crc:flags" (host iwarp rping -c against guest rping -s)
+#   GUEST_CASES: "name:port:expect:crc:size" (guest rping -c against host iwarp rping -s)
+#   expect: ok | reject | fail
+run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES"
+  local cfg="$1" siw="$2" siwopts="$3" hcases="$4" gcases="$5"
+  local dir="$OUT/$cfg" c name port expect crc rest gcmd="" pid rc t1=$SECONDS
+  mkdir -p "$dir"
+  iw_log "=== $cfg (siw $siw ${siwopts:-defaults})"
+  # guest: one non-persistent rping server per host case, then (after "go") the client cases
+  for c in $hcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    gcmd+="(rping -s -a 0.0.0.0 -p $port -S 65535 -v > /tmp/s$port 2>&1; echo SERVER-RC $port=\$? >> /tmp/s$port) & "
+  done
+  gcmd+="sleep 1; echo IWARP-READY; nc -l -p 7000 > /dev/null; "
+  for c in $gcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    gcmd+="timeout 120 rping -c -a $IW_HOST_IP -p $port -C 10 -V -v -S $rest > /tmp/c 2>&1; echo CASE-RC $name=\$?; echo CASE-PINGS $name=\$(grep -c 'ping data: rdma-ping-' /tmp/c); grep -v 'ping data' /tmp/c | tail -5; "
+  done
+  gcmd+="sleep 1; for f in /tmp/s*; do p=\${f#/tmp/s}; echo SERVER-PINGS \$p=\$(grep -c 'server ping data: rdma-ping-' \$f); grep -v 'ping data' \$f | tail -5 | sed \"s/^/[srv \$p] /\"; done; echo IWARP-CASES-DONE"
+  # host servers for the guest's clients (one connection each, bounded)
+  declare -A hpid=()
+  for c in $gcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    iw_ns_bg 400 "$dir/$name.host.log" "$IWARP_BIN" rping -s -a "$IW_HOST_IP" -p "$port" \
+      -S 65536 -v --timeout 60
+    hpid[$name]=$IW_BG_PID
+  done
+  local opts=(--siw "$siw" --max 400 --pcap "$dir/guest-nic.pcap" --cmd "$gcmd")
+  [ -n "$siwopts" ] && opts+=(--siwopts "$siwopts")
+  iw_boot "$dir" "${opts[@]}"
+  if ! iw_wait_marker IWARP-READY 90; then
+    cat "$IW_SERIAL" > "$dir/serial.txt" 2>/dev/null || true
+    result FAIL "$cfg/boot" "guest did not come up (see $dir/serial.log)"
+    iw_stop_guest
+    return 0
+  fi
+  iw_log "$cfg: guest up after $((SECONDS - t1)) s"
+  # host clients, one after the other
+  declare -A hrc=()
+  for c in $hcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    rc=0 rest="${rest//_/ }"
+    # shellcheck disable=SC2086
+    iw_ns timeout -k 2 90 "$IWARP_BIN" rping -c -a "$IW_GUEST_IP" -p "$port" -C 10 -V -v \
+      --first-fpdu-delay 10 --timeout 30 $rest > "$dir/$name.host.log" 2>&1 || rc=$?
+    hrc[$name]=$rc
+  done
+  # tell the guest to run its clients
+  local i
+  for i in $(seq 1 50); do
+    iw_ns bash -c "exec 3<>/dev/tcp/$IW_GUEST_IP/7000" 2>/dev/null && break
+    sleep 0.2
+  done
+  iw_wait_exit 300 || true
+  for c in $gcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    pid="${hpid[$name]}"
+    # a server that saw no client is still waiting: stop it (by PID)
+    sleep 0.2
+    kill -0 "$pid" 2>/dev/null && kill "$pid" 2>/dev/null
+    rc=0; wait "$pid" 2>/dev/null || rc=$?
+    hrc[$name]=$rc
+  done
+  local serial="$dir/serial.log"
+  iw_log "$cfg: guest exit ${IW_GUEST_RC:-none} after $((SECONDS - t1)) s"
+  # iwarp dissect over the whole capture: no protocol violation
+  local dis_rc=0
+  "$IWARP_BIN" dissect "$dir/guest-nic.pcap" > "$dir/dissect.txt" 2> "$dir/dissect.err" || dis_rc=$?
+  if [ "$dis_rc" = 0 ]; then
+    result PASS "$cfg/dissect" "$(tail -1 "$dir/dissect.txt")"
+  else
+    result FAIL "$cfg/dissect" "exit $dis_rc: $(tail -1 "$dir/dissect.err") $(tail -1 "$dir/dissect.txt")"
+  fi
+  [ -n "$IW_GUEST_RC" ] || result FAIL "$cfg/guest" "no exit marker (timeout), see $serial"
+  # verdicts
+  local why cap srv_rc pings
+  for c in $hcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    rc="${hrc[$name]}" why=""
+    srv_rc="$(grep -aoE "SERVER-RC $port=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
+    pings="$(grep -aoE "SERVER-PINGS $port=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
+    case "$expect" in
+      ok)
+        [ "$rc" = 0 ] || why+="host client exit $rc: $(tail -1 "$dir/$name.host.log"); "
+        grep -q "ping data: rdma-ping-9:" "$dir/$name.host.log" || why+="host printed no 10th ping; "
+        [ "$srv_rc" = 0 ] || why+="siw rping -s exit '${srv_rc}'; "
+        [ "$pings" = 10 ] || why+="siw server saw $pings pings; "
+        ;;
+      reject)
+        [ "$rc" = 1 ] || why+="host client exit $rc (want 1); "
+        grep -qi "reject" "$dir/$name.host.log" || why+="no rejection reported: $(tail -1 "$dir/$name.host.log"); "
+        ;;
+    esac
+    cap="$(check_capture_port "$dir/guest-nic.pcap" "$port" "$crc")" || why+="capture: $cap; "
+    if [ -z "$why" ]; then
+      result PASS "$cfg/$name" "iwarp -c -> siw -s, expect $expect, crc $crc; $cap"
+    else
+      result FAIL "$cfg/$name" "$why"
+    fi
+  done
+  for c in $gcases; do
+    IFS=: read -r name port expect crc rest <<<"$c"
+    rc="$(grep -aoE "CASE-RC $name=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
+    pings="$(grep -aoE "CASE-PINGS $name=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
+    why=""
+    case "$expect" in
+      ok)
+        [ "$rc" = 0 ] || why+="siw rping -c exit '$rc'; "
+        [ "$pings" = 10 ] || why+="siw rping -c printed $pings pings; "
+        [ "${hrc[$name]}" = 0 ] || why+="host server exit ${hrc[$name]}: $(tail -1 "$dir/$name.host.log"); "
+        pings="$(grep -ac "server ping data: rdma-ping-" "$dir/$name.host.log" || true)"
+        [ "$pings" = 10 ] || why+="host server printed $pings pings; "
+        ;;
+      *) ;;
+    esac
+    cap="$(check_capture_port "$dir/guest-nic.pcap" "$port" "$crc")" || why+="capture: $cap; "
+    if [ -z "$why" ]; then
+      result PASS "$cfg/$name" "siw -c -> iwarp -s, expect $expect, crc $crc; $cap"
+    else
+      result FAIL "$cfg/$name" "$why"
+    fi
+  done
+  iw_log "$cfg: done in $((SECONDS - t1)) s"
+}
+
+for cfg in $CONFIGS; do
+  case "$cfg" in
+    stock)
+      run_config stock stock "" \
+        "a-64:7201:ok:off: a-65535:7202:ok:off:-S_65535 a-crc:7203:ok:on:--crc a-markers:7204:reject:any:--markers" \
+        "b-64:7301:ok:off:64 b-65535:7302:ok:off:65535" ;;
+    crc)
+      run_config crc param "mpa_crc_required=1" \
+        "a-64:7211:ok:any: a-crc:7212:ok:on:--crc" \
+        "b-64:7311:ok:on:64 b-65535:7312:ok:on:65535" ;;
+    p2p)
+      run_config p2p param "peer_to_peer=1" \
+        "a-64:7221:ok:off:" \
+        "b-64:7321:ok:off:64 b-65535:7322:ok:off:65535" ;;
+    rev1)
+      run_config rev1 param "mpa_version=1" \
+        "a-64:7231:ok:off:" \
+        "b-64:7331:ok:off:64" ;;
+    *) iw_die "unknown configuration $cfg" ;;
+  esac
+done
+
+echo >&2
+cat "$SUMMARY" >&2
+iw_log "suite finished in $((SECONDS - T0)) s, $FAILS failure(s); logs and captures in $OUT"
+[ "$FAILS" = 0 ] || exit 1
