@@ -10,6 +10,7 @@ mod bench;
 mod dissect;
 mod perftest;
 mod rping;
+mod transport;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
 #[derive(Debug, Parser)]

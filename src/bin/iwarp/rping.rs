@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::transport::AnyListener;
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
-    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, Listener, MemoryRegion,
-    ProtectionDomain, QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
+    QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Exit status of a failed run (connection refused or rejected, Terminate, timeout, data
@@ -114,6 +114,8 @@ pub(crate) struct Args {
     /// Server: give up when no connection arrives within SECS (default: wait forever).
     #[arg(long, value_name = "SECS")]
     accept_timeout: Option<u64>,
+    #[command(flatten)]
+    transport: crate::transport::TransportArgs,
 }
 
 /// Runs the subcommand and returns the exit status.
@@ -262,6 +264,27 @@ fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
         max_recv_wr: 2,
         first_fpdu_delay: Duration::from_millis(args.first_fpdu_delay),
         ..ConnectOptions::default()
+    }
+}
+
+/// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
+fn open_stack(args: &Args) -> Result<Option<iwarp::netdev::SmolStack>, Fail> {
+    let Some((dev, config)) = args.transport.check().map_err(Fail::Usage)? else {
+        return Ok(None);
+    };
+    let stack = crate::transport::open_stack(&dev, config).map_err(Fail::Run)?;
+    if let Some(path) = &args.pcap {
+        crate::transport::capture(&stack, path).map_err(Fail::Usage)?;
+    }
+    Ok(Some(stack))
+}
+
+/// Flushes the frames a smoltcp stack recorded (`--pcap`).
+fn flush_stack_capture(stack: Option<&iwarp::netdev::SmolStack>) {
+    if let Some(stack) = stack
+        && let Err(e) = stack.flush_capture()
+    {
+        eprintln!("rping: writing the capture: {e}");
     }
 }
 
@@ -418,6 +441,7 @@ fn client(args: &Args) -> Result<(), Fail> {
     };
     let addr = resolve(host, args.port)?;
     let size = usize_of(args.size);
+    let stack = open_stack(args)?;
     let device = Device::open(DeviceConfig::default());
     let pd = device.alloc_pd();
     let cq = device.create_cq(32);
@@ -425,11 +449,13 @@ fn client(args: &Args) -> Result<(), Fail> {
     let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
     let start_mr = register(&pd, size, BUF_ACCESS)?;
     let rdma_mr = register(&pd, size, BUF_ACCESS)?;
-    let capture = open_capture(args)?;
+    let capture = if stack.is_some() { None } else { open_capture(args)? };
     let opts = connect_options(args, capture.as_ref());
-    let connected = device
-        .connect(addr, &pd, &cq, &cq, &opts)
-        .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
+    let connected = match &stack {
+        Some(stack) => device.connect_smol(stack, addr, &pd, &cq, &cq, &opts),
+        None => device.connect(addr, &pd, &cq, &cq, &opts),
+    }
+    .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
     let mut conn = Conn {
         qp: connected.qp,
         cq,
@@ -450,6 +476,7 @@ fn client(args: &Args) -> Result<(), Fail> {
     }
     let result = client_pings(args, &mut conn, &start_mr, &rdma_mr, size);
     conn.close();
+    flush_stack_capture(stack.as_ref());
     if args.debug && result.is_ok() {
         eprintln!("rping: client done, disconnected");
     }
@@ -510,16 +537,22 @@ fn server(args: &Args) -> Result<(), Fail> {
         eprintln!("rping: -V has no effect on the server");
     }
     let host = args.addr.as_deref().unwrap_or("0.0.0.0");
-    let bind = resolve(host, args.port)?;
+    let stack = open_stack(args)?;
+    let bind = match &stack {
+        // smoltcp listens on the stack's own address.
+        Some(stack) => SocketAddr::from((stack.ip(), args.port)),
+        None => resolve(host, args.port)?,
+    };
     let device = Arc::new(Device::open(DeviceConfig::default()));
-    let listener =
-        device.listen(bind).map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
+    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+        .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     if args.debug {
-        let shown = listener.local_addr().map_or(bind, |a| a);
+        let shown = listener.local_addr().unwrap_or(bind);
         eprintln!("rping: listening on {shown}");
     }
+    let capture = if stack.is_some() { None } else { open_capture(args)? };
     let settings = Arc::new(ServerSettings {
-        opts: connect_options(args, open_capture(args)?.as_ref()),
+        opts: connect_options(args, capture.as_ref()),
         size: usize_of(args.size),
         verbose: args.verbose,
         debug: args.debug,
@@ -528,7 +561,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     let accept_deadline = args.accept_timeout.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
         let prepared = Prepared::new(&device, settings.size)?;
-        let req = accept_next(&listener, accept_deadline, args.debug)?;
+        let req = accept_next(&mut listener, accept_deadline, args.debug)?;
         let peer = req.peer_addr();
         let served = match accept_and_post(req, prepared, &settings) {
             Ok(served) => served,
@@ -548,8 +581,10 @@ fn server(args: &Args) -> Result<(), Fail> {
                 eprintln!("rping: cannot start a thread for {peer}: {e}");
             }
         } else {
-            return serve(served, peer, &settings)
-                .map_err(|m| Fail::Run(format!("connection from {peer}: {m}")));
+            let result =
+                serve(served, peer, &settings).map_err(|m| Fail::Run(format!("connection from {peer}: {m}")));
+            flush_stack_capture(stack.as_ref());
+            return result;
         }
     }
 }
@@ -568,7 +603,7 @@ fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) 
 /// Waits for the next well-formed connection request; handshakes that fail are reported and
 /// skipped.
 fn accept_next(
-    listener: &Listener,
+    listener: &mut AnyListener,
     deadline: Option<Instant>,
     debug: bool,
 ) -> Result<iwarp::ConnectRequest, Fail> {
