@@ -249,5 +249,9 @@ printf '%s' "$versions" > "$WORK/out/versions.txt"
 echo "script $script_hash" >> "$WORK/out/versions.txt"
 rm -rf "$IMG"
 mv "$WORK/out" "$IMG"
+# images of older package versions or older scripts are dead weight
+for old in "$CACHE"/img-*; do
+  [ "$old" = "$IMG" ] || rm -rf "$old"
+done
 log "done: $IMG ($(du -sh "$IMG" | cut -f1))"
 echo "$IMG"

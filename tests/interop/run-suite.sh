@@ -61,9 +61,29 @@ fi
 iw_setup_ns
 iw_log "namespace $IW_NS, tap $IW_TAP, host $IW_HOST_IP, guest $IW_GUEST_IP"
 
-result() { # PASS|FAIL name detail
-  printf '%-4s %-22s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY" >&2
-  [ "$1" = PASS ] || FAILS=$((FAILS + 1))
+result() { # PASS|FAIL|XFAIL name detail
+  printf '%-5s %-22s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY" >&2
+  case "$1" in PASS|XFAIL) ;; *) FAILS=$((FAILS + 1)) ;; esac
+}
+# Known stack bugs: "config/case" -> reason. Such a case is reported XFAIL when it fails, and
+# fails the suite (XPASS) once it passes, so that the entry gets removed.
+declare -A KNOWN_BUG=(
+  [p2p/b-64]="iwarp rping -s answers a peer-to-peer Request without P2P/RTR (Policy::peer_to_peer false); siw's initiator then sends Terminate LLP 0x07 (no matching RTR)"
+  [p2p/b-65535]="same as p2p/b-64"
+)
+verdict() { # cfg/name why detail
+  local id="$1" why="$2" detail="$3"
+  if [ -n "${KNOWN_BUG[$id]:-}" ]; then
+    if [ -n "$why" ]; then
+      result XFAIL "$id" "known bug: ${KNOWN_BUG[$id]} | $why"
+    else
+      result XPASS "$id" "passes now: remove it from KNOWN_BUG in run-suite.sh"
+    fi
+  elif [ -z "$why" ]; then
+    result PASS "$id" "$detail"
+  else
+    result FAIL "$id" "$why"
+  fi
 }
 
 # Per-port capture check: tshark decodes with no malformed frame; with CRC expected, every FPDU
@@ -89,8 +109,10 @@ check_capture_port() { # pcap port crc(on|off|any)
 #   HOST_CASES: "name:port:expect:crc:flags" (host iwarp rping -c against guest rping -s)
 #   GUEST_CASES: "name:port:expect:crc:size" (guest rping -c against host iwarp rping -s)
 #   expect: ok | reject | fail
-run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES"
-  local cfg="$1" siw="$2" siwopts="$3" hcases="$4" gcases="$5"
+#   SELF (optional): "rev1-self" runs siw rping against siw rping inside the guest (both on siw0)
+#   (the documented MPA rev 1 failure of siw itself, testdata/siw/README.md)
+run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
+  local cfg="$1" siw="$2" siwopts="$3" hcases="$4" gcases="$5" self="${6:-}"
   local dir="$OUT/$cfg" c name port expect crc rest gcmd="" pid rc t1=$SECONDS
   mkdir -p "$dir"
   iw_log "=== $cfg (siw $siw ${siwopts:-defaults})"
@@ -104,6 +126,9 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES"
     IFS=: read -r name port expect crc rest <<<"$c"
     gcmd+="timeout 120 rping -c -a $IW_HOST_IP -p $port -C 10 -V -v -S $rest > /tmp/c 2>&1; echo CASE-RC $name=\$?; echo CASE-PINGS $name=\$(grep -c 'ping data: rdma-ping-' /tmp/c); grep -v 'ping data' /tmp/c | tail -5; "
   done
+  if [ -n "$self" ]; then
+    gcmd+="(rping -s -a $IW_GUEST_IP -p 7400 -v > /tmp/ls 2>&1; echo LSRV-RC=\$? >> /tmp/ls) & sleep 1; timeout 30 rping -c -a $IW_GUEST_IP -p 7400 -C 3 -v > /tmp/lc 2>&1; echo LCLI-RC=\$?; sleep 2; sed 's/^/[lo-srv] /' /tmp/ls; sed 's/^/[lo-cli] /' /tmp/lc; "
+  fi
   gcmd+="sleep 1; for f in /tmp/s*; do p=\${f#/tmp/s}; echo SERVER-PINGS \$p=\$(grep -c 'server ping data: rdma-ping-' \$f); grep -v 'ping data' \$f | tail -5 | sed \"s/^/[srv \$p] /\"; done; echo IWARP-CASES-DONE"
   # host servers for the guest's clients (one connection each, bounded)
   declare -A hpid=()
@@ -180,11 +205,7 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES"
         ;;
     esac
     cap="$(check_capture_port "$dir/guest-nic.pcap" "$port" "$crc")" || why+="capture: $cap; "
-    if [ -z "$why" ]; then
-      result PASS "$cfg/$name" "iwarp -c -> siw -s, expect $expect, crc $crc; $cap"
-    else
-      result FAIL "$cfg/$name" "$why"
-    fi
+    verdict "$cfg/$name" "$why" "iwarp -c -> siw -s, expect $expect, crc $crc; $cap"
   done
   for c in $gcases; do
     IFS=: read -r name port expect crc rest <<<"$c"
@@ -202,12 +223,16 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES"
       *) ;;
     esac
     cap="$(check_capture_port "$dir/guest-nic.pcap" "$port" "$crc")" || why+="capture: $cap; "
-    if [ -z "$why" ]; then
-      result PASS "$cfg/$name" "siw -c -> iwarp -s, expect $expect, crc $crc; $cap"
-    else
-      result FAIL "$cfg/$name" "$why"
-    fi
+    verdict "$cfg/$name" "$why" "siw -c -> iwarp -s, expect $expect, crc $crc; $cap"
   done
+  if [ "$self" = rev1-self ]; then
+    why=""
+    grep -aq "^\[lo-srv\] .*post send error" "$serial" || why+="siw server did not fail with 'post send error'; "
+    grep -aq "^\[lo-srv\] LSRV-RC=" "$serial" || why+="siw server did not end; "
+    grep -aq "^LCLI-RC=0" "$serial" || why+="siw client exit $(grep -ao 'LCLI-RC=[0-9]*' "$serial"); "
+    grep -aq "^\[lo-cli\] ping data" "$serial" && why+="siw client completed a ping; "
+    verdict "$cfg/siw-self" "$why" "siw -c -> siw -s inside the guest, rev 1: server 'post send error' as documented"
+  fi
   iw_log "$cfg: done in $((SECONDS - t1)) s"
 }
 
@@ -219,7 +244,7 @@ for cfg in $CONFIGS; do
         "b-64:7301:ok:off:64 b-65535:7302:ok:off:65535" ;;
     crc)
       run_config crc param "mpa_crc_required=1" \
-        "a-64:7211:ok:any: a-crc:7212:ok:on:--crc" \
+        "a-64:7211:ok:off: a-crc:7212:ok:on:--crc" \
         "b-64:7311:ok:on:64 b-65535:7312:ok:on:65535" ;;
     p2p)
       run_config p2p param "peer_to_peer=1" \
@@ -228,7 +253,7 @@ for cfg in $CONFIGS; do
     rev1)
       run_config rev1 param "mpa_version=1" \
         "a-64:7231:ok:off:" \
-        "b-64:7331:ok:off:64" ;;
+        "b-64:7331:ok:off:64" rev1-self ;;
     *) iw_die "unknown configuration $cfg" ;;
   esac
 done
