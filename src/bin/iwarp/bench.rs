@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 mod raw;
 mod rdma;
+mod smolraw;
 
 /// Exit status when a measurement failed (a completion did not come, or came with an error).
 const EXIT_FAILED: u8 = 1;
@@ -26,6 +27,12 @@ const RATE_SIZE: usize = 64;
 
 /// Measure iWARP RDMA Write, RDMA Read and Send against raw TCP, server and client in one
 /// process over 127.0.0.1.
+///
+/// With `--transport smoltcp --iface A --peer-iface B --ip ADDR/P --peer-ip ADDR/P` (the two
+/// ends of a veth pair, no kernel addresses on them) client and server each run their own
+/// smoltcp stack on one end; the baseline is then smoltcp's raw TCP between the same two
+/// interfaces (a plain byte stream and an echo), and kernel TCP over 127.0.0.1 is measured
+/// for comparison. `--pcap` then records the client interface's real frames.
 ///
 /// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
 /// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
@@ -78,6 +85,14 @@ pub(crate) struct Args {
     /// No progress lines on stderr.
     #[arg(short, long)]
     quiet: bool,
+    #[command(flatten)]
+    transport: crate::transport::TransportArgs,
+    /// smoltcp: the server's interface (the other end of the --iface veth pair).
+    #[arg(long, value_name = "NAME")]
+    peer_iface: Option<String>,
+    /// smoltcp: the server stack's IPv4 address and prefix length.
+    #[arg(long, value_name = "ADDR/PREFIX", value_parser = crate::transport::parse_cidr)]
+    peer_ip: Option<(std::net::Ipv4Addr, u8)>,
 }
 
 /// An operation to measure.
@@ -264,6 +279,8 @@ struct Row {
     bw: Throughput,
     lat: Latency,
     raw: RawRow,
+    /// smoltcp runs: the kernel-TCP stream over 127.0.0.1, for comparison.
+    kernel: Option<Throughput>,
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -298,9 +315,59 @@ struct Report {
     negotiated: Option<rdma::Negotiated>,
 }
 
+/// The client's and the server's smoltcp stacks of `--transport smoltcp`.
+type Stacks = (iwarp::netdev::SmolStack, iwarp::netdev::SmolStack);
+
+/// Opens the two smoltcp stacks, or `None` for kernel TCP; `Err` is a one-line message and
+/// whether it is a usage error.
+fn open_stacks(args: &Args) -> Result<Option<Stacks>, (String, bool)> {
+    let Some((dev, config)) = args.transport.check().map_err(|m| (m, true))? else {
+        if args.peer_iface.is_some() || args.peer_ip.is_some() {
+            return Err(("--peer-iface and --peer-ip need --transport smoltcp".into(), true));
+        }
+        return Ok(None);
+    };
+    let crate::transport::Dev::Raw(_) = dev else {
+        return Err((
+            "bench over smoltcp needs two interfaces (a veth pair): --iface NAME --peer-iface NAME2, not --tap".into(),
+            true,
+        ));
+    };
+    let (Some(peer), Some((peer_ip, peer_prefix))) = (&args.peer_iface, args.peer_ip) else {
+        return Err((
+            "bench over smoltcp needs --peer-iface NAME and --peer-ip ADDR/PREFIX (the server's end)".into(),
+            true,
+        ));
+    };
+    if peer_ip == config.ip {
+        return Err((format!("--ip and --peer-ip are both {peer_ip}"), true));
+    }
+    let peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
+    let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
+    let server = crate::transport::open_stack(&crate::transport::Dev::Raw(peer.clone()), peer_config)
+        .map_err(|m| (m, false))?;
+    if let Some(path) = &args.pcap {
+        crate::transport::capture(&client, path).map_err(|m| (m, false))?;
+    }
+    Ok(Some((client, server)))
+}
+
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    match measure(args) {
+    let stacks = match open_stacks(args) {
+        Ok(s) => s,
+        Err((m, usage)) => {
+            eprintln!("error: bench: {m}");
+            return ExitCode::from(if usage { 2 } else { EXIT_FAILED });
+        }
+    };
+    let result = measure(args, stacks.as_ref());
+    if let Some((client, _)) = &stacks
+        && let Err(e) = client.flush_capture()
+    {
+        eprintln!("bench: writing the capture: {e}");
+    }
+    match result {
         Ok(report) => {
             let text = if args.json { json_report(args, &report) } else { text_report(args, &report) };
             let mut stdout = std::io::stdout().lock();
@@ -347,7 +414,7 @@ fn raw_busy(args: &Args) -> bool {
     matches!(args.poll, Poll::Busy | Poll::Inline)
 }
 
-fn measure(args: &Args) -> Result<Report, BenchError> {
+fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
     let progress = |line: String| {
         if !args.quiet {
@@ -361,15 +428,38 @@ fn measure(args: &Args) -> Result<Report, BenchError> {
     if !rate_row {
         raw_sizes.push(RATE_SIZE);
     }
+    let mut kernel_rows = BTreeMap::new();
     for &size in &raw_sizes {
-        let stream = raw::stream(size, &budget)?;
-        let ping_pong = if sizes.contains(&size) {
-            raw::ping_pong(size, &budget, raw_busy(args))?
-        } else {
-            Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+        let (stream, ping_pong) = match stacks {
+            Some((client, server)) => {
+                let kernel = raw::stream(size, &budget)?;
+                progress(format!(
+                    "kernel TCP (127.0.0.1) {:>5}: {:8.3} GB/s",
+                    show_size(size),
+                    kernel.gbyte_s()
+                ));
+                kernel_rows.insert(size, kernel);
+                let stream = smolraw::stream(client, server, size, &budget)?;
+                let ping_pong = if sizes.contains(&size) {
+                    smolraw::ping_pong(client, server, size, &budget)?
+                } else {
+                    Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+                };
+                (stream, ping_pong)
+            }
+            None => {
+                let stream = raw::stream(size, &budget)?;
+                let ping_pong = if sizes.contains(&size) {
+                    raw::ping_pong(size, &budget, raw_busy(args))?
+                } else {
+                    Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+                };
+                (stream, ping_pong)
+            }
         };
         progress(format!(
-            "raw TCP {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  ping-pong p50 {:.1} us",
+            "{} {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  ping-pong p50 {:.1} us",
+            if stacks.is_some() { "smoltcp raw TCP" } else { "raw TCP" },
             show_size(size),
             stream.gbyte_s(),
             stream.mmsg_s(),
@@ -392,6 +482,7 @@ fn measure(args: &Args) -> Result<Report, BenchError> {
             ),
             None => None,
         },
+        smol: stacks.cloned(),
     };
     let mut bench = rdma::Bench::open(cfg)?;
     let negotiated = bench.negotiated();
@@ -404,7 +495,7 @@ fn measure(args: &Args) -> Result<Report, BenchError> {
                 .get(&size)
                 .copied()
                 .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
-            let row = Row { op, size, bw, lat, raw };
+            let row = Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied() };
             progress(format!(
                 "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw)",
                 op.name(),
@@ -448,9 +539,14 @@ fn config_line(args: &Args, report: &Report) -> String {
         Some(n) => format!(" (negotiated: CRC {}, rev {}, ORD {})", on_off(n.crc), n.revision, n.ord),
         None => String::new(),
     };
+    let path = match (&args.transport.iface, &args.peer_iface) {
+        (Some(a), Some(b)) if args.transport.smoltcp() => format!("smoltcp on {a} <-> {b}"),
+        _ => "127.0.0.1".to_string(),
+    };
+    let raw_kind = if args.transport.smoltcp() { "smoltcp raw TCP" } else { "raw TCP" };
     format!(
-        "iwarp bench: 127.0.0.1, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
-         raw TCP: length-prefixed stream; {} ping-pong. Latency is the round trip.\n",
+        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
+         {raw_kind}: length-prefixed stream; {} ping-pong. Latency is the round trip.\n",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -498,6 +594,22 @@ fn text_report(args: &Args, report: &Report) -> String {
             ));
         }
     }
+    if report.rows.iter().any(|r| r.kernel.is_some()) {
+        out.push_str("\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and kernel TCP over 127.0.0.1\n");
+        for r in report.rows.iter().filter(|r| r.kernel.is_some()) {
+            let kernel = r.kernel.map_or(0.0, |k| k.gbyte_s());
+            out.push_str(&format!(
+                "{:<5} {:>6}: iwarp {:.3} GB/s, smoltcp raw {:.3} GB/s, ratio {:.2}; kernel TCP {:.3} GB/s, iwarp/kernel {:.2}\n",
+                r.op.name(),
+                show_size(r.size),
+                r.bw.gbyte_s(),
+                r.raw.stream.gbyte_s(),
+                r.bw_ratio(),
+                kernel,
+                ratio(r.bw.gbyte_s(), kernel)
+            ));
+        }
+    }
     let rate = report.rate;
     out.push_str(&format!(
         "\n64 B message rate: iwarp send {:.3} Mmsg/s, raw TCP stream {:.3} Mmsg/s, ratio {:.2}\n",
@@ -527,6 +639,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "size": r.size,
                 "iwarp": iwarp,
                 "raw": raw,
+                "kernel_tcp": r.kernel.map(|k| k.to_json()),
                 "ratio": {
                     "bandwidth": r.bw_ratio(),
                     "msg_rate": r.rate_ratio(),
@@ -544,6 +657,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "crc": args.crc == OnOff::On,
             "mpa_revision": args.mpa_rev,
             "poll": args.poll.name(),
+            "transport": if args.transport.smoltcp() { "smoltcp" } else { "kernel" },
             "qps": args.qps,
             "window": args.window,
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },

@@ -1292,3 +1292,73 @@ fn smoltcp_flags_errors_are_one_clear_line() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+#[test]
+fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
+    let ns = SmolNetns::new("bench");
+    let child = ns
+        .iwarp(&[
+            "bench",
+            "--transport",
+            "smoltcp",
+            "--iface",
+            "va",
+            "--peer-iface",
+            "vb",
+            "--ip",
+            "10.82.0.1/24",
+            "--peer-ip",
+            "10.82.0.2/24",
+            "--ops",
+            "write,send",
+            "--sizes",
+            "64,64k",
+            "--iters",
+            "20",
+            "--json",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(child, std::time::Duration::from_secs(120), "bench over smoltcp");
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["config"]["transport"], "smoltcp");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert!(r["iwarp"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["raw"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["kernel_tcp"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+#[test]
+fn bench_smoltcp_flag_errors() {
+    let o = iwarp(&["bench", "--transport", "smoltcp", "--iface", "va", "--ip", "10.82.0.1/24"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--peer-iface"), "{}", stderr(&o));
+    let o = iwarp(&["bench", "--transport", "smoltcp", "--tap", "tp0", "--ip", "10.82.0.1/24"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("two interfaces"), "{}", stderr(&o));
+    let o = iwarp(&[
+        "bench",
+        "--transport",
+        "smoltcp",
+        "--iface",
+        "iwnosuch8",
+        "--peer-iface",
+        "iwnosuch9",
+        "--ip",
+        "10.82.0.1/24",
+        "--peer-ip",
+        "10.82.0.2/24",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("iwnosuch8"), "{}", stderr(&o));
+    let o = iwarp(&["bench", "--peer-iface", "vb"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -18,6 +18,8 @@ use super::{BenchError, Budget, Latency, Op, Throughput};
 
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);
+/// The iWARP listener's port on the server's smoltcp stack.
+const SMOL_PORT: u16 = 7290;
 
 /// Busy-wait turns before a busy wait starts yielding the core (some tens of microseconds).
 const SPINS_BEFORE_YIELD: u32 = 20_000;
@@ -50,6 +52,8 @@ pub(super) struct Config {
     pub(super) max_size: usize,
     /// Where to record the connections, if anywhere.
     pub(super) pcap: Option<std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>>,
+    /// smoltcp: the client's and the server's stacks (else kernel TCP over 127.0.0.1).
+    pub(super) smol: Option<(iwarp::netdev::SmolStack, iwarp::netdev::SmolStack)>,
 }
 
 /// One connection: both ends, and the receives posted on each.
@@ -124,9 +128,14 @@ impl Bench {
             capture: cfg.pcap.clone(),
             ..ConnectOptions::default()
         };
-        let listener = device.listen("127.0.0.1:0".parse().map_err(|_| BenchError("bad address".into()))?);
-        let listener = listener.map_err(cm_err("listen on 127.0.0.1"))?;
-        let addr = listener.local_addr().map_err(|e| BenchError(format!("listen on 127.0.0.1: {e}")))?;
+        let bind = match &cfg.smol {
+            Some((_, server)) => std::net::SocketAddr::from((server.ip(), SMOL_PORT)),
+            None => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let mut listener =
+            crate::transport::AnyListener::listen(&device, cfg.smol.as_ref().map(|s| &s.1), bind)
+                .map_err(cm_err("listen"))?;
+        let addr = listener.local_addr().ok_or_else(|| BenchError("listen: no local address".into()))?;
         let server = {
             // The client end records the connection; recording both ends would show it twice.
             let server_opts = ConnectOptions { capture: None, ..opts.clone() };
@@ -145,7 +154,11 @@ impl Bench {
         };
         let mut clients = Vec::with_capacity(cfg.qps);
         for _ in 0..cfg.qps {
-            match device.connect(addr, &pd, &cq, &cq, &opts) {
+            let connected = match &cfg.smol {
+                Some((client, _)) => device.connect_smol(client, addr, &pd, &cq, &cq, &opts),
+                None => device.connect(addr, &pd, &cq, &cq, &opts),
+            };
+            match connected {
                 Ok(c) => clients.push(c.qp),
                 Err(e) => {
                     // The accepting thread gives up on its own after its timeout.
