@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::netdev::PcapWriter;
 use iwarp::{
-    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, Listener, MemoryRegion,
-    ProtectionDomain, QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
+    QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use wire::{KeyRecord, Report};
@@ -148,6 +147,8 @@ pub(crate) struct Args {
     /// Record both connections into this pcap file (readable by tshark and `iwarp dissect`).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    #[command(flatten)]
+    transport: crate::transport::TransportArgs,
 }
 
 /// Why a run failed.
@@ -322,8 +323,50 @@ fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryR
 const DATA_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
 
 type Capture = Arc<Mutex<PcapWriter>>;
+use crate::transport::AnyListener;
+use iwarp::netdev::SmolStack;
+
+/// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
+fn open_stack(args: &Args) -> Result<Option<SmolStack>, Fail> {
+    let Some((dev, config)) = args.transport.check().map_err(Fail::Usage)? else {
+        return Ok(None);
+    };
+    let stack = crate::transport::open_stack(&dev, config).map_err(Fail::Run)?;
+    if let Some(path) = &args.pcap {
+        crate::transport::capture(&stack, path).map_err(Fail::Run)?;
+    }
+    Ok(Some(stack))
+}
+
+/// Flushes the frames a smoltcp stack recorded (`--pcap`).
+fn flush_stack_capture(stack: Option<&SmolStack>) {
+    if let Some(stack) = stack
+        && let Err(e) = stack.flush_capture()
+    {
+        eprintln!("perftest: cannot write the capture: {}", io_message(&e));
+    }
+}
+
+/// Connects over the kernel's TCP or the smoltcp stack.
+fn connect_any(
+    device: &Device,
+    stack: Option<&SmolStack>,
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Result<iwarp::Connected, CmError> {
+    match stack {
+        Some(stack) => device.connect_smol(stack, addr, pd, cq, cq, opts),
+        None => device.connect(addr, pd, cq, cq, opts),
+    }
+}
 
 fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
+    if args.transport.smoltcp() {
+        // The stack records the real frames instead.
+        return Ok(None);
+    }
     match &args.pcap {
         Some(path) => PcapWriter::create(path)
             .map(|w| Some(w.shared()))
@@ -1104,13 +1147,21 @@ fn client(args: &Args, host: &str) -> Result<(), Fail> {
     }
     let p = Params::new(args);
     let addr = resolve(host, args.port)?;
+    let stack = open_stack(args)?;
     let capture = open_capture(args)?;
-    let result = client_run(args, &p, addr, capture.as_ref());
+    let result = client_run(args, &p, addr, capture.as_ref(), stack.as_ref());
     flush_capture(capture.as_ref());
+    flush_stack_capture(stack.as_ref());
     result
 }
 
-fn client_run(args: &Args, p: &Params, addr: SocketAddr, capture: Option<&Capture>) -> Result<(), Fail> {
+fn client_run(
+    args: &Args,
+    p: &Params,
+    addr: SocketAddr,
+    capture: Option<&Capture>,
+    stack: Option<&SmolStack>,
+) -> Result<(), Fail> {
     let device = Device::open(DeviceConfig::default());
     let pd = device.alloc_pd();
     let bufs = CtrlBufs::new(&device, &pd)?;
@@ -1118,11 +1169,10 @@ fn client_run(args: &Args, p: &Params, addr: SocketAddr, capture: Option<&Captur
     opts.max_send_wr = 2;
     opts.max_recv_wr = 2;
     opts.recv = vec![bufs.first_recv()];
-    let connected = device
-        .connect(addr, &pd, &bufs.cq, &bufs.cq, &opts)
+    let connected = connect_any(&device, stack, addr, &pd, &bufs.cq, &opts)
         .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
     let mut ctrl = bufs.into_ctrl(connected.qp, p.timeout, false);
-    let result = client_session(args, p, addr, &device, &pd, &mut ctrl, capture);
+    let result = client_session(args, p, addr, &device, &pd, &mut ctrl, capture, stack);
     if result.is_ok() {
         // The server closes the control connection after the data connection.
         wait_closed(&ctrl.qp, Duration::from_secs(2));
@@ -1139,6 +1189,7 @@ fn client_session(
     pd: &ProtectionDomain,
     ctrl: &mut Ctrl,
     capture: Option<&Capture>,
+    stack: Option<&SmolStack>,
 ) -> Result<(), Fail> {
     if p.test == Test::Write {
         // ib_write_bw sleeps a second once the control connection is up.
@@ -1147,7 +1198,7 @@ fn client_session(
     let agreed = ctrl.part_a()?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
-    let qp = device.connect(addr, pd, &bufs.cq, &bufs.cq, &opts).map_err(|e| {
+    let qp = connect_any(device, stack, addr, pd, &bufs.cq, &opts).map_err(|e| {
         Fail::Run(format!("cannot connect the data connection to {addr}: {}", cm_message(&e)))
     })?;
     let data = bufs.into_data(qp.qp);
@@ -1190,21 +1241,27 @@ fn server(args: &Args) -> Result<(), Fail> {
     }
     let p = Params::new(args);
     let host = args.bind.as_deref().unwrap_or("0.0.0.0");
-    let bind = resolve(host, args.port)?;
+    let stack = open_stack(args)?;
+    let bind = match &stack {
+        // smoltcp listens on the stack's own address.
+        Some(stack) => SocketAddr::from((stack.ip(), args.port)),
+        None => resolve(host, args.port)?,
+    };
     let capture = open_capture(args)?;
     let device = Device::open(DeviceConfig::default());
-    let listener =
-        device.listen(bind).map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
+    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+        .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     println!();
     println!("************************************");
     println!("* Waiting for client to connect... *");
     println!("************************************");
-    let result = server_run(args, &p, &device, &listener, capture.as_ref());
+    let result = server_run(args, &p, &device, &mut listener, capture.as_ref());
     flush_capture(capture.as_ref());
+    flush_stack_capture(stack.as_ref());
     result
 }
 
-fn accept_next(listener: &Listener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
+fn accept_next(listener: &mut AnyListener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
     loop {
         let slice = match deadline {
             Some(d) => {
@@ -1228,7 +1285,7 @@ fn server_run(
     args: &Args,
     p: &Params,
     device: &Device,
-    listener: &Listener,
+    listener: &mut AnyListener,
     capture: Option<&Capture>,
 ) -> Result<(), Fail> {
     let pd = device.alloc_pd();
@@ -1257,7 +1314,7 @@ fn server_session(
     p: &Params,
     device: &Device,
     pd: &ProtectionDomain,
-    listener: &Listener,
+    listener: &mut AnyListener,
     ctrl: &mut Ctrl,
     capture: Option<&Capture>,
 ) -> Result<(), Fail> {

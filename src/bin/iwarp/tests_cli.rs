@@ -1362,3 +1362,60 @@ fn bench_smoltcp_flag_errors() {
     let o = iwarp(&["bench", "--peer-iface", "vb"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn perftest_over_smoltcp_on_a_veth_pair() {
+    use std::process::Stdio;
+    use std::time::Duration;
+    let ns = SmolNetns::new("perf");
+    for (i, test) in ["write", "read", "send"].into_iter().enumerate() {
+        let port = (7410 + i).to_string();
+        let server = ns
+            .iwarp(&[
+                "perftest",
+                test,
+                "-p",
+                &port,
+                "--transport",
+                "smoltcp",
+                "--iface",
+                "va",
+                "--ip",
+                "10.84.0.1/24",
+                "--accept-timeout",
+                "20",
+                "-n",
+                "100",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let client = ns
+            .iwarp(&[
+                "perftest",
+                test,
+                "10.84.0.1",
+                "-p",
+                &port,
+                "--transport",
+                "smoltcp",
+                "--iface",
+                "vb",
+                "--ip",
+                "10.84.0.2/24",
+                "-n",
+                "100",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let c = wait_bounded(client, Duration::from_secs(60), "perftest client");
+        let s = wait_bounded(server, Duration::from_secs(30), "perftest server");
+        assert!(c.status.success(), "{test} client: {}{}", stdout(&c), stderr(&c));
+        assert!(s.status.success(), "{test} server: {}{}", stdout(&s), stderr(&s));
+        assert!(stdout(&c).contains(" 65536      100"), "{test}: {}", stdout(&c));
+    }
+}
