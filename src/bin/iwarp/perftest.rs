@@ -1181,6 +1181,7 @@ fn client_run(
     result
 }
 
+#[expect(clippy::too_many_arguments, reason = "the client's session state, passed down once")]
 fn client_session(
     args: &Args,
     p: &Params,
