@@ -1,5 +1,6 @@
 //! `iwarp dissect FILE`: decode the MPA traffic of a capture.
 
+use crate::io_message;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,15 +69,6 @@ pub(crate) fn run(args: &Args) -> ExitCode {
             ExitCode::from(EXIT_VIOLATIONS)
         }
         None => ExitCode::SUCCESS,
-    }
-}
-
-/// The message of an I/O error without the "(os error N)" suffix.
-fn io_message(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
     }
 }
 

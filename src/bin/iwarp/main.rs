@@ -32,6 +32,23 @@ enum Command {
     Rping(rping::Args),
 }
 
+/// The message of an I/O error without its "(os error N)" suffix: what the commands print.
+pub(crate) fn io_message(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// A connection-manager error as the commands print it.
+pub(crate) fn cm_message(e: &iwarp::CmError) -> String {
+    match e {
+        iwarp::CmError::Io(io) => io_message(io),
+        e => e.to_string(),
+    }
+}
+
 /// Installs a `tracing` subscriber writing to stderr when `IWARP_LOG` is set (a filter such
 /// as `debug` or `iwarp=trace`); without it tracing stays off and costs nothing.
 fn init_logging() {

@@ -8,6 +8,7 @@
 
 mod wire;
 
+use crate::{cm_message, io_message};
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -282,21 +283,6 @@ fn random_bytes(len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
-}
-
-fn io_message(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
-}
-
-fn cm_message(e: &CmError) -> String {
-    match e {
-        CmError::Io(io) => io_message(io),
-        e => e.to_string(),
-    }
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr, Fail> {

@@ -6,6 +6,7 @@
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag
 //! u32, size u32, big-endian); go-aheads are 16 zero bytes.
 
+use crate::{cm_message, io_message};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
@@ -229,22 +230,6 @@ fn pattern(k: u64, size: usize) -> Vec<u8> {
 fn c_string(data: &[u8]) -> String {
     let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
     String::from_utf8_lossy(&data[..end]).into_owned()
-}
-
-/// The message of an I/O error without the "(os error N)" suffix.
-fn io_message(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
-}
-
-fn cm_message(e: &CmError) -> String {
-    match e {
-        CmError::Io(io) => io_message(io),
-        e => e.to_string(),
-    }
 }
 
 fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
