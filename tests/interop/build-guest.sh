@@ -195,7 +195,7 @@ cp -L "$U/lib/x86_64-linux-gnu/libgcc_s.so.1" "$R/usr/lib/x86_64-linux-gnu/" 2>/
   || die "libgcc_s.so.1 not found in libgcc-s1"
 # the loader finds libraries under /usr/lib/x86_64-linux-gnu (merged /usr); keep /lib a link
 rmdir "$R/lib/x86_64-linux-gnu" 2>/dev/null || true
-rm -rf "$R/lib"; ln -s usr/lib "$R/lib"
+rm -rf "${R:?}/lib"; ln -s usr/lib "$R/lib"
 [ -e "$R/lib64/ld-linux-x86-64.so.2" ] || cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
 # busybox applets for everything not provided otherwise
 for a in $("$R/bin/busybox" --list-full); do

@@ -56,7 +56,7 @@ while ! ibv_devices 2>/dev/null | grep -q siw0; do
 done
 echo "IWARP-GUEST-UP ip=$IP siw=$SIW opts=$SIWOPTS"
 if [ -n "$CMD" ]; then
-	cd /tmp
+	cd /tmp || true
 	sh -c "$CMD"
 	rc=$?
 else

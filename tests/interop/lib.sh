@@ -43,8 +43,7 @@ iw_stop_guest() {
   if [ -n "$IW_QEMU_PID" ]; then
     if kill -0 "$IW_QEMU_PID" 2>/dev/null; then
       kill "$IW_QEMU_PID" 2>/dev/null || true
-      local i
-      for i in 1 2 3 4 5 6 7 8 9 10; do
+      for _ in 1 2 3 4 5 6 7 8 9 10; do
         kill -0 "$IW_QEMU_PID" 2>/dev/null || break
         sleep 0.2
       done
@@ -150,8 +149,7 @@ iw_wait_exit() { # SECS
     sleep 0.1
   done
   # let qemu finish on its own (the guest reboots = qemu exits), then make sure
-  local i
-  for i in $(seq 1 20); do
+  for _ in $(seq 1 20); do
     kill -0 "$IW_QEMU_PID" 2>/dev/null || break
     sleep 0.1
   done
