@@ -16,7 +16,8 @@
 //! - IRD/ORD (RFC 6581): the responder's ORD is capped by the initiator's IRD and its IRD
 //!   answers the initiator's ORD; in relaxed mode (siw's default) each side lowers its ORD to
 //!   the peer's IRD instead of failing, otherwise a shortfall is "insufficient IRD" (LLP 0x06).
-//! - Peer-to-peer: the initiator offers RTR types; the responder picks one it accepts
+//! - Peer-to-peer: the initiator offers RTR types; the responder (whatever its own
+//!   `peer_to_peer` setting, which only makes an initiator offer) picks one it accepts
 //!   (Write, else Read, else Send, siw's order) or fails with "no matching RTR" (LLP 0x07).
 //!   The initiator always sends first: the RTR message when one was agreed, else its first
 //!   FPDU (RFC 5044 says the responder must not send before it has received one).
@@ -78,7 +79,9 @@ pub struct Policy {
     pub ord: u16,
     /// Lower ORD to what the peer's IRD allows instead of failing with insufficient IRD.
     pub relaxed_ird_ord: bool,
-    /// Peer-to-peer mode: as initiator offer RTR, as responder agree to it when asked.
+    /// Peer-to-peer mode as initiator: offer RTR in the Request. A responder always agrees to
+    /// peer-to-peer when the initiator asks for it (Linux siw's initiator terminates with "no
+    /// matching RTR" when the Reply leaves it out), picking one of [`Policy::rtr`].
     pub peer_to_peer: bool,
     /// RTR types offered (initiator) or accepted (responder).
     pub rtr: RtrTypes,
@@ -398,7 +401,7 @@ impl Policy {
 
     /// The responder's IRD/ORD word for the initiator's `peer` word, and the RTR chosen.
     fn answer_word(&self, peer: &IrdOrd) -> Result<(IrdOrd, Option<RtrType>), NegotiationError> {
-        let rtr = if peer.peer_to_peer && self.peer_to_peer {
+        let rtr = if peer.peer_to_peer {
             let common = peer.rtr.intersection(self.rtr);
             let chosen = RTR_PREFERENCE.into_iter().find(|t| common.intersection((*t).into()) == (*t).into());
             match chosen {

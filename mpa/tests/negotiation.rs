@@ -248,8 +248,9 @@ fn rtr_table() {
         (true, RtrTypes::ALL, true, RtrTypes::ALL, Ok(Some(RtrType::Write))),
         (true, s, true, wr, Err(LlpErrorCode::NoMatchingRtr)),
         (true, w, true, r, Err(LlpErrorCode::NoMatchingRtr)),
-        // The responder does not do peer-to-peer: no RTR, the initiator just sends first.
-        (true, wr, false, wr, Ok(None)),
+        // A responder agrees to peer-to-peer whenever the initiator asks (siw's initiator
+        // terminates otherwise); only an initiator's own setting decides whether it offers.
+        (true, wr, false, wr, Ok(Some(RtrType::Write))),
         (false, wr, true, wr, Ok(None)),
     ];
     for &(ip, offered, rp, accepted, expect) in table {
