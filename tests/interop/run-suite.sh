@@ -204,7 +204,7 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
       ok)
         [ "$rc" = 0 ] || why+="host client exit $rc: $(tail -n 1 "$dir/$name.host.log" | cut -c1-300); "
         grep -q "ping data: rdma-ping-9:" "$dir/$name.host.log" || why+="host printed no 10th ping; "
-        [ "$srv_rc" = 0 ] || why+="siw rping -s exit '${srv_rc}'; "
+        [ "$srv_rc" = 0 ] || why+="siw rping -s exit '${srv_rc}' ($(grep -a "^\[srv $port\]" "$serial" | grep -v SERVER-RC | tail -n 4 | cut -c1-160 | tr '\n' '|')); "
         [ "$pings" = 10 ] || why+="siw server saw $pings pings; "
         ;;
       reject)
@@ -222,7 +222,7 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
     why=""
     case "$expect" in
       ok)
-        [ "$rc" = 0 ] || why+="siw rping -c exit '$rc'; "
+        [ "$rc" = 0 ] || why+="siw rping -c exit '$rc' ($(grep -a -A4 "^CASE-PINGS $name=" "$serial" | tail -n 4 | cut -c1-160 | tr '\n' '|')); "
         [ "$pings" = 10 ] || why+="siw rping -c printed $pings pings; "
         [ "${hrc[$name]}" = 0 ] || why+="host server exit ${hrc[$name]}: $(tail -n 1 "$dir/$name.host.log" | cut -c1-300); "
         pings="$(grep -ac "server ping data: rdma-ping-" "$dir/$name.host.log" || true)"
