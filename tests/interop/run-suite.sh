@@ -71,10 +71,8 @@ result() { # PASS|FAIL|XFAIL name detail
 }
 # Known stack bugs: "config/case" -> reason. Such a case is reported XFAIL when it fails, and
 # fails the suite (XPASS) once it passes, so that the entry gets removed.
-declare -A KNOWN_BUG=(
-  [p2p/b-64]="iwarp rping -s answers a peer-to-peer Request without P2P/RTR (Policy::peer_to_peer false); siw's initiator then sends Terminate LLP 0x07 (no matching RTR)"
-  [p2p/b-65535]="same as p2p/b-64"
-)
+# (p2p/b-64 and p2p/b-65535 were here until 1ac148a: the responder ignored a P2P Request.)
+declare -A KNOWN_BUG=()
 verdict() { # cfg/name why detail
   local id="$1" why="$2" detail="$3"
   if [ -n "${KNOWN_BUG[$id]:-}" ]; then
@@ -194,16 +192,25 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
   fi
   [ -n "$IW_GUEST_RC" ] || result FAIL "$cfg/guest" "no exit marker (timeout), see $serial"
   # verdicts
-  local why cap srv_rc pings
+  local why cap srv_rc pings note
   for c in $hcases; do
     IFS=: read -r name port expect crc rest <<<"$c"
-    rc="${hrc[$name]}" why=""
+    rc="${hrc[$name]}" why="" note=""
     srv_rc="$(grep -aoE "SERVER-RC $port=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
     pings="$(grep -aoE "SERVER-PINGS $port=[0-9]+" "$serial" | head -1 | sed 's/.*=//' || true)"
     case "$expect" in
       ok)
         [ "$rc" = 0 ] || why+="host client exit $rc: $(tail -n 1 "$dir/$name.host.log" | cut -c1-300); "
         grep -q "ping data: rdma-ping-9:" "$dir/$name.host.log" || why+="host printed no 10th ping; "
+        # rping 44's teardown race: its CM thread calls rdma_get_cm_event on the channel the main
+        # thread has just destroyed, prints "rdma_get_cm_event: Bad file descriptor" and exits
+        # 255 after a normal end ("wait for RDMA_READ_ADV state 10"). Seen 2 in ~40 runs.
+        if [ "$srv_rc" = 255 ] && [ "$pings" = 10 ] &&
+          grep -aq "^\[srv $port\] wait for RDMA_READ_ADV state 10" "$serial" &&
+          grep -aq "^\[srv $port\] rdma_get_cm_event: Bad file descriptor" "$serial"; then
+          srv_rc=0
+          note+=" (siw rping -s hit its rdma_get_cm_event EBADF exit race after a clean end)"
+        fi
         [ "$srv_rc" = 0 ] || why+="siw rping -s exit '${srv_rc}' ($(grep -a "^\[srv $port\]" "$serial" | grep -v SERVER-RC | tail -n 4 | cut -c1-160 | tr '\n' '|')); "
         [ "$pings" = 10 ] || why+="siw server saw $pings pings; "
         ;;
@@ -213,7 +220,7 @@ run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
         ;;
     esac
     cap="$(check_capture_port "$dir/guest-nic.pcap" "$port" "$crc")" || why+="capture: $cap; "
-    verdict "$cfg/$name" "$why" "iwarp -c -> siw -s, expect $expect, crc $crc; $cap"
+    verdict "$cfg/$name" "$why" "iwarp -c -> siw -s, expect $expect, crc $crc; $cap$note"
   done
   for c in $gcases; do
     IFS=: read -r name port expect crc rest <<<"$c"
