@@ -115,7 +115,9 @@ iw_boot() { # OUTDIR [options]
     < /dev/null > "$out/qemu.log" 2>&1 &
   IW_QEMU_PID=$!
   # hard bound on the guest's life, whatever the caller does
-  ( sleep "$max"; kill "$IW_QEMU_PID" 2>/dev/null ) > /dev/null 2>&1 &
+  # shellcheck disable=SC2016
+  ( trap 'kill $sp 2>/dev/null; exit 0' TERM; sleep "$max" & sp=$!; wait $sp
+    kill "$IW_QEMU_PID" 2>/dev/null ) > /dev/null 2>&1 &
   IW_BG_PIDS+=("$!")
 }
 

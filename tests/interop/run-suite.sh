@@ -27,8 +27,9 @@ SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
 FAILS=0
 
 # whole-suite watchdog: TERM ourselves (the trap cleans up) when over time
-( sleep "$SUITE_TIMEOUT"; echo "[interop] suite timeout ($SUITE_TIMEOUT s)" >&2; kill -TERM $$ ) \
-  > /dev/null 2>&1 &
+# shellcheck disable=SC2016
+( trap 'kill $sp 2>/dev/null; exit 0' TERM; sleep "$SUITE_TIMEOUT" & sp=$!; wait $sp
+  echo "[interop] FAILED: suite timeout ($SUITE_TIMEOUT s)" >&2; kill -TERM $$ ) &
 WATCHDOG=$!
 IW_BG_PIDS+=("$WATCHDOG")
 
