@@ -105,6 +105,13 @@ pub(crate) struct Args {
     /// Ask the peer to insert MPA markers (Linux siw refuses: the connection is rejected).
     #[arg(long)]
     markers: bool,
+    /// MPA revision to speak: 2 (RFC 6581, with IRD/ORD; rping's default) or 1 (RFC 5044).
+    #[arg(long, value_name = "REV", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    mpa_rev: u8,
+    /// Client: offer peer-to-peer mode (RFC 6581 RTR: write and read), as siw's
+    /// `peer_to_peer=1`. A server always agrees when a client offers it.
+    #[arg(long)]
+    p2p: bool,
     /// Record this end's connections into a pcap file (tshark / `iwarp dissect` decode it).
     #[arg(long, value_name = "FILE")]
     pcap: Option<std::path::PathBuf>,
@@ -241,6 +248,8 @@ fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
             ord: 1,
             crc: if args.crc { CrcPolicy::Wanted } else { CrcPolicy::Off },
             markers_wanted: args.markers,
+            revision: args.mpa_rev,
+            peer_to_peer: args.p2p,
             ..Policy::default()
         },
         timeout: Duration::from_secs(args.timeout),
@@ -420,6 +429,9 @@ fn usize_of(n: u32) -> usize {
 fn client(args: &Args) -> Result<(), Fail> {
     if args.persistent {
         return Err(Fail::Usage("-P is a server option".into()));
+    }
+    if args.p2p && args.mpa_rev != 2 {
+        return Err(Fail::Usage("--p2p needs MPA revision 2 (--mpa-rev 2)".into()));
     }
     let Some(host) = args.addr.as_deref() else {
         return Err(Fail::Usage("the client needs the server's address (-a ADDR)".into()));

@@ -473,6 +473,24 @@ mod rping {
         assert!(stdout(&iwarp(&["--version"])).contains("iwarp"));
     }
 
+    /// A client offering peer-to-peer (its first FPDU is the RTR) and a revision-1 client both
+    /// work against this stack's server; --p2p with revision 1 is refused up front.
+    #[test]
+    fn p2p_and_revision_1_clients() {
+        for extra in [&["--p2p"][..], &["--mpa-rev", "1"][..]] {
+            let server = Server::start(&[]);
+            let mut args = vec!["-C", "3", "-V", "-S", "64"];
+            args.extend_from_slice(extra);
+            let o = client(server.port, &args);
+            assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
+            let (status, _, err) = server.wait_exit();
+            assert_eq!(status.code(), Some(0), "{extra:?}: {err:?}");
+        }
+        let o = iwarp(&["rping", "-c", "-a", "127.0.0.1", "-p", "1", "--p2p", "--mpa-rev", "1"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("--p2p needs MPA revision 2"), "{}", stderr(&o));
+    }
+
     #[test]
     fn persistent_server_serves_small_large_and_concurrent_clients() {
         let server = Server::start(&["-P"]);
