@@ -1185,9 +1185,24 @@ fn client_session(
     let agreed = ctrl.part_a()?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
-    let qp = connect_any(device, stack, addr, pd, &bufs.cq, &opts).map_err(|e| {
-        Fail::Run(format!("cannot connect the data connection to {addr}: {}", cm_message(&e)))
-    })?;
+    // perftest's server opens the data listener only after sending "pre"; a slow server (siw
+    // under emulation) may not listen yet when our connect arrives, so retry a refused connect
+    // for up to --timeout.
+    let started = Instant::now();
+    let qp = loop {
+        match connect_any(device, stack, addr, pd, &bufs.cq, &opts) {
+            Err(CmError::Io(e))
+                if e.kind() == std::io::ErrorKind::ConnectionRefused && started.elapsed() < p.timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => {
+                break r.map_err(|e| {
+                    Fail::Run(format!("cannot connect the data connection to {addr}: {}", cm_message(&e)))
+                })?;
+            }
+        }
+    };
     let data = bufs.into_data(qp.qp);
     print_banner(p, &agreed, &args.ib_dev, false);
     let result = client_data(p, &agreed, ctrl, &data);
