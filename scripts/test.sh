@@ -35,4 +35,7 @@ step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-sui
 # Fails with a message when qemu cannot be installed or a namespace/tap cannot be created.
 bash tests/interop/run-suite.sh
 
+step "siw interop over this stack's own TCP/IP (smoltcp on a veth bridged to the guest's tap)"
+bash tests/interop/run-smol.sh
+
 step "all checks passed"
