@@ -21,46 +21,39 @@ BRIDGE="ip link add vsA type veth peer name vsB && ip link add br0 type bridge \
 FAILS=0
 result() { printf '%-5s smoltcp/%-10s %s\n' "$1" "$2" "$3" >&2; [ "$1" = PASS ] || FAILS=$((FAILS + 1)); }
 
-# a: our smoltcp client against siw's rping server.
-out="$(mktemp -d /tmp/iwarp-smol-a.XXXXXX)"
-log="$out/run.log"
-if timeout 240 bash "$HERE/run-guest.sh" --timeout 120 --out "$out" \
-    --host "$BRIDGE && sleep 3 && $BIN rping $SMOL -c -a 10.99.0.2 -C 10 -V -S 64 --first-fpdu-delay $DELAY --timeout 60" \
-    'rping -s -a 10.99.0.2 -C 10 -v' > "$log" 2>&1; then
-  n="$(grep -c '^server ping data: rdma-ping-' "$log" || true)"
-  if [ "$n" = 10 ]; then result PASS a-rping "10 pings, siw server"; else result FAIL a-rping "$n pings (log $log)"; fi
-else
-  result FAIL a-rping "exit status $? (log $log)"
-fi
+# boot NAME HOSTCMD GUESTCMD: one guest boot; sets $log (both sides' output) and $out.
+boot() {
+  out="$(mktemp -d "/tmp/iwarp-smol-$1.XXXXXX")"
+  log="$out/run.log"
+  timeout 240 bash "$HERE/run-guest.sh" --timeout 120 --out "$out" --host "$BRIDGE && $2" "$3" > "$log" 2>&1
+}
+# pings NAME PATTERN HOSTCMD GUESTCMD: passes when the log shows all 10 pings.
+pings() {
+  local rc=0 n
+  boot "$1" "$3" "$4" || rc=$?
+  n="$(grep -c "$2" "$log" || true)"
+  if [ "$rc" = 0 ] && [ "$n" = 10 ]; then result PASS "$1" "10 pings"; else result FAIL "$1" "exit $rc, $n pings (log $log)"; fi
+}
 
-# b: siw's rping client against our smoltcp server.
-out="$(mktemp -d /tmp/iwarp-smol-b.XXXXXX)"
-log="$out/run.log"
-if timeout 240 bash "$HERE/run-guest.sh" --timeout 120 --out "$out" \
-    --host "$BRIDGE && $BIN rping $SMOL -s -a 10.99.0.3 --accept-timeout 60 --timeout 60" \
-    'sleep 4; rping -c -a 10.99.0.3 -C 10 -v -V -S 64' > "$log" 2>&1; then
-  n="$(grep -c '^ping data: rdma-ping-' "$log" || true)"
-  if [ "$n" = 10 ]; then result PASS b-rping "10 pings, siw client"; else result FAIL b-rping "$n pings (log $log)"; fi
-else
-  result FAIL b-rping "exit status $? (log $log)"
-fi
+# a: our smoltcp client against siw's rping server; b: siw's client against our server.
+pings a-rping '^server ping data: rdma-ping-' \
+  "sleep 3 && $BIN rping $SMOL -c -a 10.99.0.2 -C 10 -V -S 64 --first-fpdu-delay $DELAY --timeout 60" \
+  'rping -s -a 10.99.0.2 -C 10 -v'
+pings b-rping '^ping data: rdma-ping-' \
+  "$BIN rping $SMOL -s -a 10.99.0.3 --accept-timeout 60 --timeout 60" \
+  'sleep 4; rping -c -a 10.99.0.3 -C 10 -v -V -S 64'
 
 # c: a perftest bandwidth run: our smoltcp `iwarp perftest write` client against siw's
 # `ib_write_bw -R` server.
-out="$(mktemp -d /tmp/iwarp-smol-c.XXXXXX)"
-log="$out/run.log"
-if timeout 240 bash "$HERE/run-guest.sh" --timeout 120 --out "$out" \
-    --host "$BRIDGE && sleep 3 && $BIN perftest write 10.99.0.2 $SMOL -s 65536 -n 100 --first-fpdu-delay $DELAY --timeout 60 > $out/host.log 2>&1; rc=\$?; cat $out/host.log; exit \$rc" \
-    'timeout 90 ib_write_bw -R -d siw0 -s 65536 -n 100' > "$log" 2>&1; then
-  line="$(grep -E '^ *65536 +100 ' "$out/host.log" | head -1 || true)"
-  avg="$(awk '{print $4}' <<<"$line")"
-  if [ -n "$line" ] && awk -v a="$avg" 'BEGIN { exit !(a > 0) }'; then
-    result PASS c-write-bw "average ${avg} MB/s (TCG guest: not a throughput figure)"
-  else
-    result FAIL c-write-bw "no positive result line (log $log)"
-  fi
+rc=0
+boot c-write-bw \
+  "sleep 3 && $BIN perftest write 10.99.0.2 $SMOL -s 65536 -n 100 --first-fpdu-delay $DELAY --timeout 60" \
+  'timeout 90 ib_write_bw -R -d siw0 -s 65536 -n 100' || rc=$?
+avg="$(grep -E '^ *65536 +100 ' "$log" | head -1 | awk '{print $4}')"
+if [ "$rc" = 0 ] && [ -n "$avg" ] && awk -v a="$avg" 'BEGIN { exit !(a > 0) }'; then
+  result PASS c-write-bw "average $avg MB/s (TCG guest: not a throughput figure)"
 else
-  result FAIL c-write-bw "exit status $? (log $log)"
+  result FAIL c-write-bw "exit $rc, average '${avg:-none}' (log $log)"
 fi
 
 [ "$FAILS" = 0 ] || { echo "[interop-smol] FAILED: $FAILS case(s)" >&2; exit 1; }
