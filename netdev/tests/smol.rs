@@ -11,9 +11,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use iwarp_tests::netns::{self, Netns};
 use std::io::{IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use iwarp_netdev::smoltcp::socket::tcp::State;
@@ -25,120 +26,14 @@ const IP_A: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const IP_B: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 const PORT: u16 = 7174;
 
-/// A network namespace, deleted (with every interface in it) on drop.
-struct Netns {
-    name: String,
-}
-
-fn run_checked(what: &str, cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|err| panic!("{what}: cannot run {cmd:?}: {err} (is iproute2 installed?)"));
-    assert!(
-        out.status.success(),
-        "{what}: {cmd:?} failed ({}): {} (these tests need root: network namespaces, veth, TAP, raw sockets)",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-}
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("iwsmol-{tag}-{}", std::process::id());
-        run_checked("creating a network namespace", Command::new("ip").args(["netns", "add", &name]));
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        // Quiet interfaces: no IPv6 autoconfiguration frames.
-        let _ = Command::new("ip")
-            .args(["netns", "exec", &ns.name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])
-            .output();
-        let _ = Command::new("ip")
-            .args(["netns", "exec", &ns.name, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])
-            .output();
-        ns
-    }
-
-    /// `ip -n NS ARGS`.
-    fn ip(&self, args: &[&str]) {
-        run_checked(
-            "configuring the test namespace",
-            Command::new("ip").arg("-n").arg(&self.name).args(args),
-        );
-    }
-
-    /// A veth pair `va`/`vb`, both up, no IP addresses on the kernel side.
-    fn veth(&self) {
-        self.ip(&["link", "add", "name", "va", "type", "veth", "peer", "name", "vb"]);
-        self.ip(&["link", "set", "va", "up"]);
-        self.ip(&["link", "set", "vb", "up"]);
-    }
-
-    /// Runs the `#[ignore]`d test `inner` of this binary inside the namespace; fails if it
-    /// fails or runs past [`CHILD_TIMEOUT`].
-    fn run_inner(&self, inner: &str) {
-        let exe = std::env::current_exe().unwrap();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .arg(exe)
-            .args(["--exact", inner, "--ignored", "--nocapture", "--test-threads=1"])
-            .env(INNER_ENV, &self.name)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot run the test in namespace {}: {err}", self.name));
-        let mut stdout = child.stdout.take().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
-        let out_thread = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stdout.read_to_string(&mut s);
-            s
-        });
-        let err_thread = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        let deadline = Instant::now() + CHILD_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let out = out_thread.join().unwrap();
-        let err = err_thread.join().unwrap();
-        print!("{out}");
-        eprint!("{err}");
-        match status {
-            Some(status) => assert!(
-                status.success() && out.contains("1 passed"),
-                "{inner} failed in namespace {} ({status})",
-                self.name
-            ),
-            None => panic!("{inner} ran past {CHILD_TIMEOUT:?} in namespace {}", self.name),
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
-    }
+/// A namespace for one outer test (see `iwarp_tests::netns`).
+fn netns(tag: &str) -> Netns {
+    Netns::new("iwsmol", tag, INNER_ENV, CHILD_TIMEOUT)
 }
 
 /// True inside the namespace child; outside, the inner tests do nothing.
 fn inside() -> bool {
-    if std::env::var_os(INNER_ENV).is_some() {
-        true
-    } else {
-        eprintln!("(runs inside a namespace started by its outer test; nothing to do here)");
-        false
-    }
+    netns::inside(INNER_ENV)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -300,7 +195,7 @@ fn wait_reset(link: &mut SmolLink, stacks: [&SmolStack; 2], limit: Duration) {
 
 #[test]
 fn raw_veth_transfer_8mib_both_ways() {
-    let ns = Netns::new("xfer");
+    let ns = netns("xfer");
     ns.veth();
     ns.run_inner("inner_raw_transfer");
 }
@@ -339,7 +234,7 @@ fn inner_raw_transfer() {
 
 #[test]
 fn raw_veth_connect_listen_close_reset() {
-    let ns = Netns::new("cm");
+    let ns = netns("cm");
     ns.veth();
     ns.run_inner("inner_raw_close_reset");
 }
@@ -434,7 +329,7 @@ fn inner_raw_close_reset() {
 
 #[test]
 fn raw_veth_transfer_with_one_percent_frame_loss() {
-    let ns = Netns::new("loss");
+    let ns = netns("loss");
     ns.veth();
     ns.run_inner("inner_raw_loss");
 }
@@ -472,7 +367,7 @@ const TAP_SMOL: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
 
 #[test]
 fn tap_smoltcp_to_kernel_tcp() {
-    let ns = Netns::new("tap");
+    let ns = netns("tap");
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     ns.ip(&["addr", "add", "10.78.0.1/24", "dev", "tp0"]);
     ns.ip(&["link", "set", "tp0", "up"]);
@@ -601,7 +496,7 @@ fn transfer_with_kernel(smol: &SmolStack, link: &mut SmolLink, send: &[u8], expe
 
 #[test]
 fn permission_errors_name_the_interface_and_cause() {
-    let ns = Netns::new("perm");
+    let ns = netns("perm");
     ns.veth();
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     // The inner test runs as an unprivileged user: no CAP_NET_RAW, no CAP_NET_ADMIN.

@@ -1,5 +1,7 @@
 //! Integration tests of the iwarp stack live in `tests/tests/`; this library holds helpers they
-//! share (test data locations).
+//! share: test data locations, and network namespaces for tests on real devices ([`netns`]).
+
+pub mod netns;
 
 use std::path::PathBuf;
 
