@@ -36,8 +36,11 @@ struct ConnSlot {
     link: Box<dyn Link>,
     pd: ProtectionDomainId,
     shared: Arc<QpShared>,
+    /// Framed bytes for the link: `tx[tx_off..tx_len]` are still to be written. Allocated
+    /// once, never zero-filled again: the queue pair and framer write into it directly.
     tx: Vec<u8>,
     tx_off: usize,
+    tx_len: usize,
     link_down: bool,
     write_shut: bool,
     /// The queue pair's retired send count when last looked at.
@@ -153,14 +156,16 @@ impl EngineCore {
             mulpdu = shared.config.mulpdu
         );
         span.in_scope(|| tracing::debug!(ird = shared.config.ird, ord = shared.config.ord, "connection up"));
+        let tx = vec![0; TX_BATCH + conn.max_fpdu_len()];
         self.conns.push(ConnSlot {
             span,
             conn,
             link,
             pd,
             shared,
-            tx: Vec::new(),
+            tx,
             tx_off: 0,
+            tx_len: 0,
             link_down: false,
             write_shut: false,
             sq_retired: 0,
@@ -200,7 +205,7 @@ impl EngineCore {
         let registry = registry.as_ref();
         conns.retain_mut(|s| {
             let done = s.conn.qp_ref().state() == QpState::Error && (s.link_down || s.write_shut);
-            let keep = !done || s.tx_off < s.tx.len();
+            let keep = !done || s.tx_off < s.tx_len;
             if !keep {
                 if let (Some(r), Some(source)) = (registry, s.link.source()) {
                     let _ = r.deregister(source);
@@ -280,13 +285,12 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
 
     // Output.
     if !slot.link_down {
-        if slot.tx_off == slot.tx.len() {
-            slot.tx.clear();
+        if slot.tx_off == slot.tx_len {
             slot.tx_off = 0;
-            slot.conn.poll_transmit(&mut mem, &mut slot.tx, TX_BATCH);
+            slot.tx_len = slot.conn.poll_transmit_into(&mut mem, &mut slot.tx);
         }
-        if slot.tx_off < slot.tx.len() {
-            match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..])]) {
+        if slot.tx_off < slot.tx_len {
+            match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..slot.tx_len])]) {
                 Ok(n) => {
                     work |= n > 0;
                     slot.tx_off += n;
@@ -300,7 +304,7 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
         }
         // A queue pair that is done closes its side of the stream once its last bytes (a
         // Terminate, say) are out.
-        if slot.conn.qp_ref().state() == QpState::Error && slot.tx_off == slot.tx.len() && !slot.write_shut {
+        if slot.conn.qp_ref().state() == QpState::Error && slot.tx_off == slot.tx_len && !slot.write_shut {
             slot.link.shutdown_write();
             slot.write_shut = true;
             work = true;

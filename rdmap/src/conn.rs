@@ -132,36 +132,54 @@ impl Connection {
         self.qp.handle_llp_error(code);
     }
 
-    /// Frames everything the queue pair has to send, up to about `limit` bytes, appending to
-    /// `out`; returns the bytes appended. Without markers the queue pair writes each segment
-    /// straight into `out` and the framer adds length, pad and CRC around it.
-    pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
-        let start = out.len();
+    /// The most bytes one FPDU of this connection can take on the wire (markers included).
+    pub fn max_fpdu_len(&self) -> usize {
+        let markers = self.framer.markers();
+        // The most markers fall into an FPDU that starts at a marker position (0 mod 512).
+        iwarp_mpa::fpdu::wire_len(0, self.segment.len(), markers)
+    }
+
+    /// Frames what the queue pair has to send into `buf`, as many whole FPDUs as fit, and
+    /// returns the bytes written. Without markers the queue pair writes each segment straight
+    /// into `buf` and the framer adds length, pad and CRC around it: no copy, no staging. The
+    /// caller keeps `buf` between calls (nothing here clears or zero-fills it).
+    pub fn poll_transmit_into(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> usize {
         if self.awaiting_peer {
             return 0;
         }
-        let room = iwarp_mpa::fpdu::fpdu_len(self.segment.len());
-        while out.len() - start < limit {
-            if self.framer.markers() {
+        let room = self.max_fpdu_len();
+        let mut at = 0;
+        while buf.len() - at >= room {
+            let out = &mut buf[at..];
+            let written = if self.framer.markers() {
                 let Some(n) = self.qp.poll_transmit(mem, &mut self.segment) else { break };
-                if Self::frame_into(&mut self.framer, &self.segment[..n], out) == 0 {
+                self.framer.frame(&self.segment[..n], out)
+            } else {
+                let Some(n) = self.qp.poll_transmit(mem, &mut out[iwarp_mpa::fpdu::LENGTH_LEN..]) else {
                     break;
-                }
-                continue;
+                };
+                self.framer.frame_in_place(out, n)
+            };
+            match written {
+                Ok(w) => at += w,
+                Err(_) => break,
             }
+        }
+        at
+    }
+
+    /// Frames what the queue pair has to send, up to about `limit` bytes, appending to `out`;
+    /// returns the bytes appended (a convenience over [`Connection::poll_transmit_into`]).
+    pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
+        let start = out.len();
+        let room = self.max_fpdu_len();
+        while out.len() - start < limit {
             let at = out.len();
             out.resize(at + room, 0);
-            let ulpdu_at = at + iwarp_mpa::fpdu::LENGTH_LEN;
-            let Some(n) = self.qp.poll_transmit(mem, &mut out[ulpdu_at..]) else {
-                out.truncate(at);
+            let n = self.poll_transmit_into(mem, &mut out[at..]);
+            out.truncate(at + n);
+            if n == 0 {
                 break;
-            };
-            match self.framer.frame_in_place(&mut out[at..], n) {
-                Ok(w) => out.truncate(at + w),
-                Err(_) => {
-                    out.truncate(at);
-                    break;
-                }
             }
         }
         out.len() - start
