@@ -76,7 +76,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     client_qp.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_stag: inbox.rkey(), remote_to: inbox.addr() },
-        sgl: vec![message.sge_all()],
+        sgl: message.sge_all().into(),
         signaled: true,
     })?;
     completion(&client_cq, "Write")?;
@@ -84,12 +84,12 @@ fn main() -> Result<(), Box<dyn Error>> {
     // 2. Send: the server posts a receive buffer first; the message goes to it. Sends are
     //    placed in order after the Write, so once the server sees this receive complete, the
     //    Write's bytes are in its inbox too.
-    server_qp.post_recv(RecvWr { wr_id: 10, sgl: vec![mailbox.sge_all()] })?;
+    server_qp.post_recv(RecvWr { wr_id: 10, sgl: mailbox.sge_all().into() })?;
     let note = client_pd.register_bytes(b"look in your inbox", Access::NONE)?;
     client_qp.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Send { solicited: true, invalidate: None },
-        sgl: vec![note.sge_all()],
+        sgl: note.sge_all().into(),
         signaled: true,
     })?;
     completion(&client_cq, "Send")?;
@@ -109,7 +109,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     client_qp.post_send(SendWr {
         wr_id: 3,
         op: SendOp::Read { remote_stag: outbox.rkey(), remote_to: outbox.addr() },
-        sgl: vec![sink.sge_all()],
+        sgl: sink.sge_all().into(),
         signaled: true,
     })?;
     let wc = completion(&client_cq, "Read")?;

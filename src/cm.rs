@@ -22,9 +22,11 @@ use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::qp::{QpConfig, QueuePair as RdmapQp, RecvWr, SharedReceiveQueue};
 
 use crate::cq::CompletionQueue;
-use crate::device::{Device, DeviceShared};
+use crate::device::Device;
+use crate::engine::Engine;
 use crate::mr::ProtectionDomain;
-use crate::qp::{QpShared, QueuePair};
+use crate::qp::QueuePair;
+use crate::shared::QpShared;
 
 /// Settings for one connection, either end.
 #[derive(Debug, Clone)]
@@ -281,7 +283,7 @@ impl Transport {
 /// Reply as sent) is done.
 #[expect(clippy::too_many_arguments, reason = "one private helper, called from connect and accept")]
 fn start(
-    dev: &Arc<DeviceShared>,
+    dev: &Arc<Engine>,
     transport: Transport,
     handshake: (&[u8], &[u8]),
     params: ConnParams,
@@ -322,9 +324,10 @@ fn start(
         conn.qp().post_recv(wr.clone()).map_err(|e| CmError::Io(io::Error::other(e.to_string())))?;
     }
     let mut core = dev.core();
-    let qp_num = core.alloc_qp_num();
-    let shared = Arc::new(QpShared::new(qp_num, config, params, send_cq, recv_cq, opts.srq.is_some()));
-    core.add(conn, link, pd.id, shared.clone());
+    let cqs = (send_cq.shared.clone(), recv_cq.shared.clone());
+    let shared = core.add(conn, link, pd.id, |qp_num, key| {
+        QpShared::new(qp_num, key, config, params, cqs, opts.srq.is_some())
+    });
     drop(core);
     dev.ring();
     Ok(QueuePair { shared, dev: dev.clone() })
@@ -391,14 +394,14 @@ impl Device {
             std::thread::sleep(opts.first_fpdu_delay);
         }
         let handshake = (&request[..], &reply_bytes[..]);
-        let qp = start(&self.shared, transport, handshake, params, pd, send_cq, recv_cq, opts)?;
+        let qp = start(&self.engine, transport, handshake, params, pd, send_cq, recv_cq, opts)?;
         Ok(Connected { qp, private_data })
     }
 
     /// Listens for iWARP connections on `addr` (rdma_listen).
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
         let listener = TcpListener::bind(addr)?;
-        Ok(Listener { listener, dev: self.shared.clone() })
+        Ok(Listener { listener, dev: self.engine.clone() })
     }
 
     /// Listens for iWARP connections on TCP port `port` of a userspace TCP/IP stack
@@ -406,7 +409,7 @@ impl Device {
     pub fn listen_smol(&self, stack: &SmolStack, port: u16) -> Result<SmolCmListener, CmError> {
         let listener = stack.listen(port)?;
         self.attach_stack(stack);
-        Ok(SmolCmListener { listener, dev: self.shared.clone() })
+        Ok(SmolCmListener { listener, dev: self.engine.clone() })
     }
 }
 
@@ -423,7 +426,7 @@ fn check_request(request: &[u8]) -> Result<(), CmError> {
 #[derive(Debug)]
 pub struct SmolCmListener {
     listener: SmolListener,
-    dev: Arc<DeviceShared>,
+    dev: Arc<Engine>,
 }
 
 impl SmolCmListener {
@@ -471,7 +474,7 @@ impl SmolCmListener {
 #[derive(Debug)]
 pub struct Listener {
     listener: TcpListener,
-    dev: Arc<DeviceShared>,
+    dev: Arc<Engine>,
 }
 
 impl Listener {
@@ -513,7 +516,7 @@ pub struct ConnectRequest {
     stream: Transport,
     peer: SocketAddr,
     request: Vec<u8>,
-    dev: Arc<DeviceShared>,
+    dev: Arc<Engine>,
 }
 
 impl ConnectRequest {

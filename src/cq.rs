@@ -2,143 +2,17 @@
 //! lock and no system call, waits for them (blocking or async), or asks to be woken by the
 //! next (solicited) one.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
-use std::thread::Thread;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
+use crate::engine::Engine;
+use crate::shared::{CqShared, Waiter, WorkCompletion};
 
-use crate::device::DeviceShared;
-use crate::{STag, WcOpcode, WcStatus};
-
-/// A work completion, as verbs' `ibv_wc`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkCompletion {
-    /// The queue pair it belongs to.
-    pub qp_num: u32,
-    /// The work request's identifier.
-    pub wr_id: u64,
-    /// The outcome.
-    pub status: WcStatus,
-    /// The operation.
-    pub opcode: WcOpcode,
-    /// Bytes transferred (received, for receives).
-    pub byte_len: u64,
-    /// A received message asked for a solicited event.
-    pub solicited: bool,
-    /// A received Send with Invalidate invalidated this STag.
-    pub invalidated: Option<STag>,
-    /// RFC 7306 immediate data received.
-    pub imm_data: Option<[u8; 8]>,
-}
-
-const ARMED_NONE: u8 = 0;
-const ARMED_ANY: u8 = 1;
-const ARMED_SOLICITED: u8 = 2;
-const NOTIFIED: u8 = 3;
-
-#[derive(Debug)]
-enum Waiter {
-    Thread(Thread),
-    Task(Waker),
-}
-
-/// The state shared by the engine (producer) and the application (consumer).
-#[derive(Debug)]
-pub(crate) struct CqShared {
-    ring: ArrayQueue<WorkCompletion>,
-    /// Completions the ring had no room for, in order; only the engine touches it.
-    backlog: Mutex<VecDeque<WorkCompletion>>,
-    /// Whether the backlog holds anything (kept by the engine, the only pusher).
-    backlogged: AtomicBool,
-    notify: AtomicU8,
-    waiters: Mutex<Vec<Waiter>>,
-    /// Whether `waiters` may hold anyone (so a push without waiters takes no lock).
-    has_waiters: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl CqShared {
-    fn new(depth: usize) -> CqShared {
-        CqShared {
-            ring: ArrayQueue::new(depth.max(1)),
-            backlog: Mutex::new(VecDeque::new()),
-            backlogged: AtomicBool::new(false),
-            notify: AtomicU8::new(ARMED_NONE),
-            waiters: Mutex::new(Vec::new()),
-            has_waiters: AtomicBool::new(false),
-        }
-    }
-
-    /// Engine side: publishes a completion (the ring's push is a Release, so every placement
-    /// the engine made before it is visible to whoever pops it). Only the engine pushes, so
-    /// the backlog's emptiness cannot change under it; with no backlog and no waiter this
-    /// takes no lock.
-    pub(crate) fn push(&self, wc: WorkCompletion) {
-        let direct = !self.backlogged.load(Ordering::Acquire) && self.ring.push(wc).is_ok();
-        if !direct {
-            let mut backlog = lock(&self.backlog);
-            backlog.push_back(wc);
-            Self::move_backlog(&self.ring, &mut backlog);
-            self.backlogged.store(!backlog.is_empty(), Ordering::Release);
-        }
-        let armed = self.notify.load(Ordering::Acquire);
-        if armed == ARMED_ANY || (armed == ARMED_SOLICITED && wc.solicited) {
-            let _ = self.notify.compare_exchange(armed, NOTIFIED, Ordering::AcqRel, Ordering::Acquire);
-        }
-        // Pairs with the fence in `add_waiter`: either the waiter's re-check sees this
-        // completion, or this load sees the waiter.
-        fence(Ordering::SeqCst);
-        if self.has_waiters.load(Ordering::SeqCst) {
-            self.wake();
-        }
-    }
-
-    fn move_backlog(ring: &ArrayQueue<WorkCompletion>, backlog: &mut VecDeque<WorkCompletion>) {
-        while let Some(front) = backlog.pop_front() {
-            if let Err(front) = ring.push(front) {
-                backlog.push_front(front);
-                break;
-            }
-        }
-    }
-
-    /// Registers a waiter; it is woken by the next push.
-    fn add_waiter(&self, w: Waiter) {
-        lock(&self.waiters).push(w);
-        self.has_waiters.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-    }
-
-    /// Engine side: moves backlogged completions into the ring as room appears.
-    pub(crate) fn drain_backlog(&self) {
-        if !self.backlogged.load(Ordering::Acquire) {
-            return;
-        }
-        let mut backlog = lock(&self.backlog);
-        Self::move_backlog(&self.ring, &mut backlog);
-        self.backlogged.store(!backlog.is_empty(), Ordering::Release);
-    }
-
-    fn wake(&self) {
-        let mut waiters = lock(&self.waiters);
-        self.has_waiters.store(false, Ordering::SeqCst);
-        for w in waiters.drain(..) {
-            match w {
-                Waiter::Thread(t) => t.unpark(),
-                Waiter::Task(w) => w.wake(),
-            }
-        }
-    }
-}
+/// How long [`CompletionQueue::wait`] spins before it sleeps.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
 
 /// A completion queue.
 ///
@@ -151,17 +25,23 @@ impl CqShared {
 #[derive(Debug, Clone)]
 pub struct CompletionQueue {
     pub(crate) shared: Arc<CqShared>,
-    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) dev: Arc<Engine>,
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(dev: Arc<DeviceShared>, depth: usize) -> CompletionQueue {
+    pub(crate) fn new(dev: Arc<Engine>, depth: usize) -> CompletionQueue {
         CompletionQueue { shared: Arc::new(CqShared::new(depth)), dev }
     }
 
     /// The next completion, if one is ready. Lock-free; in inline mode it first lets the
     /// engine make progress on this thread.
     pub fn poll(&self) -> Option<WorkCompletion> {
+        if let Some(wc) = self.shared.ring.pop() {
+            return Some(wc);
+        }
+        // Completions the ring had no room for move up as room appears, without waiting for
+        // the engine to visit a connection of this queue.
+        self.shared.drain_backlog();
         if let Some(wc) = self.shared.ring.pop() {
             return Some(wc);
         }
@@ -187,11 +67,13 @@ impl CompletionQueue {
         n
     }
 
-    /// Waits up to `timeout` for a completion: spins briefly, then parks the thread until the
-    /// engine pushes one.
+    /// Waits up to `timeout` for a completion: spins briefly while the engine is awake, then
+    /// sleeps until the engine pushes one. While the engine has nothing to do, the thread
+    /// sleeps where the connections' input wakes it and runs the engine's pass itself, so
+    /// the input reaches it with one wake-up rather than two (the engine's, then its own).
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let deadline = Instant::now() + timeout;
-        let spin_until = Instant::now() + Duration::from_micros(20);
+        let spin_until = Instant::now() + WAIT_SPIN;
         loop {
             if let Some(wc) = self.poll() {
                 return Some(wc);
@@ -200,8 +82,16 @@ impl CompletionQueue {
             if now >= deadline {
                 return None;
             }
-            if now < spin_until || self.dev.inline() {
+            // Spin a little while the engine is awake (it is about to push); with the engine
+            // asleep, spinning would only keep the core from the thread that has the input.
+            if self.dev.inline() || (now < spin_until && !self.dev.doorbell.parked()) {
                 std::hint::spin_loop();
+                continue;
+            }
+            let nap = (deadline - now).min(Duration::from_millis(10));
+            // While the engine sleeps, wait in this queue's own readiness poll: the input it
+            // waits for then wakes this thread, which runs the pass itself.
+            if self.dev.wait_polling(&self.shared, nap) {
                 continue;
             }
             self.shared.add_waiter(Waiter::Thread(std::thread::current()));
@@ -210,7 +100,7 @@ impl CompletionQueue {
             if let Some(wc) = self.shared.ring.pop() {
                 return Some(wc);
             }
-            std::thread::park_timeout((deadline - now).min(Duration::from_millis(10)));
+            std::thread::park_timeout(nap);
         }
     }
 
@@ -223,8 +113,7 @@ impl CompletionQueue {
     /// sets the notification that [`CompletionQueue::wait_notification`] waits for, as verbs'
     /// `ibv_req_notify_cq`.
     pub fn req_notify(&self, solicited_only: bool) {
-        let v = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
-        self.shared.notify.store(v, Ordering::Release);
+        self.shared.arm(solicited_only);
     }
 
     /// Waits up to `timeout` for the notification armed by [`CompletionQueue::req_notify`];
@@ -232,12 +121,7 @@ impl CompletionQueue {
     pub fn wait_notification(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
-            if self
-                .shared
-                .notify
-                .compare_exchange(NOTIFIED, ARMED_NONE, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            if self.shared.take_notification() {
                 return true;
             }
             let now = Instant::now();
@@ -249,7 +133,7 @@ impl CompletionQueue {
                 continue;
             }
             self.shared.add_waiter(Waiter::Thread(std::thread::current()));
-            if self.shared.notify.load(Ordering::Acquire) == NOTIFIED {
+            if self.shared.notified() {
                 continue;
             }
             std::thread::park_timeout((deadline - now).min(Duration::from_millis(10)));

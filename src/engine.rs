@@ -1,32 +1,391 @@
-//! The engine's state and one pass over it: what an RNIC's processor does between doorbells.
+//! The offload engine: what an RNIC's processor does between doorbells.
 //!
-//! For each connection, a pass moves the work requests applications posted (lock-free rings)
-//! into the queue pair, reads what the link has, feeds it through MPA/DDP/RDMAP (placing
-//! payload straight into registered memory), frames what the queue pair has to send and
-//! writes it to the link, and publishes completions and events. A failing connection only
-//! affects itself: its queue pair flushes and it is dropped once everything is reported.
+//! The engine owns the connections (links and their queue pairs), the tagged buffer table and
+//! the userspace TCP/IP stacks, and runs them from one thread ([`PollMode::Inline`]: from the
+//! application's calls). It is readiness driven: every link with a file descriptor is
+//! registered with a `mio` poll (edge-triggered, readable and writable), posting work queues
+//! the queue pair's key on the doorbell, and a pass visits only the connections that are
+//! ready (readable, writable with bytes to send, with posted work, or left with work by the
+//! previous pass), so its cost grows with traffic, not with the number of connections. Links
+//! without a file descriptor (in-memory links, smoltcp sockets) are visited every pass.
+//!
+//! For each connection it visits, a pass moves the work requests applications posted into
+//! the queue pair, reads what the link has (until it would block, or a fair share), feeds it
+//! through MPA/DDP/RDMAP (placing payload straight into registered memory), frames what the
+//! queue pair has to send and writes it (many FPDUs per system call), and publishes the
+//! completions and events, waking each completion queue's waiters once. A failing connection
+//! only affects itself: its queue pair flushes and it is dropped once everything is reported.
+//!
+//! An idle engine (adaptive and event modes) sleeps in the poll until a doorbell, a link or
+//! a smoltcp stack's frame or timer wakes it.
 
 use std::io::IoSlice;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, SmolStack};
 use iwarp_rdmap::conn::Connection;
-use iwarp_rdmap::qp::{Completion, QpState, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
 use iwarp_rdmap::table_memory::TableMemory;
 
-use crate::cq::WorkCompletion;
-use crate::qp::{QpShared, flushed};
+use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
+use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
+
+/// How the engine waits for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PollMode {
+    /// The engine thread never sleeps: lowest latency, burns a core.
+    Busy,
+    /// Spin for a while after the last work, then sleep until a doorbell, a link or a
+    /// stack's timer wakes the engine.
+    #[default]
+    Adaptive,
+    /// Sleep whenever idle; woken by doorbells and by the links' readiness.
+    Event,
+    /// No engine thread: the application's calls ([`crate::Device::progress`], polling a
+    /// completion queue) drive the engine on the application's thread.
+    Inline,
+}
+
+/// Device settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// How the engine waits for work.
+    pub poll_mode: PollMode,
+    /// Size of the tagged buffer table (memory regions and windows).
+    pub max_regions: u32,
+    /// How long the adaptive mode spins after the last work before it sleeps.
+    pub spin: Duration,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> DeviceConfig {
+        DeviceConfig { poll_mode: PollMode::Adaptive, max_regions: 4096, spin: Duration::from_micros(50) }
+    }
+}
+
+/// Counters of the engine's work and sleep, for monitoring and for tests that check the
+/// engine is woken by events rather than by timers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Passes over the ready connections.
+    pub passes: u64,
+    /// Passes an application thread ran right after posting, instead of waking the engine.
+    pub direct_passes: u64,
+    /// Connection visits made by those passes.
+    pub visits: u64,
+    /// Times the engine went to sleep (adaptive and event modes).
+    pub sleeps: u64,
+    /// Sleeps ended by an event: a doorbell, a link's readiness, a stack's frame.
+    pub event_wakeups: u64,
+    /// Sleeps ended by their timeout (a stack's timer, or the fallback polling of links
+    /// without readiness events).
+    pub timer_wakeups: u64,
+    /// Times an application thread waiting for a completion slept in the engine's
+    /// readiness poll itself while the engine had nothing to do.
+    pub app_polls: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    passes: AtomicU64,
+    direct_passes: AtomicU64,
+    visits: AtomicU64,
+    sleeps: AtomicU64,
+    event_wakeups: AtomicU64,
+    timer_wakeups: AtomicU64,
+    app_polls: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
 
 /// Bytes read from a link per call.
 const RX_CHUNK: usize = 256 * 1024;
-/// Bytes framed per pass before writing them out.
+/// Bytes framed before writing them out.
 const TX_BATCH: usize = 256 * 1024;
-/// The `mio` token of the first attached stack; the next ones count down from it (the
-/// doorbell is `usize::MAX`, connections use their small QP numbers).
-pub(crate) const STACK_TOKEN_BASE: usize = usize::MAX - 1;
 /// Reads per connection per pass, so one busy connection cannot starve the others.
 const RX_READS_PER_PASS: usize = 8;
+/// Transmit batches per connection per pass.
+const TX_BATCHES_PER_PASS: usize = 2;
+/// Transmit buffers kept for reuse once no connection needs them.
+const TX_POOL: usize = 8;
+/// How long a sleep may last while some link has no readiness events (it is polled).
+const POLLED_NAP: Duration = Duration::from_millis(1);
+
+/// The engine as the handles see it: its state behind a lock for the slow path, the
+/// doorbell, and the thread (or the application's calls, inline) that runs it.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    core: Mutex<EngineCore>,
+    pub(crate) config: DeviceConfig,
+    pub(crate) doorbell: Doorbell,
+    stop: AtomicBool,
+    /// Threads waiting for the core's lock on the slow path.
+    waiting: AtomicUsize,
+    /// The readiness poll (absent only if the system refused one: links are then polled).
+    poll: Option<Arc<Poll>>,
+    /// Inline mode's event buffer.
+    inline_events: Mutex<Events>,
+    counters: Counters,
+}
+
+thread_local! {
+    /// The event buffer of an application thread waiting in the readiness poll.
+    static WAITER_EVENTS: std::cell::RefCell<Events> = std::cell::RefCell::new(Events::with_capacity(64));
+}
+
+impl Engine {
+    /// Creates the engine and, unless the mode is inline, starts its thread.
+    pub(crate) fn start(config: DeviceConfig) -> (Arc<Engine>, Option<JoinHandle<()>>) {
+        let poll = Poll::new().ok().map(Arc::new);
+        let engine = Arc::new(Engine {
+            core: Mutex::new(EngineCore::new(config.max_regions, poll.clone())),
+            config,
+            doorbell: Doorbell::default(),
+            stop: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            poll: poll.clone(),
+            inline_events: Mutex::new(Events::with_capacity(1024)),
+            counters: Counters::default(),
+        });
+        if let Some(p) = poll {
+            engine.doorbell.set_poll(p);
+        }
+        if config.poll_mode == PollMode::Inline {
+            return (engine, None);
+        }
+        let e = engine.clone();
+        let thread =
+            std::thread::Builder::new().name("iwarp-engine".into()).spawn(move || engine_loop(&e)).ok();
+        if let Some(t) = &thread {
+            engine.doorbell.set_thread(t.thread().clone());
+        }
+        (engine, thread)
+    }
+
+    /// Stops the engine thread (if any) and flushes every connection's work.
+    pub(crate) fn stop(&self, thread: Option<JoinHandle<()>>) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = thread {
+            self.doorbell.wake();
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        // Nobody runs the connections any more: flush their work so that none is lost.
+        self.core().shutdown();
+    }
+
+    /// The engine's state, for the slow path (registration, connection setup). A busy engine
+    /// re-takes the lock right after each pass; announcing the wait makes it step aside.
+    pub(crate) fn core(&self) -> MutexGuard<'_, EngineCore> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let guard = lock(&self.core);
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        guard
+    }
+
+    pub(crate) fn inline(&self) -> bool {
+        self.config.poll_mode == PollMode::Inline
+    }
+
+    /// Rings the doorbell: wakes a parked engine.
+    pub(crate) fn ring(&self) {
+        self.doorbell.ring();
+    }
+
+    /// One pass on the calling thread, with the readiness events collected now (in inline
+    /// mode this is what drives the engine; beside an engine thread it is harmless). Whether
+    /// it did any work.
+    pub(crate) fn progress(&self) -> bool {
+        match (&self.poll, self.inline_events.try_lock()) {
+            (Some(poll), Ok(mut events)) => {
+                poll.wait(&mut events, Some(Duration::ZERO));
+                self.pass(Some(&events))
+            }
+            _ => self.pass(None),
+        }
+    }
+
+    /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
+    /// when the poster can run the pass itself (as siw transmits in the poster's context
+    /// when the send queue was idle): the work goes out now, without a wake-up on the way.
+    pub(crate) fn posted(&self, qp: &QpShared) {
+        if !qp.schedule(&self.doorbell) {
+            return;
+        }
+        if !self.doorbell.parked() {
+            return;
+        }
+        match self.core.try_lock() {
+            Ok(mut core) => {
+                let (_, visits) = core.progress(None, &self.doorbell);
+                let more = core.has_ready();
+                drop(core);
+                bump(&self.counters.passes, 1);
+                bump(&self.counters.visits, visits);
+                bump(&self.counters.direct_passes, 1);
+                if more {
+                    self.doorbell.wake();
+                }
+            }
+            // The engine (or another poster) is in a pass: it finds the work, or was woken.
+            Err(_) => self.doorbell.wake(),
+        }
+    }
+
+    /// Waits up to `timeout` for a thread that waits for a completion of `cq` while the
+    /// engine sleeps: the thread sleeps in the queue's own readiness poll, which watches the
+    /// descriptors of the queue pairs completing there and the engine's signal, so input for
+    /// those connections wakes it directly and it runs the pass itself: one wake-up on the
+    /// way, not the engine thread's and then its own. (The engine's poll sees the input too;
+    /// whichever thread passes first does the work.) Returns false, having done nothing, when
+    /// the engine is awake (it will push the completion) or another thread watches.
+    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Duration) -> bool {
+        if !self.doorbell.parked() || self.inline() || self.poll.is_none() {
+            return false;
+        }
+        let Ok(_watching) = cq.watching.try_lock() else { return false };
+        let poll = match cq.watch() {
+            Some(p) => p.clone(),
+            None => {
+                let mut core = self.core();
+                if !cq.make_watch() {
+                    return false;
+                }
+                core.watch_all(cq);
+                match cq.watch() {
+                    Some(p) => p.clone(),
+                    None => return false,
+                }
+            }
+        };
+        cq.add_waiter(Waiter::Poll(poll.clone()));
+        if !cq.ring.is_empty() {
+            return true;
+        }
+        WAITER_EVENTS.with_borrow_mut(|events| {
+            // What the poll recorded while no thread slept in it went to the engine as well
+            // (the engine was woken instead, or its poll holds it): drop it, then sleep.
+            poll.wait(events, Some(Duration::ZERO));
+            poll.wait(events, Some(timeout));
+            bump(&self.counters.app_polls, 1);
+            if events.iter().any(|e| e.token != DOORBELL) {
+                self.pass(Some(events));
+            }
+        });
+        true
+    }
+
+    /// One pass over the ready connections, given the readiness events collected for it.
+    fn pass(&self, events: Option<&Events>) -> bool {
+        // Let a slow-path caller that is waiting for the lock have it first.
+        while self.waiting.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
+        let mut core = lock(&self.core);
+        let (work, visits) = core.progress(events, &self.doorbell);
+        drop(core);
+        bump(&self.counters.passes, 1);
+        bump(&self.counters.visits, visits);
+        work
+    }
+
+    /// How long an idle engine may sleep: without limit when every link has readiness
+    /// events and no stack has a timer pending.
+    fn nap(&self) -> Option<Duration> {
+        let core = lock(&self.core);
+        let polled = (!core.polled.is_empty() || core.poll.is_none()).then_some(POLLED_NAP);
+        match (polled, core.stack_delay()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> EngineStats {
+        let c = &self.counters;
+        EngineStats {
+            passes: c.passes.load(Ordering::Relaxed),
+            direct_passes: c.direct_passes.load(Ordering::Relaxed),
+            visits: c.visits.load(Ordering::Relaxed),
+            sleeps: c.sleeps.load(Ordering::Relaxed),
+            event_wakeups: c.event_wakeups.load(Ordering::Relaxed),
+            timer_wakeups: c.timer_wakeups.load(Ordering::Relaxed),
+            app_polls: c.app_polls.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn engine_loop(e: &Engine) {
+    let mode = e.config.poll_mode;
+    let mut events = Events::with_capacity(1024);
+    let mut last_work = Instant::now();
+    while !e.stop.load(Ordering::Acquire) {
+        if e.collect_and_pass(&mut events, Some(Duration::ZERO)) {
+            last_work = Instant::now();
+            continue;
+        }
+        match mode {
+            PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
+            PollMode::Adaptive if last_work.elapsed() < e.config.spin => std::hint::spin_loop(),
+            PollMode::Adaptive | PollMode::Event => {
+                e.sleep(&mut events);
+                // Back from a nap: keep napping while idle instead of spinning again.
+                last_work = Instant::now().checked_sub(e.config.spin).unwrap_or_else(Instant::now);
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Collects readiness events (waiting up to `timeout`) and runs a pass with them.
+    fn collect_and_pass(&self, events: &mut Events, timeout: Option<Duration>) -> bool {
+        match &self.poll {
+            Some(poll) => {
+                poll.wait(events, timeout);
+                self.pass(Some(events))
+            }
+            None => self.pass(None),
+        }
+    }
+
+    /// The engine thread has nothing to do: sleeps until a doorbell, a link or a stack's
+    /// frame or timer wakes it.
+    fn sleep(&self, events: &mut Events) {
+        self.doorbell.set_parked(true);
+        // One more pass after announcing the park: work posted before the flag was visible
+        // is found here; work posted after it rings the doorbell.
+        if self.collect_and_pass(events, Some(Duration::ZERO)) || self.stop.load(Ordering::Acquire) {
+            self.doorbell.set_parked(false);
+            return;
+        }
+        let nap = self.nap();
+        bump(&self.counters.sleeps, 1);
+        let woke_by_event = match &self.poll {
+            Some(poll) => {
+                poll.wait(events, nap);
+                !events.is_empty()
+            }
+            None => {
+                std::thread::park_timeout(nap.unwrap_or(POLLED_NAP));
+                self.doorbell.has_pending()
+            }
+        };
+        self.doorbell.set_parked(false);
+        // What woke the engine is handled now, in the events just collected.
+        self.pass(self.poll.as_ref().map(|_| &*events));
+        let woken = if woke_by_event { &self.counters.event_wakeups } else { &self.counters.timer_wakeups };
+        bump(woken, 1);
+    }
+}
 
 /// One connection the engine runs.
 struct ConnSlot {
@@ -36,8 +395,10 @@ struct ConnSlot {
     link: Box<dyn Link>,
     pd: ProtectionDomainId,
     shared: Arc<QpShared>,
-    /// Framed bytes for the link: `tx[tx_off..tx_len]` are still to be written. Allocated
-    /// once, never zero-filled again: the queue pair and framer write into it directly.
+    /// Framed bytes for the link: `tx[tx_off..tx_len]` are still to be written. Taken from
+    /// the engine's pool when there is something to frame and given back once written, so
+    /// an idle connection holds none. Never zero-filled after allocation: the queue pair and
+    /// framer write into it directly.
     tx: Vec<u8>,
     tx_off: usize,
     tx_len: usize,
@@ -45,6 +406,14 @@ struct ConnSlot {
     write_shut: bool,
     /// The queue pair's retired send count when last looked at.
     sq_retired: u64,
+    /// The link reports readiness events; without them it is visited every pass.
+    has_source: bool,
+    /// The link may have bytes to read (cleared when a read finds it drained).
+    readable: bool,
+    /// The link may take bytes (cleared when a write is cut short).
+    writable: bool,
+    /// The key is in the ready list.
+    queued: bool,
 }
 
 impl std::fmt::Debug for ConnSlot {
@@ -53,29 +422,51 @@ impl std::fmt::Debug for ConnSlot {
     }
 }
 
+/// What one visit of a connection found.
+#[derive(Debug, Default)]
+struct Visit {
+    /// Something happened.
+    work: bool,
+    /// The connection has more to do right away (a read or write budget ran out).
+    again: bool,
+    /// The connection is finished and fully reported: drop it.
+    done: bool,
+}
+
 /// Everything the engine owns.
 #[derive(Debug)]
 pub(crate) struct EngineCore {
     pub(crate) table: TaggedBufferTable,
-    /// Where connections' sockets are registered for readiness (adaptive and event modes).
-    registry: Option<mio::Registry>,
-    conns: Vec<ConnSlot>,
+    /// Where links are registered for readiness.
+    poll: Option<Arc<Poll>>,
+    /// Connections by key (the key is the link's readiness token).
+    slots: Vec<Option<ConnSlot>>,
+    free_keys: Vec<usize>,
+    /// Keys to visit in the next pass.
+    ready: Vec<usize>,
+    /// Links without readiness events: visited every pass.
+    polled: Vec<usize>,
     /// Userspace TCP/IP stacks whose links the connections use, polled every pass.
     stacks: Vec<SmolStack>,
     rx: Vec<u8>,
+    tx_pool: Vec<Vec<u8>>,
     next_pd: u32,
     next_qp: u32,
     next_va: u64,
 }
 
 impl EngineCore {
-    pub(crate) fn new(max_regions: u32, registry: Option<mio::Registry>) -> EngineCore {
+    fn new(max_regions: u32, poll: Option<Arc<Poll>>) -> EngineCore {
         EngineCore {
             table: TaggedBufferTable::new(max_regions),
-            registry,
-            conns: Vec::new(),
+            poll,
+            slots: Vec::new(),
+            free_keys: Vec::new(),
+            ready: Vec::new(),
+            polled: Vec::new(),
             stacks: Vec::new(),
             rx: vec![0; RX_CHUNK],
+            tx_pool: Vec::new(),
             next_pd: 1,
             next_qp: 1,
             next_va: 0x7f10_0000_0000,
@@ -88,12 +479,6 @@ impl EngineCore {
         id
     }
 
-    pub(crate) fn alloc_qp_num(&mut self) -> u32 {
-        let n = self.next_qp;
-        self.next_qp += 1;
-        n
-    }
-
     /// A virtual address range for a new region (page aligned, never reused).
     pub(crate) fn alloc_va(&mut self, len: u64) -> u64 {
         let va = self.next_va;
@@ -102,32 +487,29 @@ impl EngineCore {
     }
 
     pub(crate) fn connections(&self) -> usize {
-        self.conns.len()
+        self.slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Adds a smoltcp stack to the ones polled every pass (once: a stack already attached is
-    /// left as is). Its frame descriptor wakes an engine waiting in `mio::Poll`.
+    /// left as is). Its frame descriptor wakes a sleeping engine.
     pub(crate) fn attach_stack(&mut self, stack: &SmolStack) -> bool {
         let fd = stack.raw_fd();
         if self.stacks.iter().any(|s| s.raw_fd() == fd) {
             return false;
         }
-        if let Some(r) = &self.registry {
-            let token = mio::Token(STACK_TOKEN_BASE - self.stacks.len());
-            let _ = r.register(&mut mio::unix::SourceFd(&fd), token, mio::Interest::READABLE);
+        if let Some(p) = &self.poll {
+            let _ = p.add(stack.fd(), STACK_BASE - self.stacks.len() as Token, false);
         }
         self.stacks.push(stack.clone());
         true
     }
 
-    /// Stacks attached.
-    pub(crate) fn stacks(&self) -> &[SmolStack] {
-        &self.stacks
-    }
-
     /// How long the engine may sleep before a stack's timer (retransmission, delayed ACK) is
     /// due; `None` when no stack has one pending.
-    pub(crate) fn stack_delay(&self) -> Option<std::time::Duration> {
+    fn stack_delay(&self) -> Option<Duration> {
+        if self.stacks.is_empty() {
+            return None;
+        }
         let now = iwarp_netdev::smoltcp::time::Instant::now();
         self.stacks.iter().filter_map(|s| s.poll_delay(now)).min()
     }
@@ -140,141 +522,308 @@ impl EngineCore {
         work
     }
 
-    /// Hands a connected link and its queue pair to the engine.
+    /// Hands a connected link and its queue pair to the engine; `shared` makes what the
+    /// application's handle shares with the engine, given the queue pair number and the
+    /// connection's key.
     pub(crate) fn add(
         &mut self,
         conn: Connection,
         link: Box<dyn Link>,
         pd: ProtectionDomainId,
-        shared: Arc<QpShared>,
-    ) {
+        shared: impl FnOnce(u32, usize) -> QpShared,
+    ) -> Arc<QpShared> {
+        let qp_num = self.next_qp;
+        self.next_qp += 1;
+        let key = self.free_keys.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        let shared = Arc::new(shared(qp_num, key));
+        // Completion queues' own polls first: a thread sleeping in one of them is woken
+        // ahead of the engine (see `Poll::add`).
+        if let (Some(_), Some(fd)) = (&self.poll, link.fd()) {
+            for cq in [&shared.send_cq, &shared.recv_cq] {
+                if let Some(w) = cq.watch() {
+                    let _ = w.add(fd, key as Token, false);
+                }
+            }
+        }
+        let has_source = match (&self.poll, link.fd()) {
+            (Some(p), Some(fd)) => p.add(fd, key as Token, true).is_ok(),
+            _ => false,
+        };
+        if !has_source {
+            self.polled.push(key);
+        }
         let span = tracing::debug_span!(
             "iwarp_conn",
-            qp = shared.qp_num,
+            qp = qp_num,
             peer = ?link.peer_addr(),
             crc = shared.params.crc,
             mulpdu = shared.config.mulpdu
         );
         span.in_scope(|| tracing::debug!(ird = shared.config.ird, ord = shared.config.ord, "connection up"));
-        let tx = vec![0; TX_BATCH + conn.max_fpdu_len()];
-        self.conns.push(ConnSlot {
+        self.slots[key] = Some(ConnSlot {
             span,
             conn,
             link,
             pd,
-            shared,
-            tx,
+            shared: shared.clone(),
+            tx: Vec::new(),
             tx_off: 0,
             tx_len: 0,
             link_down: false,
             write_shut: false,
             sq_retired: 0,
+            has_source,
+            // Bytes may already wait in the socket (they followed the MPA exchange).
+            readable: true,
+            writable: true,
+            queued: false,
         });
+        self.schedule(key);
+        shared
+    }
+
+    /// Adds the descriptors of every connection completing on `cq` to the queue's own poll.
+    pub(crate) fn watch_all(&mut self, cq: &CqShared) {
+        let Some(w) = cq.watch() else { return };
+        for (key, slot) in self.slots.iter().enumerate() {
+            let Some(slot) = slot else { continue };
+            let uses = std::ptr::eq(&*slot.shared.send_cq, cq) || std::ptr::eq(&*slot.shared.recv_cq, cq);
+            if uses
+                && slot.has_source
+                && let (Some(p), Some(fd)) = (&self.poll, slot.link.fd())
+                && w.add(fd, key as Token, false).is_ok()
+            {
+                // The engine's registration moves behind the queue's, so a thread sleeping
+                // in the queue's poll is woken first. Re-adding reports a socket that is
+                // already ready, so nothing is missed in between.
+                let _ = p.delete(fd);
+                let _ = p.add(fd, key as Token, true);
+            }
+        }
+    }
+
+    /// Whether some connection waits for the next pass.
+    fn has_ready(&self) -> bool {
+        !self.ready.is_empty() || !self.polled.is_empty()
+    }
+
+    /// Puts `key` on the ready list (once).
+    fn schedule(&mut self, key: usize) {
+        if let Some(Some(slot)) = self.slots.get_mut(key)
+            && !slot.queued
+        {
+            slot.queued = true;
+            self.ready.push(key);
+        }
     }
 
     /// Closes every connection (the device is going away): each queue pair flushes its work,
     /// the completions are published, and work posted later is flushed by the poster.
-    pub(crate) fn shutdown(&mut self) {
-        for slot in &mut self.conns {
+    fn shutdown(&mut self) {
+        for slot in self.slots.iter_mut().filter_map(Option::as_mut) {
             slot.conn.qp().close();
             slot.link.shutdown_write();
-            while let Some(c) = slot.conn.qp().poll_completion() {
-                let wc = work_completion(slot.shared.qp_num, c);
-                if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
-                    slot.shared.recv_cq.push(wc);
-                    slot.shared.rq_retired();
-                } else {
-                    slot.shared.send_cq.push(wc);
-                }
-            }
+            publish(slot);
             slot.shared.set_state(QpState::Error);
             slot.shared.retire();
         }
-        self.conns.clear();
+        self.slots.clear();
+        self.free_keys.clear();
+        self.ready.clear();
+        self.polled.clear();
     }
 
-    /// One pass over every connection; whether anything happened.
-    pub(crate) fn progress(&mut self) -> bool {
+    /// One pass: collects what is ready (readiness events, doorbells, links without events)
+    /// and visits those connections. Returns whether anything happened and how many
+    /// connections it visited.
+    fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> (bool, u64) {
         // Frames received reach the sockets before the connections read them...
         let mut work = self.poll_stacks();
-        let EngineCore { table, conns, rx, registry, .. } = self;
-        for slot in conns.iter_mut() {
-            work |= pass(slot, table, rx);
-        }
-        // Drop connections that are finished and fully reported.
-        let registry = registry.as_ref();
-        conns.retain_mut(|s| {
-            let done = s.conn.qp_ref().state() == QpState::Error && (s.link_down || s.write_shut);
-            let keep = !done || s.tx_off < s.tx_len;
-            if !keep {
-                if let (Some(r), Some(source)) = (registry, s.link.source()) {
-                    let _ = r.deregister(source);
-                }
-                // Work posted from now on is flushed by whoever finds it.
-                s.shared.retire();
+        for ev in events.into_iter().flat_map(Events::iter) {
+            if ev.token == DOORBELL {
+                continue;
             }
-            keep
-        });
+            let Ok(key) = usize::try_from(ev.token) else { continue };
+            if let Some(Some(slot)) = self.slots.get_mut(key) {
+                slot.readable |= ev.readable;
+                slot.writable |= ev.writable;
+                self.schedule(key);
+            }
+        }
+        while let Some(key) = doorbell.take() {
+            if let Some(Some(slot)) = self.slots.get(key) {
+                slot.shared.unschedule();
+                self.schedule(key);
+            }
+        }
+        for i in 0..self.polled.len() {
+            let key = self.polled[i];
+            self.schedule(key);
+        }
+        let batch = std::mem::take(&mut self.ready);
+        let mut visits = 0;
+        for &key in &batch {
+            let Some(Some(slot)) = self.slots.get_mut(key) else { continue };
+            slot.queued = false;
+            visits += 1;
+            let v = visit(slot, &mut self.table, &mut self.rx, &mut self.tx_pool);
+            work |= v.work;
+            if v.done {
+                self.remove(key);
+            } else if v.again {
+                self.schedule(key);
+            }
+        }
+        // Keep the list's allocation for the next pass.
+        let mut batch = batch;
+        batch.clear();
+        if self.ready.is_empty() {
+            self.ready = batch;
+        }
         // ... and what they wrote leaves now rather than at the next pass.
         if !self.stacks.is_empty() {
             work |= self.poll_stacks();
         }
-        work
+        (work, visits)
+    }
+
+    /// Drops a finished connection; work posted to it from now on is flushed by the poster.
+    fn remove(&mut self, key: usize) {
+        let Some(mut slot) = self.slots.get_mut(key).and_then(Option::take) else { return };
+        if slot.has_source {
+            if let (Some(p), Some(fd)) = (&self.poll, slot.link.fd()) {
+                let _ = p.delete(fd);
+            }
+        } else {
+            self.polled.retain(|&k| k != key);
+        }
+        give_back(&mut self.tx_pool, &mut slot.tx);
+        slot.shared.retire();
+        self.free_keys.push(key);
     }
 }
 
-fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bool {
+/// Returns a connection's transmit buffer to the pool (or frees it when the pool is full).
+fn give_back(pool: &mut Vec<Vec<u8>>, tx: &mut Vec<u8>) {
+    let buf = std::mem::take(tx);
+    if buf.capacity() > 0 && pool.len() < TX_POOL {
+        pool.push(buf);
+    }
+}
+
+/// Moves the queue pair's events and completions to the application: events first, so the
+/// reason for a flush is there before the flushed requests; each queue's waiters are woken
+/// once for the batch.
+fn publish(slot: &mut ConnSlot) -> bool {
+    let shared = &slot.shared;
+    let mut work = false;
+    while let Some(e) = slot.conn.qp().poll_event() {
+        tracing::debug!(event = ?e, "queue pair event");
+        work = true;
+        shared.push_event(e);
+    }
+    let (mut sent, mut received) = (false, false);
+    while let Some(c) = slot.conn.qp().poll_completion() {
+        work = true;
+        tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
+        let wc = WorkCompletion::new(shared.qp_num, c);
+        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
+            shared.recv_cq.push_quiet(wc);
+            shared.rq_retired();
+            received = true;
+        } else {
+            shared.send_cq.push_quiet(wc);
+            sent = true;
+        }
+    }
+    if sent {
+        shared.send_cq.signal();
+    }
+    if received {
+        shared.recv_cq.signal();
+    }
+    let retired = slot.conn.qp_ref().sq_retired();
+    shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
+    slot.sq_retired = retired;
+    work
+}
+
+/// One visit of a ready connection.
+fn visit(
+    slot: &mut ConnSlot,
+    table: &mut TaggedBufferTable,
+    rx: &mut [u8],
+    pool: &mut Vec<Vec<u8>>,
+) -> Visit {
     let span = slot.span.clone();
     let _entered = span.enter();
-    let mut work = false;
+    let mut v = Visit::default();
     let mut mem = TableMemory { table, pd: slot.pd };
-    let shared = slot.shared.clone();
 
     // Work requests from the application.
+    let shared = &slot.shared;
     while let Some(wr) = shared.sq.pop() {
-        work = true;
+        v.work = true;
         let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
         tracing::trace!(wr_id, op = ?wr.op, "post_send");
         if let Err(e) = slot.conn.qp().post_send(wr) {
-            // Checked on the application side already; should the queue pair refuse it, it
+            // Validated on the application side already; should the queue pair refuse it, it
             // completes with an error rather than vanishing.
             tracing::debug!(wr_id, error = %e, "post_send refused");
             shared.send_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
-                ..flushed(shared.qp_num, wr_id, opcode)
+                ..WorkCompletion::flushed(shared.qp_num, wr_id, opcode)
             });
             shared.sq_retired(1);
         }
     }
     while let Some(wr) = shared.rq.pop() {
-        work = true;
+        v.work = true;
         let wr_id = wr.wr_id;
         if let Err(e) = slot.conn.qp().post_recv(wr) {
             tracing::debug!(wr_id, error = %e, "post_recv refused");
             shared.recv_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
-                ..flushed(shared.qp_num, wr_id, WcOpcode::Recv)
+                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
             });
             shared.rq_retired();
         }
     }
     if shared.take_disconnect() {
-        work = true;
+        v.work = true;
         slot.conn.qp().close();
     }
 
-    // Input.
-    if !slot.link_down {
-        for _ in 0..RX_READS_PER_PASS {
+    // Input: read until the link is drained (edge-triggered readiness) or the budget is
+    // spent (then the connection stays ready).
+    if !slot.link_down && slot.readable {
+        let mut reads = 0;
+        loop {
+            if reads == RX_READS_PER_PASS {
+                v.again = true;
+                break;
+            }
+            reads += 1;
             match slot.link.recv(rx) {
-                Ok(0) => break,
+                Ok(0) => {
+                    slot.readable = !slot.has_source;
+                    break;
+                }
                 Ok(n) => {
-                    work = true;
+                    v.work = true;
                     slot.conn.handle_bytes(&mut mem, &rx[..n]);
+                    // A short read emptied the socket; more data raises a new event.
+                    if n < rx.len() && slot.has_source {
+                        slot.readable = false;
+                        break;
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "link down");
-                    work = true;
+                    v.work = true;
                     slot.link_down = true;
                     slot.conn.handle_llp_lost();
                     break;
@@ -283,70 +832,72 @@ fn pass(slot: &mut ConnSlot, table: &mut TaggedBufferTable, rx: &mut [u8]) -> bo
         }
     }
 
-    // Output.
-    if !slot.link_down {
-        if slot.tx_off == slot.tx_len {
-            slot.tx_off = 0;
-            slot.tx_len = slot.conn.poll_transmit_into(&mut mem, &mut slot.tx);
-        }
-        if slot.tx_off < slot.tx_len {
+    // Output: frame what the queue pair has (many FPDUs per buffer) and write it in one
+    // system call, until the link takes no more (then wait to be writable) or the budget is
+    // spent.
+    if !slot.link_down && slot.writable {
+        let mut batches = 0;
+        loop {
+            if slot.tx_off == slot.tx_len {
+                if batches == TX_BATCHES_PER_PASS {
+                    v.again = true;
+                    break;
+                }
+                batches += 1;
+                let need = TX_BATCH + slot.conn.max_fpdu_len();
+                if slot.tx.len() < need {
+                    let mut buf = pool.pop().unwrap_or_default();
+                    if buf.len() < need {
+                        buf.resize(need, 0);
+                    }
+                    slot.tx = buf;
+                }
+                slot.tx_off = 0;
+                slot.tx_len = slot.conn.poll_transmit_into(&mut mem, &mut slot.tx);
+                if slot.tx_len == 0 {
+                    give_back(pool, &mut slot.tx);
+                    break;
+                }
+            }
             match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..slot.tx_len])]) {
                 Ok(n) => {
-                    work |= n > 0;
+                    v.work |= n > 0;
                     slot.tx_off += n;
+                    if slot.tx_off < slot.tx_len {
+                        // The link is full: wait for it to become writable again.
+                        slot.writable = !slot.has_source;
+                        break;
+                    }
                 }
                 Err(_) => {
-                    work = true;
+                    v.work = true;
                     slot.link_down = true;
                     slot.conn.handle_llp_lost();
+                    break;
                 }
             }
         }
-        // A queue pair that is done closes its side of the stream once its last bytes (a
-        // Terminate, say) are out.
-        if slot.conn.qp_ref().state() == QpState::Error && slot.tx_off == slot.tx_len && !slot.write_shut {
-            slot.link.shutdown_write();
-            slot.write_shut = true;
-            work = true;
-        }
+    }
+    let drained = slot.tx_off == slot.tx_len;
+    if drained && !slot.tx.is_empty() {
+        give_back(pool, &mut slot.tx);
+        slot.tx_off = 0;
+        slot.tx_len = 0;
+    }
+    // A queue pair that is done closes its side of the stream once its last bytes (a
+    // Terminate, say) are out.
+    let state = slot.conn.qp_ref().state();
+    if !slot.link_down && state == QpState::Error && drained && !slot.write_shut {
+        slot.link.shutdown_write();
+        slot.write_shut = true;
+        v.work = true;
     }
 
-    // Events, then completions: the reason for a flush is there before the flushed requests.
-    while let Some(e) = slot.conn.qp().poll_event() {
-        tracing::debug!(event = ?e, "queue pair event");
-        work = true;
-        shared.push_event(e);
-    }
-    while let Some(c) = slot.conn.qp().poll_completion() {
-        work = true;
-        tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
-        let wc = work_completion(shared.qp_num, c);
-        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
-            shared.recv_cq.push(wc);
-            shared.rq_retired();
-        } else {
-            shared.send_cq.push(wc);
-        }
-    }
-    let retired = slot.conn.qp_ref().sq_retired();
-    shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
-    slot.sq_retired = retired;
-    shared.send_cq.drain_backlog();
-    shared.recv_cq.drain_backlog();
-    shared.set_state(slot.conn.qp_ref().state());
-    work
-}
-
-/// The application's view of a queue pair's completion.
-pub(crate) fn work_completion(qp_num: u32, c: Completion) -> WorkCompletion {
-    WorkCompletion {
-        qp_num,
-        wr_id: c.wr_id,
-        status: c.status,
-        opcode: c.opcode,
-        byte_len: c.byte_len,
-        solicited: c.solicited,
-        invalidated: c.invalidated,
-        imm_data: c.imm_data,
-    }
+    v.work |= publish(slot);
+    slot.shared.send_cq.drain_backlog();
+    slot.shared.recv_cq.drain_backlog();
+    slot.shared.set_state(state);
+    // Finished: nothing more can be sent (the link is gone, or shut after the last byte).
+    v.done = state == QpState::Error && (slot.link_down || (slot.write_shut && drained));
+    v
 }

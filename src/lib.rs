@@ -39,7 +39,7 @@
 //! client.qp.post_send(SendWr {
 //!     wr_id: 1,
 //!     op: SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() },
-//!     sgl: vec![source.sge(0, 5)],
+//!     sgl: source.sge(0, 5).into(),
 //!     signaled: true,
 //! }).unwrap();
 //! let wc = cq.wait(Duration::from_secs(5)).unwrap();
@@ -52,6 +52,8 @@ pub use iwarp_mpa as mpa;
 pub use iwarp_netdev as netdev;
 pub use iwarp_rdmap as rdmap;
 
+// Layers, each importing only those above it: the readiness poll, the shared rings and
+// doorbell, the engine, the application's handles, the connection manager.
 mod cm;
 mod cq;
 mod device;
@@ -59,15 +61,19 @@ pub mod dissect;
 mod engine;
 mod mr;
 mod qp;
+mod readiness;
+mod shared;
 
 pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener, SmolCmListener};
-pub use cq::{CompletionQueue, NextCompletion, WorkCompletion};
-pub use device::{Device, DeviceConfig, PollMode};
+pub use cq::{CompletionQueue, NextCompletion};
+pub use device::Device;
+pub use engine::{DeviceConfig, EngineStats, PollMode};
 pub use iwarp_ddp::STag;
 pub use iwarp_ddp::stag_table::Access;
-pub use iwarp_rdmap::memory::Sge;
+pub use iwarp_rdmap::memory::{Sge, Sgl};
 pub use iwarp_rdmap::qp::{
     PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 pub use mr::{MemoryRegion, ProtectionDomain, RegisterError};
-pub use qp::QueuePair;
+pub use qp::{PostListError, QueuePair};
+pub use shared::WorkCompletion;

@@ -13,7 +13,7 @@ use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, 
 use iwarp_ddp::{OutOfBounds, RegionMemory, STag};
 use iwarp_rdmap::memory::Sge;
 
-use crate::device::DeviceShared;
+use crate::engine::Engine;
 
 /// Why a region could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl std::error::Error for RegisterError {}
 #[derive(Debug, Clone)]
 pub struct ProtectionDomain {
     pub(crate) id: ProtectionDomainId,
-    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) dev: Arc<Engine>,
 }
 
 impl ProtectionDomain {
@@ -94,7 +94,7 @@ pub struct MemoryRegion {
     stag: STag,
     va: u64,
     memory: Arc<RegionMemory>,
-    dev: Arc<DeviceShared>,
+    dev: Arc<Engine>,
 }
 
 impl fmt::Debug for MemoryRegion {

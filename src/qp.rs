@@ -1,149 +1,38 @@
 //! The application's handle on a queue pair: post work requests into lock-free rings the
 //! engine drains, ring the doorbell, and read the queue pair's events.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, WcOpcode};
+use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
-use crate::cq::{CompletionQueue, CqShared, WorkCompletion};
+use crate::engine::Engine;
+use crate::shared::QpShared;
 
-/// A work request's completion with a flush error.
-pub(crate) fn flushed(qp_num: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
-    crate::engine::work_completion(qp_num, iwarp_rdmap::qp::Completion::flushed(wr_id, opcode))
-}
-use crate::device::DeviceShared;
-
-/// What the application's handle and the engine share for one queue pair.
-#[derive(Debug)]
-pub(crate) struct QpShared {
-    pub(crate) qp_num: u32,
-    pub(crate) sq: ArrayQueue<SendWr>,
-    pub(crate) rq: ArrayQueue<RecvWr>,
-    pub(crate) send_cq: Arc<CqShared>,
-    pub(crate) recv_cq: Arc<CqShared>,
-    events: Mutex<VecDeque<QpEvent>>,
-    state: AtomicU8,
-    disconnect: AtomicBool,
-    pub(crate) config: QpConfig,
-    pub(crate) params: ConnParams,
-    /// Receive buffers come from a shared receive queue.
-    pub(crate) uses_srq: bool,
-    /// Send work requests posted and not yet retired: the send queue's occupancy, so that
-    /// posting beyond `max_send_wr` fails as verbs' does.
-    sq_in_use: AtomicUsize,
-    /// Receive work requests posted and not yet completed.
-    rq_in_use: AtomicUsize,
-    /// The engine has dropped the connection: nothing drains the rings any more, so whoever
-    /// finds work in them flushes it.
-    retired: AtomicBool,
+/// Why a list of work requests was not posted whole (verbs' `bad_wr`): the requests before
+/// `posted` were posted, the one at `posted` failed with `error`, and none after it was
+/// looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostListError {
+    /// How many requests of the list were posted.
+    pub posted: usize,
+    /// Why the next one was not.
+    pub error: PostError,
 }
 
-fn state_code(s: QpState) -> u8 {
-    match s {
-        QpState::Rts => 0,
-        QpState::Terminate => 1,
-        QpState::Closing => 2,
-        QpState::Error => 3,
+impl std::fmt::Display for PostListError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "work request {} of the list: {}", self.posted, self.error)
     }
 }
 
-fn state_of(c: u8) -> QpState {
-    match c {
-        0 => QpState::Rts,
-        1 => QpState::Terminate,
-        2 => QpState::Closing,
-        _ => QpState::Error,
-    }
-}
-
-impl QpShared {
-    pub(crate) fn new(
-        qp_num: u32,
-        config: QpConfig,
-        params: ConnParams,
-        send_cq: &CompletionQueue,
-        recv_cq: &CompletionQueue,
-        uses_srq: bool,
-    ) -> QpShared {
-        QpShared {
-            qp_num,
-            sq: ArrayQueue::new(config.max_send_wr.max(1)),
-            rq: ArrayQueue::new(config.max_recv_wr.max(1)),
-            send_cq: send_cq.shared.clone(),
-            recv_cq: recv_cq.shared.clone(),
-            events: Mutex::new(VecDeque::new()),
-            state: AtomicU8::new(state_code(QpState::Rts)),
-            disconnect: AtomicBool::new(false),
-            config,
-            params,
-            uses_srq,
-            sq_in_use: AtomicUsize::new(0),
-            rq_in_use: AtomicUsize::new(0),
-            retired: AtomicBool::new(false),
-        }
-    }
-
-    /// Engine side: `n` send work requests left the send queue.
-    pub(crate) fn sq_retired(&self, n: usize) {
-        self.sq_in_use.fetch_sub(n.min(self.sq_in_use.load(Ordering::Acquire)), Ordering::AcqRel);
-    }
-
-    /// Engine side: a receive work request completed.
-    pub(crate) fn rq_retired(&self) {
-        let _ = self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
-    }
-
-    /// Marks the queue pair as no longer run by the engine and flushes what is in its rings.
-    pub(crate) fn retire(&self) {
-        self.retired.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        self.flush_rings();
-    }
-
-    /// Completes every work request still in the rings with a flush error. Both the engine
-    /// (on retiring) and a poster that finds the queue pair retired call it; each request is
-    /// popped, and so completed, once.
-    fn flush_rings(&self) {
-        while let Some(wr) = self.sq.pop() {
-            self.send_cq.push(flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
-            self.sq_retired(1);
-        }
-        while let Some(wr) = self.rq.pop() {
-            self.recv_cq.push(flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
-            self.rq_retired();
-        }
-    }
-
-    /// Poster side: after pushing, flush if the engine has already let go of the queue pair.
-    fn after_post(&self) {
-        fence(Ordering::SeqCst);
-        if self.retired.load(Ordering::SeqCst) {
-            self.flush_rings();
-        }
-    }
-
-    pub(crate) fn push_event(&self, e: QpEvent) {
-        self.events.lock().unwrap_or_else(PoisonError::into_inner).push_back(e);
-    }
-
-    pub(crate) fn set_state(&self, s: QpState) {
-        self.state.store(state_code(s), Ordering::Release);
-    }
-
-    pub(crate) fn take_disconnect(&self) -> bool {
-        self.disconnect.swap(false, Ordering::AcqRel)
-    }
-}
+impl std::error::Error for PostListError {}
 
 /// A connected queue pair.
 ///
-/// Posting is lock-free (a bounded ring per queue) and makes no system call unless the
-/// engine is parked, when the doorbell wakes it. Completions arrive on the completion queues
+/// Posting is lock-free (a queue per work queue, its depth enforced at post time) and makes
+/// no system call unless the engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
 /// given at connection time.
 ///
 /// ```
@@ -164,12 +53,12 @@ impl QpShared {
 ///
 /// // A Send from the client lands in the server's posted receive buffer.
 /// let inbox = pd.register(16, Access::LOCAL_WRITE).unwrap();
-/// server.post_recv(RecvWr { wr_id: 7, sgl: vec![inbox.sge(0, 16)] }).unwrap();
+/// server.post_recv(RecvWr { wr_id: 7, sgl: inbox.sge(0, 16).into() }).unwrap();
 /// let msg = pd.register_bytes(b"ping", Access::NONE).unwrap();
 /// client.post_send(SendWr {
 ///     wr_id: 1,
 ///     op: SendOp::Send { solicited: false, invalidate: None },
-///     sgl: vec![msg.sge(0, 4)],
+///     sgl: msg.sge(0, 4).into(),
 ///     signaled: true,
 /// }).unwrap();
 /// let mut got = Vec::new();
@@ -183,7 +72,7 @@ impl QpShared {
 #[derive(Debug, Clone)]
 pub struct QueuePair {
     pub(crate) shared: Arc<QpShared>,
-    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) dev: Arc<Engine>,
 }
 
 impl QueuePair {
@@ -205,49 +94,65 @@ impl QueuePair {
     /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
     /// where the connection negotiated them).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        let is_ext = wr.op.is_rfc7306();
-        if is_ext && !self.shared.config.rfc7306 {
-            return Err(PostError::ExtensionNotNegotiated);
+        self.post_send_list([wr]).map_err(|e| e.error)
+    }
+
+    /// Posts a list of send-queue work requests with one doorbell, as verbs'
+    /// `ibv_post_send` with a chain: the requests are checked in order and posted up to the
+    /// first that fails, which the error names.
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostListError> {
+        let mut posted = 0;
+        let mut result = Ok(());
+        for wr in wrs {
+            let checked = wr
+                .validate(&self.shared.config)
+                .and_then(|()| if self.shared.reserve_sq(1) { Ok(()) } else { Err(PostError::QueueFull) });
+            if let Err(error) = checked {
+                result = Err(PostListError { posted, error });
+                break;
+            }
+            self.shared.sq.push(wr);
+            posted += 1;
         }
-        if matches!(wr.op, SendOp::Read { .. }) && wr.sgl.len() != 1 {
-            return Err(PostError::ReadNeedsOneSge);
+        if posted > 0 {
+            self.dev.posted(&self.shared);
         }
-        let depth = self.shared.config.max_send_wr;
-        if self.shared.sq_in_use.fetch_add(1, Ordering::AcqRel) >= depth {
-            self.shared.sq_retired(1);
-            return Err(PostError::QueueFull);
-        }
-        if self.shared.sq.push(wr).is_err() {
-            self.shared.sq_retired(1);
-            return Err(PostError::QueueFull);
-        }
-        self.shared.after_post();
-        self.dev.ring();
-        Ok(())
+        result
     }
 
     /// Posts a receive buffer.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        if self.shared.uses_srq {
-            return Err(PostError::UsesSrq);
+        self.post_recv_list([wr]).map_err(|e| e.error)
+    }
+
+    /// Posts a list of receive buffers with one doorbell (verbs' `ibv_post_recv` with a
+    /// chain), up to the first that fails.
+    pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostListError> {
+        let mut posted = 0;
+        let mut result = Ok(());
+        for wr in wrs {
+            let checked = if self.shared.uses_srq {
+                Err(PostError::UsesSrq)
+            } else {
+                wr.validate()
+                    .and_then(|()| if self.shared.reserve_rq() { Ok(()) } else { Err(PostError::QueueFull) })
+            };
+            if let Err(error) = checked {
+                result = Err(PostListError { posted, error });
+                break;
+            }
+            self.shared.rq.push(wr);
+            posted += 1;
         }
-        let depth = self.shared.config.max_recv_wr;
-        if self.shared.rq_in_use.fetch_add(1, Ordering::AcqRel) >= depth {
-            self.shared.rq_retired();
-            return Err(PostError::QueueFull);
+        if posted > 0 {
+            self.dev.posted(&self.shared);
         }
-        if self.shared.rq.push(wr).is_err() {
-            self.shared.rq_retired();
-            return Err(PostError::QueueFull);
-        }
-        self.shared.after_post();
-        self.dev.ring();
-        Ok(())
+        result
     }
 
     /// The queue pair's state as the engine last saw it.
     pub fn state(&self) -> QpState {
-        state_of(self.shared.state.load(Ordering::Acquire))
+        self.shared.state()
     }
 
     /// The next event (a Terminate sent or received, the connection lost).
@@ -255,7 +160,7 @@ impl QueuePair {
         if self.dev.inline() {
             self.dev.progress();
         }
-        self.shared.events.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
+        self.shared.pop_event()
     }
 
     /// Waits up to `timeout` for the next event.
@@ -274,7 +179,7 @@ impl QueuePair {
 
     /// Closes the connection: outstanding work requests are flushed and the stream is shut.
     pub fn disconnect(&self) {
-        self.shared.disconnect.store(true, Ordering::Release);
-        self.dev.ring();
+        self.shared.request_disconnect();
+        self.dev.posted(&self.shared);
     }
 }

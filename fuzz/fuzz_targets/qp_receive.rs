@@ -40,10 +40,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let (recv_stag, recv_va) = (regions[2].0, 0x30_0000);
     for id in 0..2u64 {
-        let sgl = vec![Sge { lkey: recv_stag, addr: recv_va + 32 * id, len: 32 }];
+        let sgl = Sge { lkey: recv_stag, addr: recv_va + 32 * id, len: 32 }.into();
         conn.qp().post_recv(RecvWr { wr_id: id, sgl }).unwrap();
     }
-    let sgl = vec![Sge { lkey: recv_stag, addr: recv_va + 64, len: 16 }];
+    let sgl = Sge { lkey: recv_stag, addr: recv_va + 64, len: 16 }.into();
     let op = SendOp::Send { solicited: false, invalidate: None };
     conn.qp().post_send(SendWr { wr_id: 2, op, sgl, signaled: true }).unwrap();
     let mut done = [0u32; 3];

@@ -4,10 +4,9 @@
 //! non-blocking, poll-friendly interface: the offload engine owns many links on its own thread
 //! and drives them from one loop, so no call here ever blocks.
 //!
-//! - [`TcpLink`] / [`TcpListenerLink`]: kernel TCP over `mio` sockets. They are
-//!   [`mio::event::Source`]s, so an engine in event-driven mode registers them with a
-//!   [`mio::Poll`]; busy-poll and adaptive modes simply call [`Link::recv`] and
-//!   [`Link::send_vectored`] until they return 0.
+//! - [`TcpLink`] / [`TcpListenerLink`]: kernel TCP over non-blocking `mio` sockets. A link's
+//!   descriptor ([`Link::fd`]) is what an engine registers for readiness (edge-triggered),
+//!   then calls [`Link::recv`] and [`Link::send_vectored`] until they return 0.
 //! - [`MemLink`]: an in-memory pair for deterministic tests, with fault injection through
 //!   [`MemFaults`] (cut, stall, half-close, slow reader, capacity changes).
 //! - [`SmolStack`] / [`SmolLink`] / [`SmolListener`]: userspace TCP/IP (smoltcp) on a TAP
@@ -26,6 +25,7 @@ mod tcp;
 use std::fmt;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 
 pub use mem::{MemFaults, MemLink};
 pub use pcap::{CapturingLink, Direction, PcapFlow, PcapWriter, TCP_MSS};
@@ -95,9 +95,10 @@ impl std::error::Error for LinkError {
 /// A reliable, ordered, full-duplex byte stream that never blocks.
 ///
 /// Object safe and `Send`, so an engine thread can own a `Vec<Box<dyn Link>>` of mixed
-/// transports. Readiness: in event-driven mode (see [`Link::source`]) readiness events are
-/// edge-triggered, so after an event the engine calls `recv` until it returns `Ok(0)` (or an
-/// error) and `send_vectored` until it accepts less than offered, before it waits again.
+/// transports. Readiness: a link with a descriptor ([`Link::fd`]) is registered for
+/// edge-triggered readiness, so after an event the engine calls `recv` until it returns
+/// `Ok(0)` (or an error, or a short read) and `send_vectored` until it accepts less than
+/// offered, before it waits again; a link without one is polled.
 pub trait Link: Send {
     /// Reads received bytes into `buf`. `Ok(0)` means nothing is available now (or `buf` is
     /// empty); it never blocks. `Err(LinkError::Closed)` once the peer's orderly close has been
@@ -124,9 +125,10 @@ pub trait Link: Send {
     /// The peer's address, where the transport has one.
     fn peer_addr(&self) -> Option<SocketAddr>;
 
-    /// The `mio` event source behind this link, for an engine in event-driven mode, or `None`
-    /// when the transport has no file descriptor to wait on (the engine then polls it).
-    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
+    /// The descriptor whose readiness (readable, writable, hung up) follows the link's, for an
+    /// engine's readiness poll, or `None` when the transport has none to wait on (the engine
+    /// then polls the link).
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
 }
@@ -156,8 +158,8 @@ impl<L: Link + ?Sized> Link for Box<L> {
         (**self).peer_addr()
     }
 
-    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
-        (**self).source()
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).fd()
     }
 }
 

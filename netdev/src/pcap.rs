@@ -418,8 +418,8 @@ impl<L: Link> Link for CapturingLink<L> {
         self.inner.peer_addr()
     }
 
-    fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
-        self.inner.source()
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.fd()
     }
 }
 

@@ -333,6 +333,12 @@ impl SmolStack {
         self.fd
     }
 
+    /// [`SmolStack::raw_fd`] borrowed for as long as this handle lives, for registering with
+    /// a readiness poll.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        crate::smol_device::borrow_fd(&self.fd)
+    }
+
     /// The interface's MAC address.
     pub fn mac(&self) -> [u8; 6] {
         lock(&self.inner).mac

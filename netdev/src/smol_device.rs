@@ -465,3 +465,16 @@ impl Device for FrameDevice {
         caps
     }
 }
+
+/// Borrows a frame device's descriptor, held beside the device by a stack handle.
+///
+/// The one `unsafe` of the frame I/O: the devices keep their descriptor inside types that
+/// expose only the raw number (pnet's channel, tun-tap's interface).
+#[expect(unsafe_code, reason = "a raw descriptor borrowed for the lifetime of its owner's handle")]
+pub(crate) fn borrow_fd(fd: &RawFd) -> std::os::fd::BorrowedFd<'_> {
+    // SAFETY: `fd` is the `fd` field of a `SmolStack`, next to the `Arc` that owns the frame
+    // device holding the descriptor open (`Port::Tap` or `Port::Raw`). The device is only
+    // dropped with the last handle, so the descriptor stays open for as long as the handle
+    // that lends `fd`, which is what the returned borrow's lifetime is tied to.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }
+}

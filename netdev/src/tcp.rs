@@ -2,6 +2,7 @@
 
 use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use mio::event::Source;
@@ -182,8 +183,8 @@ impl Link for TcpLink {
         self.peer
     }
 
-    fn source(&mut self) -> Option<&mut dyn Source> {
-        Some(&mut self.stream)
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.stream.as_fd())
     }
 }
 

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
 
 use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use iwarp_netdev::{Link, LinkError, LinkOptions, TcpLink, TcpListenerLink};
@@ -200,8 +201,8 @@ fn event_driven_mode_with_mio_poll() {
     let mut server: Box<dyn Link> = Box::new(server.expect("accepted"));
 
     // Register through the object-safe trait method, as the engine will.
-    let source = server.source().expect("TCP links have an event source");
-    poll.registry().register(source, mio::Token(1), mio::Interest::READABLE).unwrap();
+    let fd = server.fd().expect("TCP links have a descriptor").as_raw_fd();
+    poll.registry().register(&mut mio::unix::SourceFd(&fd), mio::Token(1), mio::Interest::READABLE).unwrap();
     client.send(b"doorbell").unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 64];
@@ -222,5 +223,5 @@ fn event_driven_mode_with_mio_poll() {
         assert!(Instant::now() < deadline);
     }
     assert_eq!(got, b"doorbell");
-    poll.registry().deregister(server.source().unwrap()).unwrap();
+    poll.registry().deregister(&mut mio::unix::SourceFd(&fd)).unwrap();
 }

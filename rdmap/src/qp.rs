@@ -32,7 +32,7 @@ use crate::atomic::{
     ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicOp, AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN,
     ImmediateData,
 };
-use crate::memory::{Memory, Sge, gather, scatter, sgl_len};
+use crate::memory::{Memory, Sge, Sgl, gather, scatter, sgl_len};
 use crate::terminate::{RdmapError, TerminateMessage};
 use crate::wire::{Control, Opcode, RDMAP_VERSION, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
 
@@ -173,7 +173,7 @@ pub struct SendWr {
     /// What to do.
     pub op: SendOp,
     /// Local buffers: the source of a Send or Write, the sink of a Read.
-    pub sgl: Vec<Sge>,
+    pub sgl: Sgl,
     /// Generate a completion on success (errors and flushes always complete).
     pub signaled: bool,
 }
@@ -184,7 +184,39 @@ pub struct RecvWr {
     /// The application's identifier, returned in the completion.
     pub wr_id: u64,
     /// Where an incoming Send's bytes go.
-    pub sgl: Vec<Sge>,
+    pub sgl: Sgl,
+}
+
+impl SendWr {
+    /// Checks the work request against the queue pair's settings: the one validation both
+    /// the application's post and the queue pair run, so that a request refused later would
+    /// already be refused at post time.
+    pub fn validate(&self, config: &QpConfig) -> Result<(), PostError> {
+        if u32::try_from(sgl_len(&self.sgl)).is_err() {
+            return Err(PostError::TooLong);
+        }
+        if self.op.is_rfc7306() && !config.rfc7306 {
+            return Err(PostError::ExtensionNotNegotiated);
+        }
+        match self.op {
+            SendOp::Read { .. } if self.sgl.len() != 1 => Err(PostError::ReadNeedsOneSge),
+            SendOp::ImmediateData { .. } if !self.sgl.is_empty() => Err(PostError::BadSgl),
+            SendOp::Atomic { .. } if self.sgl.len() != 1 || self.sgl.first().map(|s| s.len) != Some(8) => {
+                Err(PostError::BadSgl)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl RecvWr {
+    /// Checks the receive buffer: its total length must fit a message length (32 bits).
+    pub fn validate(&self) -> Result<(), PostError> {
+        match u32::try_from(sgl_len(&self.sgl)) {
+            Ok(_) => Ok(()),
+            Err(_) => Err(PostError::TooLong),
+        }
+    }
 }
 
 /// Completion status, as verbs names them.
@@ -343,7 +375,7 @@ struct TxMessage {
 #[derive(Debug)]
 enum Source {
     /// Bytes gathered from local buffers.
-    Local(Vec<Sge>),
+    Local(Sgl),
     /// A Read Response's bytes from our region `stag` at `to`.
     Remote { stag: STag, to: u64 },
     /// Bytes held by the queue pair (a Read Request body, a Terminate).
@@ -569,21 +601,8 @@ impl QueuePair {
         if self.sq_slots.len() >= self.config.max_send_wr {
             return Err(PostError::QueueFull);
         }
+        wr.validate(&self.config)?;
         let len = sgl_len(&wr.sgl);
-        if u32::try_from(len).is_err() {
-            return Err(PostError::TooLong);
-        }
-        if wr.op.is_rfc7306() && !self.config.rfc7306 {
-            return Err(PostError::ExtensionNotNegotiated);
-        }
-        match wr.op {
-            SendOp::Read { .. } if wr.sgl.len() != 1 => return Err(PostError::ReadNeedsOneSge),
-            SendOp::ImmediateData { .. } if !wr.sgl.is_empty() => return Err(PostError::BadSgl),
-            SendOp::Atomic { .. } if wr.sgl.len() != 1 || wr.sgl.first().map(|s| s.len) != Some(8) => {
-                return Err(PostError::BadSgl);
-            }
-            _ => {}
-        }
         let opcode = wr.op.wc_opcode();
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -609,6 +628,7 @@ impl QueuePair {
         if self.rq.len() >= self.config.max_recv_wr {
             return Err(PostError::QueueFull);
         }
+        wr.validate()?;
         self.rx_queues.post(QN_SEND, sgl_len(&wr.sgl)).map_err(|_| PostError::QueueFull)?;
         self.rq.push_back(wr);
         Ok(())

@@ -65,13 +65,13 @@ impl World {
         v.post_send(SendWr {
             wr_id: SENDS[0],
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![src],
+            sgl: src.into(),
             signaled: true,
         });
         v.post_send(SendWr {
             wr_id: SENDS[1],
             op: SendOp::Write { remote_stag: STag(0x1234), remote_to: 0 },
-            sgl: vec![src],
+            sgl: src.into(),
             signaled: false,
         });
         let shadow = v.regions.iter().map(|r| r.initial.clone()).collect();

@@ -94,7 +94,7 @@ impl Side {
     }
 
     fn post_recv(&mut self, wr_id: u64, sgl: Vec<Sge>) {
-        self.conn.qp().post_recv(RecvWr { wr_id, sgl }).unwrap();
+        self.conn.qp().post_recv(RecvWr { wr_id, sgl: sgl.into() }).unwrap();
     }
 }
 
@@ -260,7 +260,7 @@ fn write_every_size_and_mode() {
             p.a.post_send(SendWr {
                 wr_id: 7,
                 op: SendOp::Write { remote_stag: dst.stag, remote_to: dst.va + 8 },
-                sgl: vec![src.sge_at(0, len as u32)],
+                sgl: src.sge_at(0, len as u32).into(),
                 signaled: true,
             });
             p.run();
@@ -287,7 +287,7 @@ fn read_every_size_and_mode() {
             p.a.post_send(SendWr {
                 wr_id: 11,
                 op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
-                sgl: vec![sink.sge_at(0, len as u32)],
+                sgl: sink.sge_at(0, len as u32).into(),
                 signaled: true,
             });
             p.run();
@@ -311,7 +311,7 @@ fn send_every_size_and_mode() {
             p.a.post_send(SendWr {
                 wr_id: 20,
                 op: SendOp::Send { solicited: len % 2 == 1, invalidate: None },
-                sgl: vec![src.sge_at(0, len as u32)],
+                sgl: src.sge_at(0, len as u32).into(),
                 signaled: true,
             });
             p.run();
@@ -334,7 +334,7 @@ fn scatter_gather_lists() {
     src.mem.write(0, &pattern(10_000, 4)).unwrap();
     let dst = p.b.register(10_000, Access::LOCAL_WRITE, 0);
     // Gather 3 pieces (7000 bytes) and scatter them over 2 pieces.
-    let sgl = vec![src.sge_at(0, 100), src.sge_at(5000, 4900), src.sge_at(200, 2000)];
+    let sgl = vec![src.sge_at(0, 100), src.sge_at(5000, 4900), src.sge_at(200, 2000)].into();
     p.b.post_recv(1, vec![dst.sge_at(9000, 1000), dst.sge_at(0, 6000)]);
     p.a.post_send(SendWr {
         wr_id: 2,
@@ -380,13 +380,13 @@ fn interleaved_operations_complete_in_posting_order() {
             0 => vec![a_sink.sge_at(i * 100_000, 90_000)],
             _ => vec![a_src.sge_at(i * 1000, 50_000)],
         };
-        p.a.post_send(SendWr { wr_id: i, op, sgl, signaled: true });
+        p.a.post_send(SendWr { wr_id: i, op, sgl: sgl.into(), signaled: true });
     }
     for i in 0..4u64 {
         p.b.post_send(SendWr {
             wr_id: 50 + i,
             op: SendOp::Send { solicited: true, invalidate: None },
-            sgl: vec![b_src.sge_at(i * 1000, 1000)],
+            sgl: b_src.sge_at(i * 1000, 1000).into(),
             signaled: i % 2 == 0,
         });
     }
@@ -421,7 +421,7 @@ fn ord_limits_outstanding_reads() {
         p.a.post_send(SendWr {
             wr_id: i,
             op: SendOp::Read { remote_stag: src.stag, remote_to: src.va + i * 16384 },
-            sgl: vec![sink.sge_at(i * 16384, 16384)],
+            sgl: sink.sge_at(i * 16384, 16384).into(),
             signaled: true,
         });
     }
@@ -487,7 +487,7 @@ fn write_to(stag: STag, to: u64, src: &Buf, len: u32) -> SendWr {
     SendWr {
         wr_id: 1,
         op: SendOp::Write { remote_stag: stag, remote_to: to },
-        sgl: vec![src.sge_at(0, len)],
+        sgl: src.sge_at(0, len).into(),
         signaled: true,
     }
 }
@@ -562,7 +562,7 @@ fn terminate_read_request_on_bad_source_copies_the_request() {
             SendWr {
                 wr_id: 1,
                 op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
-                sgl: vec![sink.sge()],
+                sgl: sink.sge().into(),
                 signaled: true,
             }
         },
@@ -578,7 +578,7 @@ fn terminate_send_without_posted_receive() {
     p.a.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Send { solicited: false, invalidate: None },
-        sgl: vec![src.sge()],
+        sgl: src.sge().into(),
         signaled: true,
     });
     p.run();
@@ -596,7 +596,7 @@ fn terminate_send_too_long() {
             SendWr {
                 wr_id: 1,
                 op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: vec![src.sge()],
+                sgl: src.sge().into(),
                 signaled: true,
             }
         },
@@ -620,7 +620,7 @@ fn send_with_invalidate_revokes_the_stag() {
     p.a.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Send { solicited: true, invalidate: Some(target.stag) },
-        sgl: vec![src.sge_at(0, 8)],
+        sgl: src.sge_at(0, 8).into(),
         signaled: true,
     });
     p.run();
@@ -715,13 +715,13 @@ fn reordered_and_truncated_streams_never_panic_and_complete_once() {
         p.a.post_send(SendWr {
             wr_id: 2,
             op: SendOp::Read { remote_stag: dst.stag, remote_to: dst.va },
-            sgl: vec![sink.sge()],
+            sgl: sink.sge().into(),
             signaled: true,
         });
         p.a.post_send(SendWr {
             wr_id: 3,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![src.sge_at(0, 30_000)],
+            sgl: src.sge_at(0, 30_000).into(),
             signaled: true,
         });
         p.run();
@@ -763,7 +763,8 @@ fn extensions_are_an_api_error_unless_negotiated() {
         ),
     ];
     for (op, sgl) in ops {
-        let e = p.a.conn.qp().post_send(SendWr { wr_id: 1, op, sgl, signaled: true }).unwrap_err();
+        let e =
+            p.a.conn.qp().post_send(SendWr { wr_id: 1, op, sgl: sgl.into(), signaled: true }).unwrap_err();
         assert_eq!(e, PostError::ExtensionNotNegotiated);
     }
     p.run();
@@ -782,7 +783,7 @@ fn send_with_immediate() {
     p.a.post_send(SendWr {
         wr_id: 5,
         op: SendOp::SendImmediate { data: *b"12345678", solicited: true },
-        sgl: vec![src.sge()],
+        sgl: src.sge().into(),
         signaled: true,
     });
     p.run();
@@ -807,7 +808,7 @@ fn immediate_data_and_write_with_immediate() {
     p.a.post_send(SendWr {
         wr_id: 10,
         op: SendOp::ImmediateData { data: *b"imm-data", solicited: true },
-        sgl: vec![],
+        sgl: vec![].into(),
         signaled: true,
     });
     p.a.post_send(SendWr {
@@ -818,7 +819,7 @@ fn immediate_data_and_write_with_immediate() {
             data: 7u64.to_be_bytes(),
             solicited: false,
         },
-        sgl: vec![src.sge()],
+        sgl: src.sge().into(),
         signaled: true,
     });
     p.run();
@@ -862,7 +863,7 @@ fn atomic(
             compare: cmp,
             compare_mask: cmp_mask,
         },
-        sgl: vec![sink],
+        sgl: sink.into(),
         signaled: true,
     }
 }
@@ -928,14 +929,14 @@ fn shared_receive_queue_feeds_the_queue_pair() {
     src.mem.write(0, &pattern(3000, 5)).unwrap();
     let recv = p.b.register(3 * 3000, Access::LOCAL_WRITE, 0);
     for i in 0..3u64 {
-        srq.post_recv(RecvWr { wr_id: 40 + i, sgl: vec![recv.sge_at(i * 3000, 3000)] }).unwrap();
+        srq.post_recv(RecvWr { wr_id: 40 + i, sgl: recv.sge_at(i * 3000, 3000).into() }).unwrap();
     }
-    assert_eq!(p.b.conn.qp().post_recv(RecvWr { wr_id: 1, sgl: vec![] }), Err(PostError::UsesSrq));
+    assert_eq!(p.b.conn.qp().post_recv(RecvWr { wr_id: 1, sgl: vec![].into() }), Err(PostError::UsesSrq));
     for i in 0..2u64 {
         p.a.post_send(SendWr {
             wr_id: i,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![src.sge_at(0, 3000 - i as u32)],
+            sgl: src.sge_at(0, 3000 - i as u32).into(),
             signaled: true,
         });
     }
@@ -957,7 +958,7 @@ fn responder_waits_for_the_initiators_first_fpdu() {
     p.b.post_send(SendWr {
         wr_id: 2,
         op: SendOp::Send { solicited: false, invalidate: None },
-        sgl: vec![b_src.sge()],
+        sgl: b_src.sge().into(),
         signaled: true,
     });
     p.run();
@@ -970,7 +971,7 @@ fn responder_waits_for_the_initiators_first_fpdu() {
     p.a.post_send(SendWr {
         wr_id: 4,
         op: SendOp::Send { solicited: false, invalidate: None },
-        sgl: vec![a_src.sge()],
+        sgl: a_src.sge().into(),
         signaled: true,
     });
     p.run();
@@ -993,7 +994,7 @@ fn peer_to_peer_rtr_opens_the_connection() {
         p.b.post_send(SendWr {
             wr_id: 2,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![b_src.sge()],
+            sgl: b_src.sge().into(),
             signaled: true,
         });
         // Capture the initiator's first FPDU: the RTR.

@@ -75,7 +75,7 @@ impl Scenario {
         v.post_send(SendWr {
             wr_id: SEND_WR,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![sge],
+            sgl: sge.into(),
             signaled: true,
         });
         let mut posted = vec![SEND_WR];
@@ -431,7 +431,7 @@ fn with_outstanding_read() -> Scenario {
     s.v.post_send(SendWr {
         wr_id: 200,
         op: SendOp::Read { remote_stag: STag(0x55), remote_to: 0x9000 },
-        sgl: vec![sge],
+        sgl: sge.into(),
         signaled: true,
     });
     s.posted.push(200);
@@ -546,7 +546,7 @@ fn with_extensions() -> Scenario {
     s.v.post_send(SendWr {
         wr_id: SEND_WR,
         op: SendOp::Send { solicited: false, invalidate: None },
-        sgl: vec![sge],
+        sgl: sge.into(),
         signaled: true,
     });
     s

@@ -66,11 +66,11 @@ impl End {
     }
 
     fn recv(&self, wr_id: u64, sgl: Vec<Sge>) {
-        self.qp.post_recv(RecvWr { wr_id, sgl }).unwrap();
+        self.qp.post_recv(RecvWr { wr_id, sgl: sgl.into() }).unwrap();
     }
 
     fn send(&self, wr_id: u64, op: SendOp, sgl: Vec<Sge>) {
-        self.qp.post_send(SendWr { wr_id, op, sgl, signaled: true }).unwrap();
+        self.qp.post_send(SendWr { wr_id, op, sgl: sgl.into(), signaled: true }).unwrap();
     }
 }
 
@@ -745,7 +745,7 @@ fn raw_peer_drop_flushes_and_reports() {
     let qp = req.accept(&pd, &cq, &cq, &ConnectOptions::default()).unwrap();
     let buf = pd.register(256, Access::LOCAL_WRITE).unwrap();
     for i in 0..3 {
-        qp.post_recv(RecvWr { wr_id: i, sgl: vec![buf.sge(0, 256)] }).unwrap();
+        qp.post_recv(RecvWr { wr_id: i, sgl: buf.sge(0, 256).into() }).unwrap();
     }
     thread::sleep(Duration::from_millis(20));
     assert!(cq.poll().is_none());
@@ -832,7 +832,7 @@ fn async_next_completion() {
         let sender = thread::spawn(move || {
             thread::sleep(Duration::from_millis(30));
             client_qp
-                .post_send(SendWr { wr_id: 8, op: send_op(false), sgl: vec![], signaled: true })
+                .post_send(SendWr { wr_id: 8, op: send_op(false), sgl: vec![].into(), signaled: true })
                 .unwrap();
         });
         let wc = block_on(p.server.cq.next(), T).expect("no late completion");
@@ -893,7 +893,7 @@ fn completions_in_order_per_qp() {
             .post_send(SendWr {
                 wr_id: 10_000 + i,
                 op: SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() },
-                sgl: vec![src.sge(0, 8)],
+                sgl: src.sge(0, 8).into(),
                 signaled: false,
             })
             .unwrap();
@@ -940,16 +940,21 @@ fn many_qps_share_one_cq() {
     let slots = spd.register(N * 8, Access::REMOTE_WRITE).unwrap();
     let rbuf = spd.register(N * 8, Access::LOCAL_WRITE).unwrap();
     for (i, s) in servers.iter().enumerate() {
-        s.post_recv(RecvWr { wr_id: i as u64, sgl: vec![rbuf.sge(i * 8, 8)] }).unwrap();
+        s.post_recv(RecvWr { wr_id: i as u64, sgl: rbuf.sge(i * 8, 8).into() }).unwrap();
     }
     let src: Vec<MemoryRegion> =
         (0..N).map(|i| cpd.register_bytes(&(i as u64 + 1).to_le_bytes(), Access::NONE).unwrap()).collect();
     for (i, c) in clients.iter().enumerate() {
         let sge = src[i].sge_all();
         let op = SendOp::Write { remote_stag: slots.rkey(), remote_to: slots.addr() + (i * 8) as u64 };
-        c.post_send(SendWr { wr_id: (i * 2) as u64, op, sgl: vec![sge], signaled: true }).unwrap();
-        c.post_send(SendWr { wr_id: (i * 2 + 1) as u64, op: send_op(false), sgl: vec![sge], signaled: true })
-            .unwrap();
+        c.post_send(SendWr { wr_id: (i * 2) as u64, op, sgl: sge.into(), signaled: true }).unwrap();
+        c.post_send(SendWr {
+            wr_id: (i * 2 + 1) as u64,
+            op: send_op(false),
+            sgl: sge.into(),
+            signaled: true,
+        })
+        .unwrap();
     }
     let cwcs = collect(&ccq, 2 * N, "client CQ");
     let swcs = collect(&scq, N, "server CQ");
@@ -988,7 +993,7 @@ fn small_cq_backlogs_instead_of_dropping() {
     let src = cpd.register(64, Access::NONE).unwrap();
     for i in 0..40 {
         let op = SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() };
-        client.post_send(SendWr { wr_id: i, op, sgl: vec![src.sge(0, 64)], signaled: true }).unwrap();
+        client.post_send(SendWr { wr_id: i, op, sgl: src.sge(0, 64).into(), signaled: true }).unwrap();
     }
     thread::sleep(Duration::from_millis(50));
     let wcs = collect(&ccq, 40, "tiny CQ");
@@ -1225,7 +1230,8 @@ fn rfc7306_not_negotiated() {
         (atomic(&remote, AtomicOp::CompareSwap, 1, 0), vec![result.sge_all()]),
     ];
     for (op, sgl) in ops {
-        let err = p.client.qp.post_send(SendWr { wr_id: 1, op, sgl, signaled: true }).unwrap_err();
+        let err =
+            p.client.qp.post_send(SendWr { wr_id: 1, op, sgl: sgl.into(), signaled: true }).unwrap_err();
         assert_eq!(err, PostError::ExtensionNotNegotiated, "{op:?}");
     }
     // Nothing was queued; the connection still works.
@@ -1241,7 +1247,7 @@ fn read_needs_one_sge() {
     let op = SendOp::Read { remote_stag: remote.rkey(), remote_to: remote.addr() };
     let two = vec![sink.sge(0, 8), sink.sge(8, 8)];
     assert_eq!(
-        p.client.qp.post_send(SendWr { wr_id: 1, op, sgl: two, signaled: true }),
+        p.client.qp.post_send(SendWr { wr_id: 1, op, sgl: two.into(), signaled: true }),
         Err(PostError::ReadNeedsOneSge)
     );
 }
@@ -1368,7 +1374,7 @@ fn send_queue_depth_is_outstanding_work() {
     let read = |i: u64| SendWr {
         wr_id: i,
         op: SendOp::Read { remote_stag: remote.rkey(), remote_to: remote.addr() },
-        sgl: vec![sink.sge(0, 8)],
+        sgl: sink.sge(0, 8).into(),
         signaled: true,
     };
     let mut refused = 0;

@@ -35,13 +35,13 @@ fn captured_connection_dissects_cleanly() {
         let target = pd.register(100_000, Access::REMOTE_WRITE).unwrap();
         let source = pd.register_bytes(&vec![7u8; 100_000], Access::NONE).unwrap();
         let recv = pd.register(64, Access::LOCAL_WRITE).unwrap();
-        server_qp.post_recv(RecvWr { wr_id: 9, sgl: vec![recv.sge(0, 64)] }).unwrap();
+        server_qp.post_recv(RecvWr { wr_id: 9, sgl: recv.sge(0, 64).into() }).unwrap();
         client
             .qp
             .post_send(SendWr {
                 wr_id: 1,
                 op: SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() },
-                sgl: vec![source.sge_all()],
+                sgl: source.sge_all().into(),
                 signaled: true,
             })
             .unwrap();
@@ -50,7 +50,7 @@ fn captured_connection_dissects_cleanly() {
             .post_send(SendWr {
                 wr_id: 2,
                 op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: vec![source.sge(0, 64)],
+                sgl: source.sge(0, 64).into(),
                 signaled: true,
             })
             .unwrap();

@@ -20,7 +20,7 @@ fn receives_posted_before_accept_catch_the_first_send() {
         let server = {
             let (pd, cq) = (pd.clone(), cq.clone());
             let opts = ConnectOptions {
-                recv: vec![RecvWr { wr_id: 77, sgl: vec![inbox.sge(0, 64)] }],
+                recv: vec![RecvWr { wr_id: 77, sgl: inbox.sge(0, 64).into() }],
                 ..ConnectOptions::default()
             };
             std::thread::spawn(move || {
@@ -34,7 +34,7 @@ fn receives_posted_before_accept_catch_the_first_send() {
             .post_send(SendWr {
                 wr_id: 1,
                 op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: vec![msg.sge(0, 5)],
+                sgl: msg.sge(0, 5).into(),
                 signaled: true,
             })
             .unwrap();
@@ -59,7 +59,7 @@ fn two_connections_share_a_receive_queue() {
     let srq = device.create_srq(16);
     let inbox = pd.register(4 * 64, Access::LOCAL_WRITE).unwrap();
     for i in 0..4usize {
-        srq.post_recv(RecvWr { wr_id: 100 + i as u64, sgl: vec![inbox.sge(i * 64, 64)] }).unwrap();
+        srq.post_recv(RecvWr { wr_id: 100 + i as u64, sgl: inbox.sge(i * 64, 64).into() }).unwrap();
     }
     let listener = device.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -77,13 +77,13 @@ fn two_connections_share_a_receive_queue() {
     let clients: Vec<_> =
         (0..2).map(|_| device.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).unwrap().qp).collect();
     let servers = server.join().unwrap();
-    assert_eq!(servers[0].post_recv(RecvWr { wr_id: 1, sgl: vec![] }), Err(iwarp::PostError::UsesSrq));
+    assert_eq!(servers[0].post_recv(RecvWr { wr_id: 1, sgl: vec![].into() }), Err(iwarp::PostError::UsesSrq));
     let msg = pd.register_bytes(b"hello", Access::NONE).unwrap();
     for (i, c) in clients.iter().enumerate() {
         c.post_send(SendWr {
             wr_id: i as u64,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![msg.sge(0, 5)],
+            sgl: msg.sge(0, 5).into(),
             signaled: false,
         })
         .unwrap();

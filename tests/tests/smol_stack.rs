@@ -139,7 +139,7 @@ fn exercise(a: &End, b: &End, big: usize) {
             let dst = to.pd.register(len, Access::REMOTE_WRITE.union(Access::LOCAL_WRITE)).unwrap();
             let op = SendOp::Write { remote_stag: dst.rkey(), remote_to: dst.addr() };
             from.qp
-                .post_send(SendWr { wr_id, op, sgl: vec![src.sge(0, len as u32)], signaled: true })
+                .post_send(SendWr { wr_id, op, sgl: src.sge(0, len as u32).into(), signaled: true })
                 .unwrap();
             from.wait_ok(wr_id, "write");
             // A Write completes when sent; placement follows its arrival.
@@ -150,19 +150,19 @@ fn exercise(a: &End, b: &End, big: usize) {
             let readable = to.pd.register_bytes(&data, Access::REMOTE_READ).unwrap();
             let op = SendOp::Read { remote_stag: readable.rkey(), remote_to: readable.addr() };
             from.qp
-                .post_send(SendWr { wr_id, op, sgl: vec![back.sge(0, len as u32)], signaled: true })
+                .post_send(SendWr { wr_id, op, sgl: back.sge(0, len as u32).into(), signaled: true })
                 .unwrap();
             from.wait_ok(wr_id, "read");
             assert!(back.to_vec() == data, "RDMA Read of {len} B: data differs");
             // Send / Receive.
             wr_id += 1;
             let rbuf = to.pd.register(len, Access::LOCAL_WRITE).unwrap();
-            to.qp.post_recv(RecvWr { wr_id, sgl: vec![rbuf.sge(0, len as u32)] }).unwrap();
+            to.qp.post_recv(RecvWr { wr_id, sgl: rbuf.sge(0, len as u32).into() }).unwrap();
             from.qp
                 .post_send(SendWr {
                     wr_id,
                     op: SendOp::Send { solicited: false, invalidate: None },
-                    sgl: vec![src.sge(0, len as u32)],
+                    sgl: src.sge(0, len as u32).into(),
                     signaled: true,
                 })
                 .unwrap();
@@ -178,13 +178,13 @@ fn exercise(a: &End, b: &End, big: usize) {
     let dst = b.pd.register(big, Access::ALL).unwrap();
     let started = Instant::now();
     let op = SendOp::Write { remote_stag: dst.rkey(), remote_to: dst.addr() };
-    a.qp.post_send(SendWr { wr_id: 900, op, sgl: vec![src.sge(0, big as u32)], signaled: true }).unwrap();
+    a.qp.post_send(SendWr { wr_id: 900, op, sgl: src.sge(0, big as u32).into(), signaled: true }).unwrap();
     a.wait_ok(900, "large write");
     wait_placed(&dst, &data, "large RDMA Write");
     let wrote = started.elapsed();
     let back = a.pd.register(big, Access::LOCAL_WRITE).unwrap();
     let op = SendOp::Read { remote_stag: dst.rkey(), remote_to: dst.addr() };
-    a.qp.post_send(SendWr { wr_id: 901, op, sgl: vec![back.sge(0, big as u32)], signaled: true }).unwrap();
+    a.qp.post_send(SendWr { wr_id: 901, op, sgl: back.sge(0, big as u32).into(), signaled: true }).unwrap();
     a.wait_ok(901, "large read");
     assert!(back.to_vec() == data, "large RDMA Read: data differs");
     println!("{} MiB written in {wrote:?}, read back in {:?}", big / MIB, started.elapsed() - wrote);

@@ -148,7 +148,7 @@ impl Victim {
     }
 
     pub(crate) fn post_recv(&mut self, wr_id: u64, sgl: Vec<Sge>) {
-        self.conn.qp().post_recv(RecvWr { wr_id, sgl }).unwrap();
+        self.conn.qp().post_recv(RecvWr { wr_id, sgl: sgl.into() }).unwrap();
     }
 
     pub(crate) fn post_send(&mut self, wr: SendWr) {

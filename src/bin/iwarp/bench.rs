@@ -66,11 +66,20 @@ pub(crate) struct Args {
     #[arg(long = "mpa-rev", value_parser = clap::value_parser!(u8).range(1..=2), default_value_t = 2)]
     mpa_rev: u8,
     /// The engine's poll mode.
-    #[arg(long, value_enum, default_value_t = Poll::Busy)]
+    #[arg(long, value_enum, default_value_t = Poll::Adaptive)]
     poll: Poll,
     /// Queue pairs (connections); bandwidth messages go round-robin over them.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
     qps: u16,
+    /// Run both ends on one device (one engine). By default the client and the server have
+    /// a device each, as two hosts would; one shared device hides the cost of waking the
+    /// peer's engine.
+    #[arg(long)]
+    shared_device: bool,
+    /// A pause before each round trip of the latency measurements (raw TCP's too), e.g.
+    /// 10ms: sparse messages, which find the engines asleep [default: 0].
+    #[arg(long, value_parser = parse_gap)]
+    gap: Option<Duration>,
     /// Work requests outstanding in the bandwidth measurements (Reads: also at most the ORD,
     /// 16, per queue pair).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -174,6 +183,26 @@ fn parse_size(s: &str) -> Result<usize, String> {
         return Err(format!("size '{s}' is above the 1 GiB limit"));
     }
     Ok(size)
+}
+
+/// Parses a pause: a number with a unit (s, ms, us), e.g. 10ms; at most 10 s.
+fn parse_gap(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return Err(format!("'{s}' needs a unit: s, ms or us (e.g. 10ms)"));
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a pause (e.g. 10ms)"))?;
+    let secs = v * scale;
+    if !(0.0..=10.0).contains(&secs) {
+        return Err(format!("the gap must be between 0 and 10 s, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Parses a positive number of seconds (at most a day).
@@ -313,6 +342,8 @@ struct Report {
     rows: Vec<Row>,
     rate: RateSummary,
     negotiated: Option<rdma::Negotiated>,
+    /// Resident memory per idle connection end, measured while connecting.
+    idle_bytes_per_qp: Option<u64>,
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
@@ -404,6 +435,10 @@ fn sizes(args: &Args) -> Vec<usize> {
     sizes
 }
 
+fn gap(args: &Args) -> Duration {
+    args.gap.unwrap_or(Duration::ZERO)
+}
+
 fn budget(args: &Args) -> Budget {
     Budget { iters: args.iters, duration: args.duration.unwrap_or(DEFAULT_DURATION) }
 }
@@ -450,7 +485,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
             None => {
                 let stream = raw::stream(size, &budget)?;
                 let ping_pong = if sizes.contains(&size) {
-                    raw::ping_pong(size, &budget, raw_busy(args))?
+                    raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
                 } else {
                     Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
                 };
@@ -473,6 +508,8 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         revision: args.mpa_rev,
         qps: usize::from(args.qps),
         window: usize::from(args.window),
+        shared_device: args.shared_device,
+        gap: gap(args),
         max_size: sizes.iter().copied().chain([RATE_SIZE]).max().unwrap_or(RATE_SIZE),
         pcap: match &args.pcap {
             Some(path) => Some(
@@ -486,6 +523,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     };
     let mut bench = rdma::Bench::open(cfg)?;
     let negotiated = bench.negotiated();
+    let idle_bytes_per_qp = bench.idle_bytes_per_qp();
     let mut rows = Vec::new();
     for &op in &ops {
         for &size in &sizes {
@@ -516,7 +554,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
     };
     bench.close();
-    Ok(Report { rows, rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate }, negotiated })
+    Ok(Report { rows, rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate }, negotiated, idle_bytes_per_qp })
 }
 
 /// 64, 256, 1K, 4K, 1M, 1.5K...
@@ -544,9 +582,22 @@ fn config_line(args: &Args, report: &Report) -> String {
         _ => "127.0.0.1".to_string(),
     };
     let raw_kind = if args.transport.smoltcp() { "smoltcp raw TCP" } else { "raw TCP" };
+    let layout = if args.shared_device {
+        "client and server on one shared device"
+    } else {
+        "client and server on separate devices (engines)"
+    };
+    let gap =
+        if gap(args).is_zero() { String::new() } else { format!(", {:?} between round trips", gap(args)) };
+    let memory = match report.idle_bytes_per_qp {
+        Some(b) => {
+            format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
+        }
+        None => String::new(),
+    };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
-         {raw_kind}: length-prefixed stream; {} ping-pong. Latency is the round trip.\n",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -661,6 +712,9 @@ fn json_report(args: &Args, report: &Report) -> String {
             "qps": args.qps,
             "window": args.window,
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
+            "shared_device": args.shared_device,
+            "gap_us": gap(args).as_secs_f64() * 1e6,
+            "idle_bytes_per_qp": report.idle_bytes_per_qp,
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
                 "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,

@@ -464,7 +464,7 @@ impl CtrlBufs {
 
     /// The receive posted before the connection goes live.
     fn first_recv(&self) -> RecvWr {
-        RecvWr { wr_id: 0, sgl: vec![self.recv_mr.sge_all()] }
+        RecvWr { wr_id: 0, sgl: self.recv_mr.sge_all().into() }
     }
 
     fn into_ctrl(self, qp: QueuePair, timeout: Duration, server: bool) -> Ctrl {
@@ -527,7 +527,7 @@ impl Ctrl {
         let wr = SendWr {
             wr_id: self.next_wr,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![self.send_mr.sge(0, len)],
+            sgl: self.send_mr.sge(0, len).into(),
             signaled: true,
         };
         self.qp.post_send(wr).map_err(|e| format!("cannot post the Send of {what}: {e:?}"))?;
@@ -541,7 +541,7 @@ impl Ctrl {
         let mut b = vec![0u8; expect.min(wire::MAX_MSG)];
         self.recv_mr.read(0, &mut b).map_err(|e| format!("control receive buffer: {e:?}"))?;
         self.next_wr += 1;
-        let wr = RecvWr { wr_id: self.next_wr, sgl: vec![self.recv_mr.sge_all()] };
+        let wr = RecvWr { wr_id: self.next_wr, sgl: self.recv_mr.sge_all().into() };
         self.qp.post_recv(wr).map_err(|e| format!("cannot post a control receive: {e:?}"))?;
         Ok(b)
     }
@@ -906,7 +906,7 @@ fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord) -> Result
                 _ => SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
             };
             let local = usize::try_from(off).unwrap_or(0);
-            let wr = SendWr { wr_id: posted, op, sgl: vec![d.buf.sge(local, size)], signaled };
+            let wr = SendWr { wr_id: posted, op, sgl: d.buf.sge(local, size).into(), signaled };
             match d.qp.post_send(wr) {
                 Ok(()) => {}
                 Err(iwarp::PostError::QueueFull) => break,
@@ -988,7 +988,7 @@ fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
             let wr = SendWr {
                 wr_id: posted,
                 op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: vec![d.buf.sge(0, size)],
+                sgl: d.buf.sge(0, size).into(),
                 signaled,
             };
             match d.qp.post_send(wr) {
@@ -1043,7 +1043,7 @@ fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
 
 /// Posts one `size`-byte receive into the second half of the buffer.
 fn post_data_recv(d: &Data, p: &Params, wr_id: u64) -> Result<(), String> {
-    let wr = RecvWr { wr_id, sgl: vec![d.buf.sge(d.half, p.size)] };
+    let wr = RecvWr { wr_id, sgl: d.buf.sge(d.half, p.size).into() };
     d.qp.post_recv(wr).map_err(|e| format!("cannot post a data receive: {e:?}"))
 }
 
@@ -1111,7 +1111,7 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             let w = SendWr {
                 wr_id: u64::MAX - received,
                 op: SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr },
-                sgl: vec![d.credit_src.sge(slot, 4)],
+                sgl: d.credit_src.sge(slot, 4).into(),
                 signaled: true,
             };
             d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
@@ -1334,7 +1334,7 @@ fn server_session(
     // send_bw: the data receives (rx depth of them, at most N) go up with the connection.
     let first_recvs = if p.test == Test::Send {
         let k = if p.iters == 0 { u64::from(p.rx_depth) } else { u64::from(p.rx_depth).min(p.iters) };
-        (0..k).map(|i| RecvWr { wr_id: i, sgl: vec![bufs.buf.sge(bufs.half, p.size)] }).collect()
+        (0..k).map(|i| RecvWr { wr_id: i, sgl: bufs.buf.sge(bufs.half, p.size).into() }).collect()
     } else {
         Vec::new()
     };

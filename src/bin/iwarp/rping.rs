@@ -308,7 +308,7 @@ struct Conn {
 impl Conn {
     fn post_recv(&mut self) -> Result<(), Stop> {
         self.next_wr += 1;
-        let wr = RecvWr { wr_id: self.next_wr, sgl: vec![self.recv_mr.sge_all()] };
+        let wr = RecvWr { wr_id: self.next_wr, sgl: self.recv_mr.sge_all().into() };
         self.qp.post_recv(wr).map_err(|e| Stop::Failed(format!("cannot post a receive: {e:?}")))
     }
 
@@ -320,7 +320,7 @@ impl Conn {
         let wr = SendWr {
             wr_id: self.next_wr,
             op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: vec![self.send_mr.sge_all()],
+            sgl: self.send_mr.sge_all().into(),
             signaled: true,
         };
         self.qp.post_send(wr).map_err(|e| Stop::Failed(format!("cannot post a Send: {e:?}")))
@@ -328,7 +328,7 @@ impl Conn {
 
     fn post(&mut self, op: SendOp, mr: &MemoryRegion, len: u32) -> Result<(), Stop> {
         self.next_wr += 1;
-        let wr = SendWr { wr_id: self.next_wr, op, sgl: vec![mr.sge(0, len)], signaled: true };
+        let wr = SendWr { wr_id: self.next_wr, op, sgl: mr.sge(0, len).into(), signaled: true };
         self.qp.post_send(wr).map_err(|e| Stop::Failed(format!("cannot post {op:?}: {e:?}")))
     }
 
@@ -590,7 +590,7 @@ fn server(args: &Args) -> Result<(), Fail> {
 /// soon as the client has the Reply), as rping posts it before `rdma_accept`.
 fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) -> Result<Served, String> {
     let Prepared { device, pd, cq, recv_mr, send_mr, rdma_mr } = p;
-    let first = RecvWr { wr_id: 1, sgl: vec![recv_mr.sge_all()] };
+    let first = RecvWr { wr_id: 1, sgl: recv_mr.sge_all().into() };
     let opts = ConnectOptions { recv: vec![first], ..s.opts.clone() };
     let qp = req.accept(&pd, &cq, &cq, &opts).map_err(|e| cm_message(&e))?;
     let conn = Conn { qp, cq, recv_mr, send_mr, timeout: s.timeout, next_wr: 1 };

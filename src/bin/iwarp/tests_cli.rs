@@ -242,7 +242,8 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
 fn bench_json_has_every_row() {
     let v = bench_json(&[]);
     assert_eq!(v["config"]["crc"], true);
-    assert_eq!(v["config"]["poll"], "busy");
+    assert_eq!(v["config"]["poll"], "adaptive");
+    assert_eq!(v["config"]["shared_device"], false);
     assert_eq!(v["config"]["negotiated"]["crc"], true);
 }
 

@@ -163,8 +163,13 @@ fn prepare(s: &TcpStream, busy: bool) -> io::Result<()> {
 }
 
 /// Ping-pong: the client sends `size` bytes, the server echoes them; one sample per round
-/// trip. With `busy`, both ends spin on nonblocking sockets.
-pub(super) fn ping_pong(size: usize, budget: &Budget, busy: bool) -> Result<Latency, BenchError> {
+/// trip, each after a pause of `gap`. With `busy`, both ends spin on nonblocking sockets.
+pub(super) fn ping_pong(
+    size: usize,
+    budget: &Budget,
+    busy: bool,
+    gap: Duration,
+) -> Result<Latency, BenchError> {
     let (addr, handle) = server(move |mut s| {
         prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
         let mut buf = vec![0u8; size];
@@ -180,6 +185,9 @@ pub(super) fn ping_pong(size: usize, budget: &Budget, busy: bool) -> Result<Late
     let mut samples = Vec::new();
     let start = Instant::now();
     loop {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         let t0 = Instant::now();
         write_all(&mut s, &out, busy).map_err(io_err("ping write"))?;
         if !read_exact(&mut s, &mut back, busy).map_err(io_err("pong read"))? {

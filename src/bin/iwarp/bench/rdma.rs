@@ -1,11 +1,13 @@
-//! The iWARP measurements: one device, one protection domain and one completion queue, both
-//! ends of every connection in this process, driven by the calling thread.
-//!
-//! One application thread posts for both ends and reaps every completion (they all go to
-//! one queue; the queue pair number and the work request id say whose it is), so that with a
-//! busy-polling engine thread the run takes two cores, as the raw-TCP baseline's two threads
-//! do.
+//! The iWARP measurements, shaped like two hosts: the client and the server each have their
+//! own device (their own engine), protection domain, completion queue and thread. The
+//! calling thread is the client; a server thread answers what each measurement needs of it
+//! (keeping receive buffers posted, answering ping-pongs). `--shared-device` puts both ends
+//! on one device (one engine), the layout that hides wake-up costs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iwarp::mpa::{CrcPolicy, Policy};
@@ -23,12 +25,12 @@ const SMOL_PORT: u16 = 7290;
 
 /// Busy-wait turns before a busy wait starts yielding the core (some tens of microseconds).
 const SPINS_BEFORE_YIELD: u32 = 20_000;
+/// How often the server thread looks for its next command while it waits for completions.
+const SERVER_TICK: Duration = Duration::from_millis(2);
 
 /// What a work request id says about its origin (low byte); the pair index is above it.
-const TAG_CLIENT_SQ: u64 = 0;
-const TAG_SERVER_SQ: u64 = 1;
-const TAG_CLIENT_RQ: u64 = 2;
-const TAG_SERVER_RQ: u64 = 3;
+const TAG_SQ: u64 = 0;
+const TAG_RQ: u64 = 2;
 /// The final Read that proves earlier Writes were placed.
 const TAG_FLUSH: u64 = 4;
 
@@ -50,37 +52,98 @@ pub(super) struct Config {
     pub(super) window: usize,
     /// The largest message size of the run (buffers are registered once, this big).
     pub(super) max_size: usize,
+    /// Both ends on one device.
+    pub(super) shared_device: bool,
+    /// A pause between the round trips of the latency measurements.
+    pub(super) gap: Duration,
     /// Where to record the connections, if anywhere.
     pub(super) pcap: Option<std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>>,
     /// smoltcp: the client's and the server's stacks (else kernel TCP over 127.0.0.1).
     pub(super) smol: Option<(iwarp::netdev::SmolStack, iwarp::netdev::SmolStack)>,
 }
 
-/// One connection: both ends, and the receives posted on each.
-struct Pair {
-    client: QueuePair,
-    server: QueuePair,
-    client_rq: usize,
-    server_rq: usize,
-    ord: usize,
+impl Config {
+    fn busy(&self) -> bool {
+        matches!(self.poll, PollMode::Busy | PollMode::Inline)
+    }
 }
 
-/// The device, its connections and registered buffers.
+/// One end's memory: a source and a destination buffer, `max_size` bytes each.
+struct Buffers {
+    src: MemoryRegion,
+    dst: MemoryRegion,
+}
+
+impl Buffers {
+    fn register(pd: &ProtectionDomain, size: usize) -> Result<Buffers, BenchError> {
+        let remote = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+        Ok(Buffers {
+            src: pd.register(size, Access::REMOTE_READ).map_err(reg_err)?,
+            dst: pd.register(size, remote).map_err(reg_err)?,
+        })
+    }
+}
+
+/// What the server thread does during a measurement.
+#[derive(Debug, Clone, Copy)]
+enum Serve {
+    /// Nothing: the client's Writes and Reads need no help.
+    Idle,
+    /// Keep receive buffers posted and count the messages received (Send bandwidth).
+    Sink,
+    /// Answer each Write of `size` bytes (seen by its marker) with a Write back.
+    WritePong(usize),
+    /// Answer each received Send with a Send of `size` bytes.
+    SendPong(usize),
+    /// Finish.
+    Stop,
+}
+
+/// The server end, as its thread sees it.
+struct Server {
+    qps: Vec<QueuePair>,
+    cq: CompletionQueue,
+    bufs: Buffers,
+    /// The client's destination buffer (key, address), where answering Writes go.
+    client_dst: (iwarp::STag, u64),
+    /// Receives posted per pair.
+    posted: Vec<usize>,
+    /// Messages received per pair (read by the client for flow control).
+    received: Arc<Vec<AtomicU64>>,
+    /// Send-queue work outstanding.
+    sq_out: usize,
+    /// The last ping-pong marker seen in the destination buffer.
+    mark: [u8; 8],
+    rq_target: usize,
+    max_size: usize,
+    busy: bool,
+    /// The server's device runs inline: this thread drives it.
+    inline: bool,
+}
+
+/// Measurement results, on the client's device.
 pub(super) struct Bench {
-    // Fields drop in order: queue pairs and regions before the device.
-    pairs: Vec<Pair>,
-    client_src: MemoryRegion,
-    client_dst: MemoryRegion,
-    server_src: MemoryRegion,
-    server_dst: MemoryRegion,
+    // Fields drop in order: queue pairs and regions before the devices.
+    qps: Vec<QueuePair>,
+    bufs: Buffers,
+    /// The server's regions' keys and addresses.
+    peer: (iwarp::STag, u64, iwarp::STag, u64),
     cq: CompletionQueue,
     cfg: Config,
     seq: u64,
-    /// Receives kept posted on each end of each pair.
+    /// Receives posted per pair, and the target kept posted.
+    posted: Vec<usize>,
     rq_target: usize,
     /// Outstanding work requests allowed per pair.
     per_pair: usize,
-    _device: Device,
+    ords: Vec<usize>,
+    received: Arc<Vec<AtomicU64>>,
+    commands: Sender<Serve>,
+    acks: Receiver<Result<(), BenchError>>,
+    server: Option<JoinHandle<()>>,
+    /// Resident memory growth per connection end while the connections were set up idle.
+    idle_bytes_per_qp: Option<u64>,
+    _devices: Vec<Device>,
 }
 
 /// What the connections negotiated.
@@ -107,14 +170,29 @@ fn len32(size: usize) -> Result<u32, BenchError> {
     u32::try_from(size).map_err(|_| BenchError(format!("a message of {size} bytes is too long")))
 }
 
+/// The process's resident memory in bytes (Linux), if it can be read.
+pub(super) fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 impl Bench {
-    /// Opens the device and connects `cfg.qps` queue pairs over 127.0.0.1.
+    /// Opens the devices and connects `cfg.qps` queue pairs.
     pub(super) fn open(cfg: Config) -> Result<Bench, BenchError> {
-        let device = Device::open(DeviceConfig { poll_mode: cfg.poll, ..DeviceConfig::default() });
-        let pd = device.alloc_pd();
+        let dev_config = DeviceConfig { poll_mode: cfg.poll, ..DeviceConfig::default() };
+        let mut devices = vec![Device::open(dev_config)];
+        if !cfg.shared_device {
+            devices.push(Device::open(dev_config));
+        }
+        let (client_dev, server_dev) = (&devices[0], &devices[devices.len() - 1]);
+        let (pd, server_pd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
         // Room for every completion a measurement can have outstanding.
-        let cq = device.create_cq(cfg.qps * (cfg.window + 8) * 4 + 64);
+        let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
+        let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
+        let rq_target = per_pair + 8;
         let opts = ConnectOptions {
             policy: Policy {
                 revision: cfg.revision,
@@ -124,7 +202,7 @@ impl Bench {
                 ..Policy::default()
             },
             max_send_wr: per_pair + 64,
-            max_recv_wr: per_pair + 64,
+            max_recv_wr: rq_target + 64,
             capture: cfg.pcap.clone(),
             ..ConnectOptions::default()
         };
@@ -133,13 +211,14 @@ impl Bench {
             None => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         };
         let mut listener =
-            crate::transport::AnyListener::listen(&device, cfg.smol.as_ref().map(|s| &s.1), bind)
+            crate::transport::AnyListener::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
                 .map_err(cm_err("listen"))?;
         let addr = listener.local_addr().ok_or_else(|| BenchError("listen: no local address".into()))?;
-        let server = {
+        let rss_before = resident_bytes();
+        let accepting = {
             // The client end records the connection; recording both ends would show it twice.
             let server_opts = ConnectOptions { capture: None, ..opts.clone() };
-            let (pd, cq, opts, n) = (pd.clone(), cq.clone(), server_opts, cfg.qps);
+            let (pd, cq, opts, n) = (server_pd.clone(), server_cq.clone(), server_opts, cfg.qps);
             std::thread::Builder::new()
                 .name("bench-accept".into())
                 .spawn(move || -> Result<Vec<QueuePair>, BenchError> {
@@ -152,101 +231,114 @@ impl Bench {
                 })
                 .map_err(|e| BenchError(format!("cannot start the accepting thread: {e}")))?
         };
-        let mut clients = Vec::with_capacity(cfg.qps);
+        let mut qps = Vec::with_capacity(cfg.qps);
         for _ in 0..cfg.qps {
             let connected = match &cfg.smol {
-                Some((client, _)) => device.connect_smol(client, addr, &pd, &cq, &cq, &opts),
-                None => device.connect(addr, &pd, &cq, &cq, &opts),
+                Some((client, _)) => client_dev.connect_smol(client, addr, &pd, &cq, &cq, &opts),
+                None => client_dev.connect(addr, &pd, &cq, &cq, &opts),
             };
             match connected {
-                Ok(c) => clients.push(c.qp),
+                Ok(c) => qps.push(c.qp),
                 Err(e) => {
                     // The accepting thread gives up on its own after its timeout.
-                    let _ = server.join();
+                    let _ = accepting.join();
                     return Err(cm_err("connect")(e));
                 }
             }
         }
-        let servers = server.join().map_err(|_| BenchError("the accepting thread panicked".into()))??;
-        let pairs = clients
-            .into_iter()
-            .zip(servers)
-            .map(|(client, server)| {
-                let ord = usize::from(client.conn_params().ord).max(1);
-                Pair { client, server, client_rq: 0, server_rq: 0, ord }
-            })
-            .collect();
-        let remote = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
-        let src = |pd: &ProtectionDomain| pd.register(cfg.max_size, Access::REMOTE_READ).map_err(reg_err);
-        let dst = |pd: &ProtectionDomain| pd.register(cfg.max_size, remote).map_err(reg_err);
+        let server_qps =
+            accepting.join().map_err(|_| BenchError("the accepting thread panicked".into()))??;
+        // Both ends of every connection live in this process: growth per end.
+        let idle_bytes_per_qp = match (rss_before, resident_bytes()) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) / (2 * cfg.qps as u64)),
+            _ => None,
+        };
+        let ords = qps.iter().map(|q| usize::from(q.conn_params().ord).max(1)).collect();
+        let bufs = Buffers::register(&pd, cfg.max_size)?;
+        let server_bufs = Buffers::register(&server_pd, cfg.max_size)?;
+        let peer =
+            (server_bufs.src.rkey(), server_bufs.src.addr(), server_bufs.dst.rkey(), server_bufs.dst.addr());
+        let received: Arc<Vec<AtomicU64>> = Arc::new((0..cfg.qps).map(|_| AtomicU64::new(0)).collect());
+        let server = Server {
+            posted: vec![0; server_qps.len()],
+            qps: server_qps,
+            cq: server_cq,
+            bufs: server_bufs,
+            client_dst: (bufs.dst.rkey(), bufs.dst.addr()),
+            received: received.clone(),
+            sq_out: 0,
+            mark: [0; 8],
+            rq_target,
+            max_size: cfg.max_size,
+            busy: cfg.busy(),
+            inline: cfg.poll == PollMode::Inline,
+        };
+        let (commands, command_rx) = mpsc::channel();
+        let (ack_tx, acks) = mpsc::channel();
+        let server = std::thread::Builder::new()
+            .name("bench-server".into())
+            .spawn(move || server.run(&command_rx, &ack_tx))
+            .map_err(|e| BenchError(format!("cannot start the server thread: {e}")))?;
         Ok(Bench {
-            pairs,
-            client_src: src(&pd)?,
-            client_dst: dst(&pd)?,
-            server_src: src(&pd)?,
-            server_dst: dst(&pd)?,
+            posted: vec![0; qps.len()],
+            qps,
+            bufs,
+            peer,
             cq,
             cfg,
             seq: 0,
-            rq_target: per_pair + 8,
+            rq_target,
             per_pair,
-            _device: device,
+            ords,
+            received,
+            commands,
+            acks,
+            server: Some(server),
+            idle_bytes_per_qp,
+            _devices: devices,
         })
     }
 
     /// What the first connection negotiated.
     pub(super) fn negotiated(&self) -> Option<Negotiated> {
-        self.pairs.first().map(|p| {
-            let c = p.client.conn_params();
+        self.qps.first().map(|q| {
+            let c = q.conn_params();
             Negotiated { crc: c.crc, revision: c.revision, ord: c.ord }
         })
     }
 
-    fn busy(&self) -> bool {
-        matches!(self.cfg.poll, PollMode::Busy | PollMode::Inline)
+    /// Resident memory per idle connection end, measured while connecting.
+    pub(super) fn idle_bytes_per_qp(&self) -> Option<u64> {
+        self.idle_bytes_per_qp
+    }
+
+    /// Tells the server thread what to do next and waits until it is ready.
+    fn serve(&self, what: Serve) -> Result<(), BenchError> {
+        self.commands.send(what).map_err(|_| BenchError("the server thread is gone".into()))?;
+        match self.acks.recv_timeout(STALL) {
+            Ok(r) => r,
+            Err(_) => Err(BenchError("the server thread did not answer".into())),
+        }
     }
 
     /// The next completion, failing on a timeout or an unsuccessful status.
     fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
-        let wc = if self.busy() {
-            let deadline = Instant::now() + STALL;
-            let mut spins = 0u32;
-            loop {
-                if let Some(wc) = self.cq.poll() {
-                    break Some(wc);
-                }
-                spins = spins.wrapping_add(1);
-                if spins % 1024 == 0 && Instant::now() >= deadline {
-                    break None;
-                }
-                relax(spins);
-            }
-        } else {
-            self.cq.wait(STALL)
-        };
+        let wc = next_completion(&self.cq, self.cfg.busy());
         let wc =
             wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
         check(&wc, what)?;
         Ok(wc)
     }
 
-    /// Tops the receive queues of both ends of every pair up to the target.
+    /// Tops the client's receive queues up to the target.
     fn top_up(&mut self) -> Result<(), BenchError> {
-        let len = len32(self.cfg.max_size)?;
-        for (i, p) in self.pairs.iter_mut().enumerate() {
-            while p.client_rq < self.rq_target {
-                let sgl = vec![self.client_dst.sge(0, len)];
-                p.client
-                    .post_recv(RecvWr { wr_id: wr_id(i, TAG_CLIENT_RQ), sgl })
-                    .map_err(post_err("a receive"))?;
-                p.client_rq += 1;
-            }
-            while p.server_rq < self.rq_target {
-                let sgl = vec![self.server_dst.sge(0, len)];
-                p.server
-                    .post_recv(RecvWr { wr_id: wr_id(i, TAG_SERVER_RQ), sgl })
-                    .map_err(post_err("a receive"))?;
-                p.server_rq += 1;
+        let sge = self.bufs.dst.sge(0, len32(self.cfg.max_size)?);
+        for (i, qp) in self.qps.iter().enumerate() {
+            let n = self.rq_target.saturating_sub(self.posted[i]);
+            if n > 0 {
+                let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+                qp.post_recv_list(wrs).map_err(|e| BenchError(format!("posting receives failed: {e}")))?;
+                self.posted[i] += n;
             }
         }
         Ok(())
@@ -254,18 +346,17 @@ impl Bench {
 
     fn client_wr(&self, op: Op, pair: usize, size: usize, tag: u64) -> Result<SendWr, BenchError> {
         let len = len32(size)?;
+        let (src_key, src_addr, dst_key, dst_addr) = self.peer;
         let (op, sge) = match op {
-            Op::Write => (
-                SendOp::Write { remote_stag: self.server_dst.rkey(), remote_to: self.server_dst.addr() },
-                self.client_src.sge(0, len),
-            ),
-            Op::Read => (
-                SendOp::Read { remote_stag: self.server_src.rkey(), remote_to: self.server_src.addr() },
-                self.client_dst.sge(0, len),
-            ),
-            Op::Send => (SendOp::Send { solicited: false, invalidate: None }, self.client_src.sge(0, len)),
+            Op::Write => {
+                (SendOp::Write { remote_stag: dst_key, remote_to: dst_addr }, self.bufs.src.sge(0, len))
+            }
+            Op::Read => {
+                (SendOp::Read { remote_stag: src_key, remote_to: src_addr }, self.bufs.dst.sge(0, len))
+            }
+            Op::Send => (SendOp::Send { solicited: false, invalidate: None }, self.bufs.src.sge(0, len)),
         };
-        Ok(SendWr { wr_id: wr_id(pair, tag), op, sgl: vec![sge], signaled: true })
+        Ok(SendWr { wr_id: wr_id(pair, tag), op, sgl: sge.into(), signaled: true })
     }
 
     /// Streams messages of `size` bytes, `window` outstanding, spread round-robin over the
@@ -277,63 +368,75 @@ impl Bench {
         budget: &Budget,
     ) -> Result<Throughput, BenchError> {
         let what = format!("{} {size} B bandwidth", op.name());
-        self.top_up()?;
-        let n = self.pairs.len();
+        self.serve(if op == Op::Send { Serve::Sink } else { Serve::Idle })?;
+        let n = self.qps.len();
         let limit: Vec<usize> = self
-            .pairs
+            .ords
             .iter()
-            .map(|p| if op == Op::Read { self.per_pair.min(p.ord) } else { self.per_pair })
+            .map(|&ord| if op == Op::Read { self.per_pair.min(ord) } else { self.per_pair })
             .collect();
-        // Per pair: send-queue work outstanding, and (Send) messages not yet received.
+        // Per pair: send-queue work outstanding, and (Send) messages posted.
         let mut sq_out = vec![0usize; n];
-        let mut in_flight = vec![0usize; n];
+        let mut sent = vec![0u64; n];
+        let base: Vec<u64> = self.received.iter().map(|r| r.load(Ordering::Acquire)).collect();
+        let in_flight = |i: usize, sent: &[u64]| -> usize {
+            let got = self.received[i].load(Ordering::Acquire) - base[i];
+            usize::try_from(sent[i].saturating_sub(got)).unwrap_or(usize::MAX)
+        };
         let (mut posted, mut done) = (0u64, 0u64);
         let mut next_pair = 0usize;
         let mut stop = false;
         let start = Instant::now();
+        let mut batch = Vec::new();
         loop {
-            // Post while some pair has room.
+            // Post while some pair has room, a list per pair.
             while !stop {
                 let Some(i) = (0..n)
                     .map(|k| (next_pair + k) % n)
-                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight[i] < limit[i]))
+                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < limit[i]))
                 else {
                     break;
                 };
                 next_pair = (i + 1) % n;
-                let wr = self.client_wr(op, i, size, TAG_CLIENT_SQ)?;
-                self.pairs[i].client.post_send(wr).map_err(post_err(&what))?;
-                sq_out[i] += 1;
-                in_flight[i] += 1;
-                posted += 1;
-                stop = budget.spent(posted, start);
+                let room = if op == Op::Send {
+                    (limit[i] - sq_out[i]).min(limit[i] - in_flight(i, &sent))
+                } else {
+                    limit[i] - sq_out[i]
+                };
+                batch.clear();
+                while batch.len() < room && !stop {
+                    batch.push(self.client_wr(op, i, size, TAG_SQ)?);
+                    posted += 1;
+                    stop = budget.spent(posted, start);
+                }
+                let k = batch.len();
+                self.qps[i]
+                    .post_send_list(batch.drain(..))
+                    .map_err(|e| BenchError(format!("posting {what} failed: {e}")))?;
+                sq_out[i] += k;
+                sent[i] += k as u64;
+            }
+            if op == Op::Send {
+                done = (0..n).map(|i| self.received[i].load(Ordering::Acquire) - base[i]).sum();
             }
             if stop && done == posted && sq_out.iter().all(|&o| o == 0) {
                 break;
             }
-            // Reap at least one completion, then whatever else is ready.
-            let mut wc = Some(self.next(&what)?);
+            // Reap at least one completion when some are outstanding, then whatever else is
+            // ready; a Send run waits for the server to receive too.
+            let mut wc = if sq_out.iter().any(|&o| o > 0) {
+                Some(self.next(&what)?)
+            } else {
+                std::thread::yield_now();
+                None
+            };
             while let Some(c) = wc {
-                let (i, tag) = split(c.wr_id);
-                match tag {
-                    TAG_CLIENT_SQ if i < n => {
+                match split(c.wr_id) {
+                    (i, TAG_SQ) if i < n => {
                         sq_out[i] = sq_out[i].saturating_sub(1);
                         if op != Op::Send {
-                            in_flight[i] = in_flight[i].saturating_sub(1);
                             done += 1;
                         }
-                    }
-                    TAG_SERVER_RQ if i < n && op == Op::Send => {
-                        if c.byte_len != size as u64 {
-                            return Err(BenchError(format!("{what}: received {} bytes", c.byte_len)));
-                        }
-                        in_flight[i] = in_flight[i].saturating_sub(1);
-                        done += 1;
-                        self.pairs[i].server_rq -= 1;
-                        let sgl = vec![self.server_dst.sge(0, len32(self.cfg.max_size)?)];
-                        let wr = RecvWr { wr_id: wr_id(i, TAG_SERVER_RQ), sgl };
-                        self.pairs[i].server.post_recv(wr).map_err(post_err("a receive"))?;
-                        self.pairs[i].server_rq += 1;
                     }
                     _ => return Err(unexpected(&what, &c)),
                 }
@@ -342,14 +445,17 @@ impl Bench {
                     check(c, &what)?;
                 }
             }
+            if start.elapsed() > budget.duration + STALL && budget.iters.is_none() {
+                return Err(BenchError(format!("{what}: the peer stopped receiving")));
+            }
         }
         if op == Op::Write {
             // A Write completes when handed to TCP; a Read behind it completes only after the
             // peer placed everything before it.
             for i in 0..n {
                 let mut wr = self.client_wr(Op::Read, i, size.min(8), TAG_FLUSH)?;
-                wr.sgl = vec![self.client_dst.sge(0, len32(size.min(8))?)];
-                self.pairs[i].client.post_send(wr).map_err(post_err(&what))?;
+                wr.sgl = self.bufs.dst.sge(0, len32(size.min(8))?).into();
+                self.qps[i].post_send(wr).map_err(post_err(&what))?;
             }
             for _ in 0..n {
                 let c = self.next(&what)?;
@@ -365,80 +471,63 @@ impl Bench {
     /// Round trips of one message of `size` bytes on the first pair.
     pub(super) fn latency(&mut self, op: Op, size: usize, budget: &Budget) -> Result<Latency, BenchError> {
         let what = format!("{} {size} B ping-pong", op.name());
+        self.serve(match op {
+            Op::Write => Serve::WritePong(size),
+            Op::Send => Serve::SendPong(size),
+            Op::Read => Serve::Idle,
+        })?;
         self.top_up()?;
         let mut samples = Vec::new();
         let start = Instant::now();
         // Send completions of the ping-pong not reaped yet.
         let mut sq_out = 0usize;
         loop {
+            if !self.cfg.gap.is_zero() {
+                std::thread::sleep(self.cfg.gap);
+            }
             let t0 = Instant::now();
             match op {
                 Op::Read => {
-                    self.pairs[0]
-                        .client
-                        .post_send(self.client_wr(Op::Read, 0, size, TAG_CLIENT_SQ)?)
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Read, 0, size, TAG_SQ)?)
                         .map_err(post_err(&what))?;
                     let c = self.next(&what)?;
-                    if c.wr_id != wr_id(0, TAG_CLIENT_SQ) || c.opcode != WcOpcode::Read {
+                    if c.wr_id != wr_id(0, TAG_SQ) || c.opcode != WcOpcode::Read {
                         return Err(unexpected(&what, &c));
                     }
                 }
                 Op::Write => {
                     self.seq = self.seq.wrapping_add(1);
                     let (mark_at, mark) = marker(size, self.seq);
-                    self.client_src
+                    self.bufs
+                        .src
                         .write(mark_at, &mark)
                         .map_err(|_| BenchError("marker out of bounds".into()))?;
-                    let wr = self.client_wr(Op::Write, 0, size, TAG_CLIENT_SQ)?;
-                    self.pairs[0].client.post_send(wr).map_err(post_err(&what))?;
-                    sq_out += 1;
-                    self.wait_marker(&self.server_dst, mark_at, &mark, &mut sq_out, &what)?;
-                    self.server_src
-                        .write(mark_at, &mark)
-                        .map_err(|_| BenchError("marker out of bounds".into()))?;
-                    let wr = SendWr {
-                        wr_id: wr_id(0, TAG_SERVER_SQ),
-                        op: SendOp::Write {
-                            remote_stag: self.client_dst.rkey(),
-                            remote_to: self.client_dst.addr(),
-                        },
-                        sgl: vec![self.server_src.sge(0, len32(size)?)],
-                        signaled: true,
-                    };
-                    self.pairs[0].server.post_send(wr).map_err(post_err(&what))?;
-                    sq_out += 1;
-                    self.wait_marker(&self.client_dst, mark_at, &mark, &mut sq_out, &what)?;
-                }
-                Op::Send => {
-                    self.pairs[0]
-                        .client
-                        .post_send(self.client_wr(Op::Send, 0, size, TAG_CLIENT_SQ)?)
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Write, 0, size, TAG_SQ)?)
                         .map_err(post_err(&what))?;
                     sq_out += 1;
-                    self.wait_recv(TAG_SERVER_RQ, size, &mut sq_out, &what)?;
-                    let wr = SendWr {
-                        wr_id: wr_id(0, TAG_SERVER_SQ),
-                        op: SendOp::Send { solicited: false, invalidate: None },
-                        sgl: vec![self.server_src.sge(0, len32(size)?)],
-                        signaled: true,
-                    };
-                    self.pairs[0].server.post_send(wr).map_err(post_err(&what))?;
+                    self.wait_marker(mark_at, &mark, &mut sq_out, &what)?;
+                }
+                Op::Send => {
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Send, 0, size, TAG_SQ)?)
+                        .map_err(post_err(&what))?;
                     sq_out += 1;
-                    self.wait_recv(TAG_CLIENT_RQ, size, &mut sq_out, &what)?;
+                    self.wait_recv(size, &mut sq_out, &what)?;
+                    self.posted[0] -= 1;
                 }
             }
             samples.push(t0.elapsed());
             if op == Op::Send {
-                self.pairs[0].client_rq -= 1;
-                self.pairs[0].server_rq -= 1;
                 self.top_up()?;
             }
-            // Keep the send queues from filling up with unreaped completions.
+            // Keep the send queue from filling up with unreaped completions.
             while sq_out > 0 {
                 let Some(c) = self.cq.poll() else { break };
                 check(&c, &what)?;
                 match split(c.wr_id) {
-                    (0, TAG_CLIENT_SQ | TAG_SERVER_SQ) => sq_out -= 1,
+                    (0, TAG_SQ) => sq_out -= 1,
                     _ => return Err(unexpected(&what, &c)),
                 }
             }
@@ -449,36 +538,29 @@ impl Bench {
         while sq_out > 0 {
             let c = self.next(&what)?;
             match split(c.wr_id) {
-                (0, TAG_CLIENT_SQ | TAG_SERVER_SQ) => sq_out -= 1,
+                (0, TAG_SQ) => sq_out -= 1,
                 _ => return Err(unexpected(&what, &c)),
             }
         }
         Ok(Latency::from_samples(samples))
     }
 
-    /// Spins until the marker shows in `mr` (the engine places with relaxed atomic stores),
+    /// Spins until the server's answering Write shows the marker in the client's buffer,
     /// reaping send completions meanwhile (which, inline, also drives the engine).
-    fn wait_marker(
-        &self,
-        mr: &MemoryRegion,
-        at: usize,
-        mark: &[u8],
-        sq_out: &mut usize,
-        what: &str,
-    ) -> Result<(), BenchError> {
+    fn wait_marker(&self, at: usize, mark: &[u8], sq_out: &mut usize, what: &str) -> Result<(), BenchError> {
         let deadline = Instant::now() + STALL;
         let mut seen = [0u8; 8];
         let seen = &mut seen[..mark.len()];
         let mut spins = 0u32;
         loop {
-            mr.read(at, seen).map_err(|_| BenchError("marker out of bounds".into()))?;
+            self.bufs.dst.read(at, seen).map_err(|_| BenchError("marker out of bounds".into()))?;
             if seen == mark {
                 return Ok(());
             }
             if let Some(c) = self.cq.poll() {
                 check(&c, what)?;
                 match split(c.wr_id) {
-                    (0, TAG_CLIENT_SQ | TAG_SERVER_SQ) => *sq_out -= 1,
+                    (0, TAG_SQ) => *sq_out -= 1,
                     _ => return Err(unexpected(what, &c)),
                 }
             }
@@ -493,13 +575,13 @@ impl Bench {
         }
     }
 
-    /// Reaps completions until the receive of `tag` on pair 0 completes.
-    fn wait_recv(&self, tag: u64, size: usize, sq_out: &mut usize, what: &str) -> Result<(), BenchError> {
+    /// Reaps completions until a receive on pair 0 completes.
+    fn wait_recv(&self, size: usize, sq_out: &mut usize, what: &str) -> Result<(), BenchError> {
         loop {
             let c = self.next(what)?;
             match split(c.wr_id) {
-                (0, TAG_CLIENT_SQ | TAG_SERVER_SQ) => *sq_out -= 1,
-                (0, t) if t == tag => {
+                (0, TAG_SQ) => *sq_out -= 1,
+                (0, TAG_RQ) => {
                     if c.byte_len != size as u64 {
                         return Err(BenchError(format!("{what}: received {} bytes", c.byte_len)));
                     }
@@ -510,11 +592,211 @@ impl Bench {
         }
     }
 
-    /// Disconnects every queue pair (the device stops when dropped).
-    pub(super) fn close(self) {
-        for p in &self.pairs {
-            p.client.disconnect();
+    /// Stops the server thread and disconnects every queue pair (the devices stop when
+    /// dropped).
+    pub(super) fn close(mut self) {
+        let _ = self.commands.send(Serve::Stop);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
         }
+        for qp in &self.qps {
+            qp.disconnect();
+        }
+    }
+}
+
+/// The next completion of `cq` within [`STALL`]: spinning (busy and inline modes) or
+/// blocking.
+fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
+    if !busy {
+        return cq.wait(STALL);
+    }
+    let deadline = Instant::now() + STALL;
+    let mut spins = 0u32;
+    loop {
+        if let Some(wc) = cq.poll() {
+            return Some(wc);
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 && Instant::now() >= deadline {
+            return None;
+        }
+        relax(spins);
+    }
+}
+
+impl Server {
+    /// Serves commands until told to stop; acknowledges each once it is ready for it.
+    fn run(mut self, commands: &Receiver<Serve>, acks: &Sender<Result<(), BenchError>>) {
+        let mut current = Serve::Idle;
+        loop {
+            // Inline, nothing runs the server's engine unless this thread does: never block.
+            let idle = matches!(current, Serve::Idle | Serve::Stop) && !self.inline;
+            let next = match idle {
+                true => commands.recv().ok(),
+                false => match commands.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => {
+                        if let Err(e) = self.step(current) {
+                            let _ = acks.send(Err(e));
+                            current = Serve::Idle;
+                        }
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => None,
+                },
+            };
+            let Some(next) = next else { return };
+            if let Serve::Stop = next {
+                return;
+            }
+            if let Serve::WritePong(size) = next {
+                // The marker as it stands; the client's next Write changes it.
+                let (at, len) = (size - size.min(8), size.min(8));
+                self.mark = [0; 8];
+                let _ = self.bufs.dst.read(at, &mut self.mark[..len]);
+            }
+            let ready = self.top_up().and_then(|()| self.reap_sends());
+            current = if ready.is_ok() { next } else { Serve::Idle };
+            if acks.send(ready).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Keeps `rq_target` receives posted on every pair.
+    fn top_up(&mut self) -> Result<(), BenchError> {
+        let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
+        for (i, qp) in self.qps.iter().enumerate() {
+            let n = self.rq_target.saturating_sub(self.posted[i]);
+            if n > 0 {
+                let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+                qp.post_recv_list(wrs).map_err(|e| BenchError(format!("server: posting receives: {e}")))?;
+                self.posted[i] += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reaps the completions that are ready (which, inline, also drives the engine).
+    fn reap_sends(&mut self) -> Result<(), BenchError> {
+        while let Some(c) = self.cq.poll() {
+            self.completed(&c, "server")?;
+        }
+        Ok(())
+    }
+
+    /// Accounts for one completion: a send done, or a message received (reposting its
+    /// buffer). Returns the pair of a receive.
+    fn completed(&mut self, c: &WorkCompletion, what: &str) -> Result<Option<usize>, BenchError> {
+        check(c, what)?;
+        match split(c.wr_id) {
+            (_, TAG_SQ) => {
+                self.sq_out = self.sq_out.saturating_sub(1);
+                Ok(None)
+            }
+            (i, TAG_RQ) if i < self.qps.len() => {
+                self.posted[i] -= 1;
+                self.received[i].fetch_add(1, Ordering::AcqRel);
+                let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
+                self.qps[i]
+                    .post_recv(RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() })
+                    .map_err(post_err("a receive"))?;
+                self.posted[i] += 1;
+                Ok(Some(i))
+            }
+            _ => Err(unexpected(what, c)),
+        }
+    }
+
+    /// Waits a little for a completion (at most [`SERVER_TICK`], so commands are seen).
+    fn wait(&self) -> Option<WorkCompletion> {
+        if !self.busy {
+            return self.cq.wait(SERVER_TICK);
+        }
+        let deadline = Instant::now() + SERVER_TICK;
+        let mut spins = 0u32;
+        loop {
+            if let Some(wc) = self.cq.poll() {
+                return Some(wc);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 && Instant::now() >= deadline {
+                return None;
+            }
+            relax(spins);
+        }
+    }
+
+    /// One step of the current measurement.
+    fn step(&mut self, what: Serve) -> Result<(), BenchError> {
+        match what {
+            Serve::Idle | Serve::Stop => {
+                // Only reached inline: polling drives the engine.
+                if let Some(c) = self.cq.poll() {
+                    self.completed(&c, "server")?;
+                }
+                Ok(())
+            }
+            Serve::Sink => {
+                if let Some(c) = self.wait() {
+                    self.completed(&c, "server receive")?;
+                }
+                Ok(())
+            }
+            Serve::SendPong(size) => {
+                // Answer every ping that is in, not only the first.
+                let mut next = self.wait();
+                while let Some(c) = next {
+                    if self.completed(&c, "server pong")? == Some(0) {
+                        let sgl = self.bufs.src.sge(0, len32(size)?).into();
+                        let op = SendOp::Send { solicited: false, invalidate: None };
+                        self.qps[0]
+                            .post_send(SendWr { wr_id: wr_id(0, TAG_SQ), op, sgl, signaled: true })
+                            .map_err(post_err("the pong"))?;
+                        self.sq_out += 1;
+                    }
+                    next = self.cq.poll();
+                }
+                Ok(())
+            }
+            Serve::WritePong(size) => self.write_pong(size),
+        }
+    }
+
+    /// Waits (a tick at most) for the client's Write to show a new marker, then answers it.
+    fn write_pong(&mut self, size: usize) -> Result<(), BenchError> {
+        let (at, len) = (size - size.min(8), size.min(8));
+        let deadline = Instant::now() + SERVER_TICK;
+        let mut seen = [0u8; 8];
+        let mut spins = 0u32;
+        loop {
+            self.bufs
+                .dst
+                .read(at, &mut seen[..len])
+                .map_err(|_| BenchError("marker out of bounds".into()))?;
+            if seen != self.mark {
+                self.mark = seen;
+                break;
+            }
+            self.reap_sends()?;
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 && Instant::now() >= deadline {
+                return Ok(());
+            }
+            relax(spins);
+        }
+        self.bufs.src.write(at, &seen[..len]).map_err(|_| BenchError("marker out of bounds".into()))?;
+        let (remote_stag, remote_to) = self.client_dst;
+        let wr = SendWr {
+            wr_id: wr_id(0, TAG_SQ),
+            op: SendOp::Write { remote_stag, remote_to },
+            sgl: self.bufs.src.sge(0, len32(size)?).into(),
+            signaled: true,
+        };
+        self.qps[0].post_send(wr).map_err(post_err("the answering Write"))?;
+        self.sq_out += 1;
+        Ok(())
     }
 }
 

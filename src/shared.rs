@@ -1,0 +1,461 @@
+//! What the application's handles and the engine share, and nothing else: the completion
+//! rings, a queue pair's work-request rings and flags, and the doorbell. The bottom layer of
+//! the package: it imports none of the other modules (the engine and the handles import it).
+//!
+//! Work requests and completions cross between threads through lock-free queues; the engine
+//! is the only producer of completions and the only consumer of work requests (a queue pair
+//! the engine has let go of is flushed by whoever finds work in it, see
+//! [`QpShared::retire`]).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::task::Waker;
+use std::thread::Thread;
+
+use crossbeam_queue::{ArrayQueue, SegQueue};
+use iwarp_ddp::STag;
+use iwarp_mpa::ConnParams;
+use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendWr, WcOpcode, WcStatus};
+
+use crate::readiness::Poll;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A work completion, as verbs' `ibv_wc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The queue pair it belongs to.
+    pub qp_num: u32,
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// The outcome.
+    pub status: WcStatus,
+    /// The operation.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (received, for receives).
+    pub byte_len: u64,
+    /// A received message asked for a solicited event.
+    pub solicited: bool,
+    /// A received Send with Invalidate invalidated this STag.
+    pub invalidated: Option<STag>,
+    /// RFC 7306 immediate data received.
+    pub imm_data: Option<[u8; 8]>,
+}
+
+impl WorkCompletion {
+    /// The application's view of a queue pair's completion.
+    pub(crate) fn new(qp_num: u32, c: Completion) -> WorkCompletion {
+        WorkCompletion {
+            qp_num,
+            wr_id: c.wr_id,
+            status: c.status,
+            opcode: c.opcode,
+            byte_len: c.byte_len,
+            solicited: c.solicited,
+            invalidated: c.invalidated,
+            imm_data: c.imm_data,
+        }
+    }
+
+    /// A work request's completion with a flush error.
+    pub(crate) fn flushed(qp_num: u32, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion::new(qp_num, Completion::flushed(wr_id, opcode))
+    }
+}
+
+const ARMED_NONE: u8 = 0;
+const ARMED_ANY: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
+const NOTIFIED: u8 = 3;
+
+/// Someone waiting for a completion queue.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    Thread(Thread),
+    Task(Waker),
+    /// A thread sleeping in the queue's own readiness poll, woken through its doorbell.
+    Poll(Arc<Poll>),
+}
+
+/// A completion queue's state, shared by the engine (producer) and the application
+/// (consumer).
+#[derive(Debug)]
+pub(crate) struct CqShared {
+    pub(crate) ring: ArrayQueue<WorkCompletion>,
+    /// Completions the ring had no room for, in order; only the engine touches it.
+    backlog: Mutex<VecDeque<WorkCompletion>>,
+    /// Whether the backlog holds anything (kept by the engine, the only pusher).
+    backlogged: AtomicBool,
+    notify: AtomicU8,
+    waiters: Mutex<Vec<Waiter>>,
+    /// Whether `waiters` may hold anyone (so a push without waiters takes no lock).
+    has_waiters: AtomicBool,
+    /// A readiness poll of this queue's own, made on the first blocking wait that uses it:
+    /// the descriptors of the queue pairs that complete here, and a doorbell for the
+    /// engine's signal. A waiting thread sleeps in it while the engine sleeps, so the input
+    /// it waits for wakes it directly (see `Engine::wait_polling`).
+    watch: OnceLock<Arc<Poll>>,
+    /// Held by the one thread sleeping in `watch`.
+    pub(crate) watching: Mutex<()>,
+}
+
+impl CqShared {
+    pub(crate) fn new(depth: usize) -> CqShared {
+        CqShared {
+            ring: ArrayQueue::new(depth.max(1)),
+            backlog: Mutex::new(VecDeque::new()),
+            backlogged: AtomicBool::new(false),
+            notify: AtomicU8::new(ARMED_NONE),
+            waiters: Mutex::new(Vec::new()),
+            has_waiters: AtomicBool::new(false),
+            watch: OnceLock::new(),
+            watching: Mutex::new(()),
+        }
+    }
+
+    /// The queue's own readiness poll, if made.
+    pub(crate) fn watch(&self) -> Option<&Arc<Poll>> {
+        self.watch.get()
+    }
+
+    /// Makes the queue's own readiness poll (once); false if the system refused one.
+    pub(crate) fn make_watch(&self) -> bool {
+        if self.watch.get().is_none()
+            && let Ok(p) = Poll::new()
+        {
+            let _ = self.watch.set(Arc::new(p));
+        }
+        self.watch.get().is_some()
+    }
+
+    /// Engine side: publishes a completion without waking anyone; [`CqShared::signal`] after
+    /// a batch of pushes wakes the waiters once. The ring's push is a Release, so every
+    /// placement the engine made before it is visible to whoever pops it. Only the engine
+    /// pushes, so the backlog's emptiness cannot change under it; with no backlog this takes
+    /// no lock.
+    pub(crate) fn push_quiet(&self, wc: WorkCompletion) {
+        let direct = !self.backlogged.load(Ordering::Acquire) && self.ring.push(wc).is_ok();
+        if !direct {
+            let mut backlog = lock(&self.backlog);
+            backlog.push_back(wc);
+            Self::move_backlog(&self.ring, &mut backlog);
+            self.backlogged.store(!backlog.is_empty(), Ordering::Release);
+        }
+        let armed = self.notify.load(Ordering::Acquire);
+        if armed == ARMED_ANY || (armed == ARMED_SOLICITED && wc.solicited) {
+            let _ = self.notify.compare_exchange(armed, NOTIFIED, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Engine side: wakes whoever waits for this queue (after one or more pushes).
+    pub(crate) fn signal(&self) {
+        // Pairs with the fence in `add_waiter`: either the waiter's re-check sees the
+        // completions pushed before this call, or this load sees the waiter.
+        fence(Ordering::SeqCst);
+        if self.has_waiters.load(Ordering::SeqCst) {
+            let mut waiters = lock(&self.waiters);
+            self.has_waiters.store(false, Ordering::SeqCst);
+            for w in waiters.drain(..) {
+                match w {
+                    Waiter::Thread(t) => t.unpark(),
+                    Waiter::Task(w) => w.wake(),
+                    Waiter::Poll(p) => p.wake(),
+                }
+            }
+        }
+    }
+
+    /// Publishes one completion and wakes the waiters.
+    pub(crate) fn push(&self, wc: WorkCompletion) {
+        self.push_quiet(wc);
+        self.signal();
+    }
+
+    fn move_backlog(ring: &ArrayQueue<WorkCompletion>, backlog: &mut VecDeque<WorkCompletion>) {
+        while let Some(front) = backlog.pop_front() {
+            if let Err(front) = ring.push(front) {
+                backlog.push_front(front);
+                break;
+            }
+        }
+    }
+
+    /// Registers a waiter; it is woken by the next signal.
+    pub(crate) fn add_waiter(&self, w: Waiter) {
+        lock(&self.waiters).push(w);
+        self.has_waiters.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Engine side: moves backlogged completions into the ring as room appears.
+    pub(crate) fn drain_backlog(&self) {
+        if !self.backlogged.load(Ordering::Acquire) {
+            return;
+        }
+        let mut backlog = lock(&self.backlog);
+        Self::move_backlog(&self.ring, &mut backlog);
+        self.backlogged.store(!backlog.is_empty(), Ordering::Release);
+    }
+
+    /// Arms the notification (verbs' `ibv_req_notify_cq`).
+    pub(crate) fn arm(&self, solicited_only: bool) {
+        let v = if solicited_only { ARMED_SOLICITED } else { ARMED_ANY };
+        self.notify.store(v, Ordering::Release);
+    }
+
+    /// Takes a fired notification (disarming it); whether there was one.
+    pub(crate) fn take_notification(&self) -> bool {
+        self.notify.compare_exchange(NOTIFIED, ARMED_NONE, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Whether the armed notification has fired.
+    pub(crate) fn notified(&self) -> bool {
+        self.notify.load(Ordering::Acquire) == NOTIFIED
+    }
+}
+
+/// The engine's doorbell: which queue pairs have new work, and how to wake a parked engine.
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    /// The engine is (about to be) asleep: posters must wake it.
+    parked: AtomicBool,
+    /// Wakes whoever sleeps in the engine's readiness poll.
+    poll: OnceLock<Arc<Poll>>,
+    /// Wakes an engine parked without a readiness poll.
+    thread: OnceLock<Thread>,
+    /// Keys of queue pairs with posted work the engine has not looked at yet; each key is
+    /// queued at most once until the engine takes it (see [`QpShared::schedule`]).
+    pending: SegQueue<usize>,
+}
+
+impl Doorbell {
+    pub(crate) fn set_poll(&self, poll: Arc<Poll>) {
+        let _ = self.poll.set(poll);
+    }
+
+    pub(crate) fn set_thread(&self, thread: Thread) {
+        let _ = self.thread.set(thread);
+    }
+
+    /// Wakes a parked engine. Costs one atomic load when the engine is awake.
+    pub(crate) fn ring(&self) {
+        if self.parked.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    /// Wakes the engine whether or not it is parked.
+    pub(crate) fn wake(&self) {
+        if let Some(p) = self.poll.get() {
+            p.wake();
+        } else if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Whether the engine sleeps (or is about to).
+    pub(crate) fn parked(&self) -> bool {
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    /// Engine side: announces (true) or ends (false) a park. After announcing, the engine
+    /// looks for work once more before it sleeps: work queued before the flag was visible is
+    /// found then, work queued after it rings.
+    pub(crate) fn set_parked(&self, parked: bool) {
+        self.parked.store(parked, Ordering::SeqCst);
+    }
+
+    /// Engine side: the next queue pair with new work.
+    pub(crate) fn take(&self) -> Option<usize> {
+        self.pending.pop()
+    }
+
+    /// Whether some queue pair has new work queued.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+}
+
+fn state_code(s: QpState) -> u8 {
+    match s {
+        QpState::Rts => 0,
+        QpState::Terminate => 1,
+        QpState::Closing => 2,
+        QpState::Error => 3,
+    }
+}
+
+fn state_of(c: u8) -> QpState {
+    match c {
+        0 => QpState::Rts,
+        1 => QpState::Terminate,
+        2 => QpState::Closing,
+        _ => QpState::Error,
+    }
+}
+
+/// What the application's handle and the engine share for one queue pair.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    pub(crate) qp_num: u32,
+    /// The engine's key for the connection (its readiness token and doorbell entry).
+    pub(crate) key: usize,
+    /// Posted work requests. Unbounded segment queues (memory grows with use, not with the
+    /// configured depth); the depth is enforced by the occupancy counters below.
+    pub(crate) sq: SegQueue<SendWr>,
+    pub(crate) rq: SegQueue<RecvWr>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    events: Mutex<VecDeque<QpEvent>>,
+    state: AtomicU8,
+    disconnect: AtomicBool,
+    /// The key is in the doorbell's queue (or the engine is about to look at the rings).
+    scheduled: AtomicBool,
+    pub(crate) config: QpConfig,
+    pub(crate) params: ConnParams,
+    /// Receive buffers come from a shared receive queue.
+    pub(crate) uses_srq: bool,
+    /// Send work requests posted and not yet retired: the send queue's occupancy, so that
+    /// posting beyond `max_send_wr` fails as verbs' does.
+    sq_in_use: AtomicUsize,
+    /// Receive work requests posted and not yet completed.
+    rq_in_use: AtomicUsize,
+    /// The engine has dropped the connection: nothing drains the rings any more, so whoever
+    /// finds work in them flushes it.
+    retired: AtomicBool,
+}
+
+impl QpShared {
+    pub(crate) fn new(
+        qp_num: u32,
+        key: usize,
+        config: QpConfig,
+        params: ConnParams,
+        cqs: (Arc<CqShared>, Arc<CqShared>),
+        uses_srq: bool,
+    ) -> QpShared {
+        QpShared {
+            qp_num,
+            key,
+            sq: SegQueue::new(),
+            rq: SegQueue::new(),
+            send_cq: cqs.0,
+            recv_cq: cqs.1,
+            events: Mutex::new(VecDeque::new()),
+            state: AtomicU8::new(state_code(QpState::Rts)),
+            disconnect: AtomicBool::new(false),
+            scheduled: AtomicBool::new(false),
+            config,
+            params,
+            uses_srq,
+            sq_in_use: AtomicUsize::new(0),
+            rq_in_use: AtomicUsize::new(0),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// Poster side: takes `n` send-queue entries, or says the queue is full.
+    pub(crate) fn reserve_sq(&self, n: usize) -> bool {
+        self.sq_in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                v.checked_add(n).filter(|&t| t <= self.config.max_send_wr)
+            })
+            .is_ok()
+    }
+
+    /// Poster side: takes a receive-queue entry, or says the queue is full.
+    pub(crate) fn reserve_rq(&self) -> bool {
+        self.rq_in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                v.checked_add(1).filter(|&t| t <= self.config.max_recv_wr)
+            })
+            .is_ok()
+    }
+
+    /// Engine side (or a poster giving back a reservation): `n` send work requests left the
+    /// send queue.
+    pub(crate) fn sq_retired(&self, n: usize) {
+        let _ =
+            self.sq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
+    }
+
+    /// Engine side: a receive work request completed.
+    pub(crate) fn rq_retired(&self) {
+        let _ = self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+    }
+
+    /// Poster side: after pushing work, tells the engine this queue pair has some (once until
+    /// the engine looks). Flushes instead, and returns false, if the engine has already let
+    /// go of the queue pair. The caller then makes sure a sleeping engine learns of it.
+    pub(crate) fn schedule(&self, doorbell: &Doorbell) -> bool {
+        fence(Ordering::SeqCst);
+        if self.retired.load(Ordering::SeqCst) {
+            self.flush_rings();
+            return false;
+        }
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
+            doorbell.pending.push(self.key);
+        }
+        true
+    }
+
+    /// Engine side: about to drain the rings; posts from now on schedule the queue pair again.
+    pub(crate) fn unschedule(&self) {
+        self.scheduled.store(false, Ordering::Release);
+    }
+
+    /// Marks the queue pair as no longer run by the engine and flushes what is in its rings.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        self.flush_rings();
+    }
+
+    /// Completes every work request still in the rings with a flush error. Both the engine
+    /// (on retiring) and a poster that finds the queue pair retired call it; each request is
+    /// popped, and so completed, once.
+    fn flush_rings(&self) {
+        let mut any = false;
+        while let Some(wr) = self.sq.pop() {
+            self.send_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
+            self.sq_retired(1);
+            any = true;
+        }
+        while let Some(wr) = self.rq.pop() {
+            self.recv_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
+            self.rq_retired();
+            any = true;
+        }
+        if any {
+            self.send_cq.signal();
+            self.recv_cq.signal();
+        }
+    }
+
+    pub(crate) fn push_event(&self, e: QpEvent) {
+        lock(&self.events).push_back(e);
+    }
+
+    pub(crate) fn pop_event(&self) -> Option<QpEvent> {
+        lock(&self.events).pop_front()
+    }
+
+    pub(crate) fn set_state(&self, s: QpState) {
+        self.state.store(state_code(s), Ordering::Release);
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        state_of(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn request_disconnect(&self) {
+        self.disconnect.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn take_disconnect(&self) -> bool {
+        self.disconnect.swap(false, Ordering::AcqRel)
+    }
+}
