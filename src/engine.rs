@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, SmolStack};
 use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
-use iwarp_rdmap::table_memory::TableMemory;
 
 use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};

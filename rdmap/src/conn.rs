@@ -13,7 +13,7 @@
 use iwarp_ddp::{TerminateCode, TerminateLayer};
 use iwarp_mpa::{ConnParams, DeframeError, Deframed, Deframer, Framer, Role};
 
-use crate::memory::Memory;
+use crate::memory::TableMemory;
 use crate::qp::{QpConfig, QueuePair};
 
 /// One connection: the queue pair, the framer for what it sends and the deframer for what it
@@ -77,7 +77,7 @@ impl Connection {
     /// Takes received bytes (any chunking). FPDUs wholly inside `bytes` are deframed and
     /// placed straight from it; only an FPDU cut by the end of a chunk is staged, and only
     /// until its last byte arrives.
-    pub fn handle_bytes(&mut self, mem: &mut impl Memory, mut bytes: &[u8]) {
+    pub fn handle_bytes(&mut self, mem: &mut TableMemory<'_>, mut bytes: &[u8]) {
         while !self.rx_failed && !self.pending.is_empty() {
             // Complete the staged FPDU with just the bytes it still needs.
             let step = match self.deframer.deframe(&self.pending) {
@@ -143,7 +143,7 @@ impl Connection {
     /// returns the bytes written. Without markers the queue pair writes each segment straight
     /// into `buf` and the framer adds length, pad and CRC around it: no copy, no staging. The
     /// caller keeps `buf` between calls (nothing here clears or zero-fills it).
-    pub fn poll_transmit_into(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> usize {
+    pub fn poll_transmit_into(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> usize {
         if self.awaiting_peer {
             return 0;
         }
@@ -170,7 +170,7 @@ impl Connection {
 
     /// Frames what the queue pair has to send, up to about `limit` bytes, appending to `out`;
     /// returns the bytes appended (a convenience over [`Connection::poll_transmit_into`]).
-    pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
+    pub fn poll_transmit(&mut self, mem: &mut TableMemory<'_>, out: &mut Vec<u8>, limit: usize) -> usize {
         let start = out.len();
         let room = self.max_fpdu_len();
         while out.len() - start < limit {

@@ -41,7 +41,7 @@ use core::fmt;
 
 use iwarp_ddp::header::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN, control};
 use iwarp_ddp::terminate::{ddp_type, rdmap_type};
-use iwarp_ddp::{AccessError, HeaderError, HeaderRepr, STag, TerminateCode, TerminateLayer};
+use iwarp_ddp::{AccessError, HeaderError, HeaderRepr, STag, TerminateCode, TerminateLayer, UntaggedError};
 
 use crate::wire::{Opcode, READ_REQUEST_LEN, TERMINATE_CONTROL_LEN, TerminateHeader, Truncated};
 
@@ -335,6 +335,19 @@ pub enum RdmapError {
         /// The 4-bit operation code.
         op: u32,
     },
+    /// A message with a fixed-size body (Read Request, Atomic Request or Response, Immediate
+    /// Data) that is not exactly that size, or not in one segment. Reported as DDP's "message
+    /// too long" (the DDP untagged buffer error for a message that does not fit the buffer
+    /// RDMAP posted for it), as siw reports an oversized one; unverified against the RFC text
+    /// for a short one.
+    BodyLength {
+        /// The message's opcode.
+        opcode: Opcode,
+        /// The bytes its segment carried.
+        len: usize,
+        /// The body's fixed length.
+        expected: usize,
+    },
     /// Something broke this stream only (resources, internal invariant).
     CatastrophicStream,
     /// Something broke the whole device.
@@ -361,6 +374,11 @@ impl RdmapError {
             RdmapError::CannotInvalidate { .. } => TerminateCode::rdmap(op, 0x09),
             RdmapError::UnsupportedAtomicOp { .. } => TerminateCode::rdmap(op, 0xff),
             RdmapError::LocalCatastrophic => TerminateCode::rdmap(rdmap_type::LOCAL_CATASTROPHIC, 0x00),
+            RdmapError::BodyLength { len, expected, .. } => {
+                let end = u64::try_from(*len).unwrap_or(u64::MAX);
+                let buffer_len = u64::try_from(*expected).unwrap_or(u64::MAX);
+                UntaggedError::MessageTooLong { end, buffer_len }.terminate_code()
+            }
         }
     }
 }
@@ -382,6 +400,9 @@ impl fmt::Display for RdmapError {
             RdmapError::CatastrophicStream => f.write_str("catastrophic error, localized to the stream"),
             RdmapError::CatastrophicGlobal => f.write_str("catastrophic error, global"),
             RdmapError::LocalCatastrophic => f.write_str("local catastrophic error"),
+            RdmapError::BodyLength { opcode, len, expected } => {
+                write!(f, "{opcode} body of {len} bytes, expected {expected} in one segment")
+            }
         }
     }
 }

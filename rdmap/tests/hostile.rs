@@ -149,7 +149,7 @@ impl World {
 
     fn check_memory(&self) {
         for (i, r) in self.v.regions.iter().enumerate() {
-            let now = r.bytes();
+            let now = r.bytes(&self.v.table);
             if i == RECV {
                 // Only inside posted receive buffers.
                 let inside = |k: usize| {
@@ -404,7 +404,7 @@ proptest! {
             w.check_completions_at_most_once();
         }
         for (i, r) in w.v.regions.iter().enumerate() {
-            let now = r.bytes();
+            let now = r.bytes(&w.v.table);
             let window = match i {
                 RW_VA | RW_ZB | RRW_ZB => 0..r.len as usize,
                 RECV => 0..328,
@@ -496,7 +496,7 @@ fn bytes_after_a_terminate_are_dropped() {
     for i in 0..500u64 {
         w.deliver(&tagged(Opcode::Write, reg.stag, reg.first_to + i % 100, &[0xee; 100]), 333, &mut tally);
     }
-    assert!(reg.unchanged());
+    assert!(reg.unchanged(&w.v.table));
     assert!(footprint(&w.v.conn) < base + 5 * 4096);
     w.finish(&tally);
 }

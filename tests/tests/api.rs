@@ -1023,20 +1023,20 @@ fn deregistered_rkey_is_invalid() {
     let sdev = open(PollMode::Adaptive);
     let (client, server, _, _) =
         connect_on(&cdev, &sdev, &ConnectOptions::default(), &ConnectOptions::default());
-    let mr = server.pd.register(4096, Access::REMOTE_WRITE).unwrap();
+    let mr = server.pd.register_buffer(vec![0u8; 4096], Access::REMOTE_WRITE).unwrap();
     let (rkey, addr) = (mr.rkey(), mr.addr());
-    let memory = mr.memory().clone();
     // Works while registered.
     let src = client.pd.register_bytes(&[7; 16], Access::NONE).unwrap();
     client.send(1, SendOp::Write { remote_stag: rkey, remote_to: addr }, vec![src.sge_all()]);
     client.expect_ok(1, WcOpcode::Write, "registered");
     let deadline = Instant::now() + T;
-    while memory.to_vec()[..16] != [7; 16] {
+    while mr.to_vec()[..16] != [7; 16] {
         assert!(Instant::now() < deadline, "the first Write never landed");
         thread::sleep(Duration::from_millis(1));
     }
-    memory.write(0, &[0; 16]).unwrap();
-    drop(mr);
+    mr.write(0, &[0; 16]).unwrap();
+    // The application's vector comes back; the stack must never touch it again.
+    let memory = mr.deregister().unwrap().into_vec().unwrap();
     // A new region must not take over the old rkey.
     let newer = server.pd.register(4096, Access::REMOTE_WRITE).unwrap();
     assert_ne!(newer.rkey(), rkey);
@@ -1051,7 +1051,7 @@ fn deregistered_rkey_is_invalid() {
         e => panic!("expected LocalTerminate, got {e:?}"),
     }
     wait_state(&client.qp, QpState::Error, "writer");
-    assert!(memory.to_vec().iter().all(|&b| b == 0), "a Write landed in deregistered memory");
+    assert!(memory.iter().all(|&b| b == 0), "a Write landed in deregistered memory");
     assert!(newer.to_vec().iter().all(|&b| b == 0), "a Write landed in the new region");
 }
 
