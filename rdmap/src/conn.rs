@@ -25,7 +25,11 @@ pub struct Connection {
     deframer: Deframer,
     /// An FPDU cut by the end of a received chunk, waiting for the rest.
     pending: Vec<u8>,
+    /// Staging for a segment the framer spreads markers over (allocated only when markers
+    /// are sent: without them segments are written in place).
     segment: Vec<u8>,
+    /// MULPDU: the largest segment.
+    mulpdu: usize,
     /// The responder waits for the initiator's first FPDU before sending.
     awaiting_peer: bool,
     /// The received stream could not be deframed: later bytes are dropped unread, so memory
@@ -53,7 +57,8 @@ impl Connection {
             framer: Framer::new(params.crc, params.markers_tx),
             deframer: Deframer::new(params.crc, params.markers_rx),
             pending: Vec::new(),
-            segment: vec![0; config.mulpdu],
+            segment: if params.markers_tx { vec![0; config.mulpdu] } else { Vec::new() },
+            mulpdu: config.mulpdu,
             awaiting_peer: params.must_wait_for_peer(),
             rx_failed: false,
         }
@@ -136,7 +141,7 @@ impl Connection {
     pub fn max_fpdu_len(&self) -> usize {
         let markers = self.framer.markers();
         // The most markers fall into an FPDU that starts at a marker position (0 mod 512).
-        iwarp_mpa::fpdu::wire_len(0, self.segment.len(), markers)
+        iwarp_mpa::fpdu::wire_len(0, self.mulpdu, markers)
     }
 
     /// Frames what the queue pair has to send into `buf`, as many whole FPDUs as fit, and

@@ -8,6 +8,7 @@
 # Usage:
 #   source lib.sh; iw_setup_ns              # namespace + tap, trap cleanup installed
 #   iw_boot OUTDIR [--siw stock|param] [--siwopts a=1,b=0] [--cmd 'guest shell'] [--pcap F]
+#           [--smp N] [--max SECS]
 #   iw_wait_marker REGEX SECS              # wait for a line on the guest's serial console
 #   iw_wait_exit SECS                      # wait for IWARP-GUEST-EXIT=N; sets IW_GUEST_RC
 #   iw_ns CMD...                           # run a command inside the namespace
@@ -81,7 +82,7 @@ iw_ns_bg() { # SECS FILE CMD...
 
 iw_boot() { # OUTDIR [options]
   local out="$1"; shift
-  local siw=stock siwopts="" cmd="" pcap="" max=300
+  local siw=stock siwopts="" cmd="" pcap="" max=300 smp=1
   while [ $# -gt 0 ]; do
     case "$1" in
       --siw) siw="$2"; shift 2 ;;
@@ -89,6 +90,7 @@ iw_boot() { # OUTDIR [options]
       --cmd) cmd="$2"; shift 2 ;;
       --pcap) pcap="$2"; shift 2 ;;
       --max) max="$2"; shift 2 ;;
+      --smp) smp="$2"; shift 2 ;;
       *) iw_die "iw_boot: unknown option $1" ;;
     esac
   done
@@ -106,7 +108,7 @@ iw_boot() { # OUTDIR [options]
   # qemu is exec'd by `ip netns exec` and `timeout`... keep qemu itself the PID we hold:
   # `ip netns exec` execs its command, so $! is qemu.
   ip netns exec "$IW_NS" qemu-system-x86_64 \
-    -M pc -accel tcg -cpu max -m 512M -smp 1 \
+    -M pc -accel tcg -cpu max -m 512M -smp "$smp" \
     -nographic -monitor none -serial "file:$IW_SERIAL" -no-reboot \
     -kernel "$IW_IMG/vmlinux" -initrd "$IW_IMG/initrd.img" -append "$append" \
     -netdev "tap,id=n0,ifname=$IW_TAP,script=no,downscript=no,vnet_hdr=off" \

@@ -1062,6 +1062,8 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
     let mut last_progress = Instant::now();
     let slots = u64::try_from(d.credit_src.len() / 4).unwrap_or(1).max(1);
     let mut credit_seq = 0u64;
+    // Credit Writes posted and not completed yet.
+    let mut credits_out = 0u64;
     loop {
         if n != 0 && received >= n {
             break;
@@ -1085,6 +1087,7 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             return Err(wc_failure(&d.qp, &wc, "the client's Sends"));
         }
         if wc.opcode != WcOpcode::Recv {
+            credits_out = credits_out.saturating_sub(1);
             continue;
         }
         last_progress = Instant::now();
@@ -1115,6 +1118,21 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
                 signaled: true,
             };
             d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
+            credits_out += 1;
+        }
+    }
+    // The last credit Writes go out before the connection is torn down (a disconnect flushes
+    // what is still queued).
+    let deadline = Instant::now() + p.timeout;
+    while credits_out > 0 && Instant::now() < deadline {
+        match d.cq.wait(Duration::from_millis(20)) {
+            Some(wc) if wc.opcode != WcOpcode::Recv => credits_out -= 1,
+            Some(_) => {}
+            None => {
+                if let Some(ev) = d.qp.poll_event() {
+                    return Err(format!("{} after the Sends", event_text(ev)));
+                }
+            }
         }
     }
     let elapsed = first.map_or(Duration::ZERO, |f| last - f).max(Duration::from_nanos(1));
