@@ -1,21 +1,23 @@
 //! A victim queue pair (after a real MPA handshake, Policy defaults) fed arbitrary bytes: no
 //! panic, no byte changed outside the permitted ranges (guard bytes after every registered
-//! window, the read-only region's non-receive part), every work request completes at most
-//! once, and exactly once after the LLP is lost. Byte 0 selects CRC (bit 0; under
+//! window inside its memory, and around the memory itself; the read-only region's
+//! non-receive part), every work request completes at most once, and exactly once after the
+//! LLP is lost. Byte 0 selects CRC (bit 0; under
 //! cfg(fuzzing) the deframer does not check it), markers (bit 1) and the chunk size (the rest).
 //! Seeds: rdmap/tests/hostile.rs `fuzz_seeds`.
 #![no_main]
-use iwarp_ddp::RegionMemory;
+use iwarp_ddp::dma::{Buffer, GuardedBuffer};
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
+use iwarp_ddp::{RegionMemory, TableMemory};
 use iwarp_mpa::{CrcPolicy, FrameRepr, Policy};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{QpConfig, RecvWr, SendOp, SendWr};
-use iwarp_rdmap::table_memory::TableMemory;
 use libfuzzer_sys::fuzz_target;
 
 const LEN: u64 = 128;
 const GUARD: u8 = 0xa5;
+const OUTER: u8 = 0x5a;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, stream)) = data.split_first() else { return };
@@ -33,12 +35,11 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut regions = Vec::new();
     for (i, &(access, addressing)) in specs.iter().enumerate() {
-        let mem = RegionMemory::zeroed(192);
-        mem.fill(0, 192, GUARD).unwrap();
+        let mem = RegionMemory::new(GuardedBuffer::new(32, &[GUARD; 192], 32, OUTER));
         let spec = RegionSpec { base_va: 0x10_0000 * (i as u64 + 1), len: LEN, access, addressing };
-        regions.push((table.register(pd, spec, mem.clone()).unwrap(), mem));
+        regions.push(table.register(pd, spec, mem).unwrap());
     }
-    let (recv_stag, recv_va) = (regions[2].0, 0x30_0000);
+    let (recv_stag, recv_va) = (regions[2], 0x30_0000);
     for id in 0..2u64 {
         let sgl = Sge { lkey: recv_stag, addr: recv_va + 32 * id, len: 32 }.into();
         conn.qp().post_recv(RecvWr { wr_id: id, sgl }).unwrap();
@@ -62,10 +63,15 @@ fuzz_target!(|data: &[u8]| {
         done[usize::try_from(c.wr_id).unwrap()] += 1;
     }
     assert_eq!(done, [1, 1, 1], "every work request completes exactly once");
-    for (i, (_, m)) in regions.iter().enumerate() {
-        let bytes = m.to_vec();
+    for (i, &stag) in regions.iter().enumerate() {
+        let bytes = table.memory(stag).unwrap().to_vec();
         assert!(bytes[LEN as usize..].iter().all(|&b| b == GUARD), "guard bytes of region {i} changed");
     }
-    let ro = regions[2].1.to_vec();
+    let ro = table.memory(regions[2]).unwrap().to_vec();
     assert!(ro[64..].iter().all(|&b| b == GUARD), "region without remote write changed outside receives");
+    for (i, &stag) in regions.iter().enumerate() {
+        let Ok((_, Some(memory))) = table.deregister(stag) else { panic!("region {i} gone") };
+        let Buffer::Guarded(g) = memory.into_buffer() else { panic!("not the guarded buffer") };
+        assert!(g.guards_hold(OUTER), "bytes around the memory of region {i} changed");
+    }
 });

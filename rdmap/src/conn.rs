@@ -150,6 +150,8 @@ impl Connection {
     /// caller keeps `buf` between calls (nothing here clears or zero-fills it).
     pub fn poll_transmit_into(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> usize {
         if self.awaiting_peer {
+            // Nothing goes out yet; memory work requests need no wire.
+            self.qp.run_memory_operations(mem);
             return 0;
         }
         let room = self.max_fpdu_len();

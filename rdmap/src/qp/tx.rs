@@ -207,7 +207,12 @@ impl QueuePair {
     /// Runs the memory work requests at the head of the send queue, in order; each completes
     /// at once. A refused one completes with [`WcStatus::LocalProtectionError`] and, as any
     /// failed work request does in verbs, takes the queue pair to the error state.
-    fn run_memory_operations(&mut self, mem: &mut TableMemory<'_>) {
+    /// [`QueuePair::poll_transmit`] runs them too; this is for a queue pair that may not send
+    /// yet (a responder waiting for the initiator's first FPDU), since they need no wire.
+    pub fn run_memory_operations(&mut self, mem: &mut TableMemory<'_>) {
+        if self.state != QpState::Rts || self.tx_cur.is_some() || self.tx_next.is_some() {
+            return;
+        }
         while self.sq.front().is_some_and(|(_, wr)| wr.op.is_memory_operation()) {
             let Some((seq, wr)) = self.sq.pop_front() else { return };
             match Self::memory_operation(mem, wr.op) {
