@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, docs, the dependency-direction check, every
-# test, a short fuzz smoke run of every fuzz target, and the siw interop suite (qemu guest; needs
-# root). Installs what it needs.
+# test, a short fuzz smoke run of every fuzz target, the registered-memory code under
+# AddressSanitizer, and the siw interop suite (qemu guest; needs root). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +30,9 @@ cargo test --workspace --doc --locked
 
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
+
+step "AddressSanitizer: DMA module, memory tests, deregistration race, placement fuzz targets"
+bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
 
 step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-suite.sh)"
 # Fails with a message when qemu cannot be installed or a namespace/tap cannot be created.

@@ -302,14 +302,44 @@ impl MemoryRegion {
     /// The zero-copy view of the region's bytes, under the RDMA contract: its accessors are
     /// `unsafe` (see `iwarp_ddp::dma` for the model). Its lifetime ends with the handle.
     ///
+    /// A zero-copy receiver: it registers its own vector, a peer RDMA Writes into it and then
+    /// Sends; once the receive completion of that Send is polled, the Write is in place.
+    ///
     /// ```
-    /// # use iwarp::{Access, Device, DeviceConfig, PollMode};
-    /// # let device = Device::open(DeviceConfig { poll_mode: PollMode::Inline, ..DeviceConfig::default() });
-    /// let mr = device.alloc_pd().register_buffer(b"peer data".to_vec(), Access::NONE).unwrap();
-    /// // SAFETY: no peer can write the region (no remote rights, no receive or Read names
-    /// // it), and nothing writes it while the slice lives.
-    /// let bytes = unsafe { mr.view().as_slice() };
-    /// assert_eq!(bytes, b"peer data");
+    /// use std::time::Duration;
+    /// use iwarp::{Access, ConnectOptions, Device, DeviceConfig, RecvWr, SendOp, SendWr, WcOpcode};
+    ///
+    /// let t = Duration::from_secs(5);
+    /// let (receiver_dev, sender_dev) = (Device::open(DeviceConfig::default()), Device::open(DeviceConfig::default()));
+    /// let (rpd, rcq) = (receiver_dev.alloc_pd(), receiver_dev.create_cq(8));
+    /// let (spd, scq) = (sender_dev.alloc_pd(), sender_dev.create_cq(8));
+    /// let listener = receiver_dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// let addr = listener.local_addr().unwrap();
+    /// let (pd, cq) = (rpd.clone(), rcq.clone());
+    /// let accepting = std::thread::spawn(move || {
+    ///     listener.accept(t).unwrap().accept(&pd, &cq, &cq, &ConnectOptions::default()).unwrap()
+    /// });
+    /// let sender = sender_dev.connect(addr, &spd, &scq, &scq, &ConnectOptions::default()).unwrap().qp;
+    /// let receiver = accepting.join().unwrap();
+    ///
+    /// // The receiver's own memory, registered in place.
+    /// let inbox = rpd.register_buffer(vec![0u8; 8192], Access::REMOTE_WRITE).unwrap();
+    /// receiver.post_recv(RecvWr { wr_id: 1, sgl: Default::default() }).unwrap();
+    /// // The peer Writes, then Sends (zero bytes: only the completion matters).
+    /// let data = spd.register_bytes(&[42u8; 8192], Access::NONE).unwrap();
+    /// let write = SendOp::Write { remote_stag: inbox.rkey(), remote_to: inbox.addr() };
+    /// let send = SendOp::Send { solicited: false, invalidate: None };
+    /// sender.post_send_list([
+    ///     SendWr { wr_id: 2, op: write, sgl: data.sge_all().into(), signaled: false },
+    ///     SendWr { wr_id: 3, op: send, sgl: Default::default(), signaled: false },
+    /// ]).unwrap();
+    /// assert_eq!(rcq.wait(t).unwrap().opcode, WcOpcode::Recv);
+    /// // SAFETY: the Send's receive completion, posted by the peer after its Write, has been
+    /// // polled: the Write is in place; the peer writes nothing more and nothing else writes
+    /// // the region while the slice lives.
+    /// let bytes = unsafe { inbox.view().as_slice() };
+    /// assert!(bytes.iter().all(|&b| b == 42));
+    /// # sender.disconnect();
     /// ```
     pub fn view(&self) -> &RegionView {
         &self.view

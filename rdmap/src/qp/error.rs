@@ -1,7 +1,7 @@
 //! Peer violations and the Terminate each is reported with (RFC 5040 section 7): every error
 //! the receive and transmit paths find is a [`Violation`] variant naming the layer's own error
 //! type, and [`Violation::terminate_code`] is the one place a violation becomes a code. Then
-//! [`QueuePair::fail`] queues the Terminate and flushes.
+//! `QueuePair::fail` queues the Terminate and flushes.
 
 use iwarp_ddp::header::{HeaderError, UNTAGGED_HEADER_LEN};
 use iwarp_ddp::{AccessError, MessageTarget, Segmenter, TerminateCode, TerminateLayer, UntaggedError};
