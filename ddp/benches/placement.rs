@@ -96,22 +96,25 @@ fn criterion_groups(c: &mut Criterion) {
     }
 }
 
-/// Best time of several runs of `f`, within a time budget.
-fn best(budget: Duration, mut f: impl FnMut()) -> Duration {
+/// Best times of several runs of each of `fs`, taken in turn (so that a slower or busier
+/// stretch of the run affects all of them alike), within a time budget.
+fn best_of_each<const N: usize>(budget: Duration, case: &mut Case, fs: [fn(&mut Case); N]) -> [Duration; N] {
     let start = Instant::now();
-    let mut best = Duration::MAX;
+    let mut best = [Duration::MAX; N];
     let mut runs = 0;
     while runs < 3 || (start.elapsed() < budget && runs < 1000) {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed());
+        for (f, b) in fs.iter().zip(&mut best) {
+            let t = Instant::now();
+            f(case);
+            *b = (*b).min(t.elapsed());
+        }
         runs += 1;
     }
     best
 }
 
 fn ratio_report(quick: bool) {
-    let budget = if quick { Duration::from_millis(20) } else { Duration::from_millis(700) };
+    let budget = if quick { Duration::from_millis(60) } else { Duration::from_millis(2000) };
     println!("\nTagged placement vs memcpy into a Vec, same run, GB/s of payload (1 MiB destination).");
     println!("place: place_tagged (check + copy into the region); write: RegionMemory::write alone.");
     println!(
@@ -123,9 +126,19 @@ fn ratio_report(quick: bool) {
             let mut case = Case::new(size);
             let bytes = case.bytes() as f64;
             let gbps = |d: Duration| bytes / d.as_secs_f64() / 1e9;
-            let t_memcpy = best(budget, || case.memcpy(stream));
-            let t_place = best(budget, || case.place(stream));
-            let t_write = best(budget, || case.raw_write(stream));
+            let [t_memcpy, t_place, t_write] = if stream {
+                best_of_each(
+                    budget,
+                    &mut case,
+                    [|c| c.memcpy(true), |c| c.place(true), |c| c.raw_write(true)],
+                )
+            } else {
+                best_of_each(
+                    budget,
+                    &mut case,
+                    [|c| c.memcpy(false), |c| c.place(false), |c| c.raw_write(false)],
+                )
+            };
             println!(
                 "{:>8} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>12.2} {:>12.2}",
                 size,

@@ -484,6 +484,7 @@ impl RegionMemory {
     }
 
     /// Checks `[offset, offset + len)` against the memory.
+    #[inline]
     fn bounds(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
@@ -498,6 +499,7 @@ impl RegionMemory {
 
     /// Copies `src` into the memory at `offset` (one `memcpy`). Nothing is written if the range
     /// is not inside the memory.
+    #[inline]
     pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
         self.bounds(offset, src.len())?;
         if !src.is_empty() {
@@ -513,6 +515,7 @@ impl RegionMemory {
 
     /// Copies `dst.len()` bytes from `offset` into `dst` (one `memcpy`). `dst` is untouched if
     /// the range is not inside the memory.
+    #[inline]
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
         self.bounds(offset, dst.len())?;
         if !dst.is_empty() {

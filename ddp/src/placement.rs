@@ -59,6 +59,7 @@ pub fn sgl_len(sgl: &[Sge]) -> u64 {
 /// sink of our own Read: [`Access::LOCAL_WRITE`]); since a placement writes, it must include a
 /// write right (remote or local), else the placement is refused with
 /// [`AccessError::AccessRights`]. On any error nothing is written.
+#[inline]
 pub fn place_tagged(
     table: &mut TaggedBufferTable,
     pd: ProtectionDomainId,
@@ -81,6 +82,7 @@ pub fn place_tagged(
 /// Copies the tagged range `[to, to + out.len())` of `stag` into `out` after checking it
 /// needing `needed` (a Read Response's source: [`Access::REMOTE_READ`]). On error `out` is
 /// untouched.
+#[inline]
 pub fn fetch_tagged(
     table: &TaggedBufferTable,
     pd: ProtectionDomainId,
@@ -96,6 +98,7 @@ pub fn fetch_tagged(
 }
 
 /// The memory a checked access lands in, and the byte offset in it.
+#[inline]
 fn memory_at(table: &TaggedBufferTable, p: Placement) -> Result<(&RegionMemory, usize), AccessError> {
     let offset = usize::try_from(p.offset_in_region).map_err(|_| AccessError::BaseOrBounds)?;
     // A region with no memory cannot pass a check of a non-empty range (its length is 0).
@@ -103,6 +106,7 @@ fn memory_at(table: &TaggedBufferTable, p: Placement) -> Result<(&RegionMemory, 
     Ok((memory, offset))
 }
 
+#[inline]
 fn memory_at_mut(
     table: &mut TaggedBufferTable,
     p: Placement,

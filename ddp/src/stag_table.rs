@@ -382,6 +382,7 @@ impl TaggedBufferTable {
         }
     }
 
+    #[inline]
     fn slot(&self, index: u32) -> Option<&Slot> {
         if index == 0 {
             return None;
@@ -518,6 +519,7 @@ impl TaggedBufferTable {
     }
 
     /// The memory of the region at table index `index` ([`Placement::region_index`]).
+    #[inline]
     pub fn region_memory(&self, index: u32) -> Option<&RegionMemory> {
         if index == 0 {
             return None;
@@ -526,6 +528,7 @@ impl TaggedBufferTable {
     }
 
     /// The memory of the region at table index `index`, mutably (placement writes into it).
+    #[inline]
     pub fn region_memory_mut(&mut self, index: u32) -> Option<&mut RegionMemory> {
         if index == 0 {
             return None;
@@ -746,6 +749,7 @@ impl TaggedBufferTable {
 
     /// Checks a tagged access of `len` bytes at `to` through `stag` from a stream in `pd`
     /// needing `needed` rights. See the module documentation for the order of the checks.
+    #[inline]
     pub fn check(
         &self,
         stag: STag,
