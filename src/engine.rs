@@ -127,6 +127,10 @@ pub(crate) struct Engine {
     stop: AtomicBool,
     /// Threads waiting for the core's lock on the slow path.
     waiting: AtomicUsize,
+    /// A pass waits for the core's lock: the application's copies into and out of regions
+    /// (`MemoryRegion::read`, ...) let it go first, so that polling a region cannot starve the
+    /// engine.
+    pass_waiting: AtomicBool,
     /// The readiness poll (absent only if the system refused one: links are then polled).
     poll: Option<Arc<Poll>>,
     /// Inline mode's event buffer.
@@ -149,6 +153,7 @@ impl Engine {
             doorbell: Doorbell::default(),
             stop: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            pass_waiting: AtomicBool::new(false),
             poll: poll.clone(),
             inline_events: Mutex::new(Events::with_capacity(1024)),
             counters: Counters::default(),
@@ -187,6 +192,16 @@ impl Engine {
         let guard = lock(&self.core);
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         guard
+    }
+
+    /// The engine's state, for the application's copies into and out of its regions: like
+    /// [`Engine::core`], but a pass that is waiting for the lock goes first (a thread polling a
+    /// region in a loop would otherwise keep the engine from the lock).
+    pub(crate) fn core_for_copy(&self) -> MutexGuard<'_, EngineCore> {
+        while self.pass_waiting.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        self.core()
     }
 
     pub(crate) fn inline(&self) -> bool {
@@ -284,10 +299,12 @@ impl Engine {
     /// One pass over the ready connections, given the readiness events collected for it.
     fn pass(&self, events: Option<&Events>) -> bool {
         // Let a slow-path caller that is waiting for the lock have it first.
+        self.pass_waiting.store(true, Ordering::Release);
         while self.waiting.load(Ordering::Acquire) > 0 {
             std::thread::yield_now();
         }
         let mut core = lock(&self.core);
+        self.pass_waiting.store(false, Ordering::Release);
         let (work, visits) = core.progress(events, &self.doorbell);
         drop(core);
         bump(&self.counters.passes, 1);

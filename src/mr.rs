@@ -256,7 +256,7 @@ impl MemoryRegion {
     /// Runs `f` on the region's memory with the engine's lock held (nothing places into it
     /// meanwhile).
     fn with_memory<R>(&self, f: impl FnOnce(&mut RegionMemory) -> R) -> Option<R> {
-        let mut core = self.dev.core();
+        let mut core = self.dev.core_for_copy();
         core.table.region_memory_mut(self.lkey().index()).map(f)
     }
 
@@ -281,7 +281,7 @@ impl MemoryRegion {
     /// runs (it waits for the engine's lock). Keep `f` short, and never wait for the engine
     /// inside it (in inline mode polling a completion queue would wait for itself).
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        let core = self.dev.core();
+        let core = self.dev.core_for_copy();
         let memory = core.table.region_memory(self.lkey().index());
         // The region is registered while the handle lives: the slice is always there.
         f(memory.and_then(|m| m.slice(0, m.len())).unwrap_or_default())
@@ -289,7 +289,7 @@ impl MemoryRegion {
 
     /// Runs `f` on the region's bytes in place, mutably; see [`MemoryRegion::with_bytes`].
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let mut core = self.dev.core();
+        let mut core = self.dev.core_for_copy();
         let memory = core.table.region_memory_mut(self.lkey().index());
         f(memory
             .and_then(|m| {

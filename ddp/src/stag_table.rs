@@ -486,10 +486,18 @@ impl TaggedBufferTable {
         spec: RegionSpec,
         memory: RegionMemory,
     ) -> Result<STag, (TableError, RegionMemory)> {
-        let stag = Self::memory_fits(&spec, memory.len())
-            .and_then(|()| Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 }))
-            .and_then(|entry| self.allocate(entry));
-        match stag {
+        let entry = Self::memory_fits(&spec, memory.len())
+            .and_then(|()| Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 }));
+        self.allocate_region(entry, memory)
+    }
+
+    /// Stores a new region entry with its memory, or gives the memory back with the reason.
+    fn allocate_region(
+        &mut self,
+        entry: Result<Entry, TableError>,
+        memory: RegionMemory,
+    ) -> Result<STag, (TableError, RegionMemory)> {
+        match entry.and_then(|entry| self.allocate(entry)) {
             Ok(stag) => {
                 self.set_memory(stag.index(), Some(memory));
                 Ok(stag)
@@ -546,15 +554,7 @@ impl TaggedBufferTable {
     ) -> Result<STag, (TableError, RegionMemory)> {
         let spec =
             RegionSpec { base_va: 0, len: 0, access: Access::NONE, addressing: Addressing::VirtualAddress };
-        let stag = Self::new_entry(spec, pd, false, EntryKind::Region { windows: 0 })
-            .and_then(|entry| self.allocate(entry));
-        match stag {
-            Ok(stag) => {
-                self.set_memory(stag.index(), Some(memory));
-                Ok(stag)
-            }
-            Err(e) => Err((e, memory)),
-        }
+        self.allocate_region(Self::new_entry(spec, pd, false, EntryKind::Region { windows: 0 }), memory)
     }
 
     /// Fast-register: an invalid region entry at `stag`'s index takes a new range and rights

@@ -66,13 +66,20 @@ impl PostedBuffer for RxBuffer {
     }
 }
 
-/// Checks that an RDMAP message with a fixed-size body arrived whole, in one segment.
-fn whole(opcode: Opcode, seg: &SegmentRepr<'_>, mo: u32, expected: usize) -> Result<(), Violation> {
-    if seg.header.last && mo == 0 && seg.payload.len() == expected {
-        Ok(())
-    } else {
-        Err(RdmapError::BodyLength { opcode, len: seg.payload.len(), expected }.into())
+/// The body of an RDMAP message of fixed size `expected`, which must have arrived whole, in
+/// one segment, parsed by `parse`.
+fn fixed_body<T, E>(
+    opcode: Opcode,
+    seg: &SegmentRepr<'_>,
+    mo: u32,
+    expected: usize,
+    parse: impl FnOnce(&[u8]) -> Result<T, E>,
+) -> Result<T, Violation> {
+    let error = RdmapError::BodyLength { opcode, len: seg.payload.len(), expected };
+    if !(seg.header.last && mo == 0 && seg.payload.len() == expected) {
+        return Err(error.into());
     }
+    parse(seg.payload).map_err(|_| error.into())
 }
 
 impl QueuePair {
@@ -246,12 +253,7 @@ impl QueuePair {
                 Ok(())
             }
             Opcode::ImmediateData | Opcode::ImmediateDataSe => {
-                whole(op, seg, mo, IMMEDIATE_DATA_LEN)?;
-                let data = ImmediateData::parse(seg.payload).map_err(|_| RdmapError::BodyLength {
-                    opcode: op,
-                    len: seg.payload.len(),
-                    expected: IMMEDIATE_DATA_LEN,
-                })?;
+                let data = fixed_body(op, seg, mo, IMMEDIATE_DATA_LEN, ImmediateData::parse)?;
                 let solicited = op == Opcode::ImmediateDataSe;
                 if let Some(wr) = completed.take().and_then(RxBuffer::into_recv) {
                     self.complete_recv(wr, WcOpcode::RecvImmediate, 0, solicited, None, Some(data.0));
@@ -259,12 +261,7 @@ impl QueuePair {
                 Ok(())
             }
             Opcode::ReadRequest => {
-                whole(op, seg, mo, READ_REQUEST_LEN)?;
-                let req = ReadRequest::parse(seg.payload).map_err(|_| RdmapError::BodyLength {
-                    opcode: op,
-                    len: seg.payload.len(),
-                    expected: READ_REQUEST_LEN,
-                })?;
+                let req = fixed_body(op, seg, mo, READ_REQUEST_LEN, ReadRequest::parse)?;
                 // A zero-length Read reads nothing and is not checked: the RFC 6581 Read RTR.
                 if req.size > 0 {
                     mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
@@ -274,12 +271,7 @@ impl QueuePair {
                 Ok(())
             }
             Opcode::AtomicRequest => {
-                whole(op, seg, mo, ATOMIC_REQUEST_LEN)?;
-                let req = AtomicRequest::parse(seg.payload).map_err(|_| RdmapError::BodyLength {
-                    opcode: op,
-                    len: seg.payload.len(),
-                    expected: ATOMIC_REQUEST_LEN,
-                })?;
+                let req = fixed_body(op, seg, mo, ATOMIC_REQUEST_LEN, AtomicRequest::parse)?;
                 if let AtomicOp::Unknown(op) = req.op {
                     return Err(RdmapError::UnsupportedAtomicOp { op }.into());
                 }
@@ -291,12 +283,7 @@ impl QueuePair {
                 Ok(())
             }
             Opcode::AtomicResponse => {
-                whole(op, seg, mo, ATOMIC_RESPONSE_LEN)?;
-                let resp = AtomicResponse::parse(seg.payload).map_err(|_| RdmapError::BodyLength {
-                    opcode: op,
-                    len: seg.payload.len(),
-                    expected: ATOMIC_RESPONSE_LEN,
-                })?;
+                let resp = fixed_body(op, seg, mo, ATOMIC_RESPONSE_LEN, AtomicResponse::parse)?;
                 let Some(Outbound { seq, kind: OutboundKind::Atomic { request_id, sink } }) =
                     self.outbound.front()
                 else {
