@@ -59,11 +59,23 @@ pub struct DeviceConfig {
     pub max_regions: u32,
     /// How long the adaptive mode spins after the last work before it sleeps.
     pub spin: Duration,
+    /// Connections the device runs at once, at most: connecting or accepting beyond it fails
+    /// with [`crate::CmError::TooManyConnections`].
+    pub max_connections: usize,
+    /// How long a finished connection (terminated or disconnected) may wait for its last
+    /// bytes to leave (a peer that stopped reading) before the engine drops it.
+    pub linger: Duration,
 }
 
 impl Default for DeviceConfig {
     fn default() -> DeviceConfig {
-        DeviceConfig { poll_mode: PollMode::Adaptive, max_regions: 4096, spin: Duration::from_micros(50) }
+        DeviceConfig {
+            poll_mode: PollMode::Adaptive,
+            max_regions: 4096,
+            spin: Duration::from_micros(50),
+            max_connections: 65536,
+            linger: Duration::from_secs(10),
+        }
     }
 }
 
@@ -487,7 +499,7 @@ impl EngineCore {
     }
 
     pub(crate) fn connections(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.slots.len() - self.free_keys.len()
     }
 
     /// Adds a smoltcp stack to the ones polled every pass (once: a stack already attached is

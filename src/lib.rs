@@ -64,7 +64,7 @@ mod qp;
 mod readiness;
 mod shared;
 
-pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener, SmolCmListener};
+pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport};
 pub use cq::{CompletionQueue, NextCompletion};
 pub use device::Device;
 pub use engine::{DeviceConfig, EngineStats, PollMode};

@@ -309,7 +309,7 @@ fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryR
 const DATA_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
 
 type Capture = Arc<Mutex<PcapWriter>>;
-use crate::transport::AnyListener;
+use iwarp::Listener;
 use iwarp::netdev::SmolStack;
 
 /// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
@@ -342,10 +342,8 @@ fn connect_any(
     cq: &CompletionQueue,
     opts: &ConnectOptions,
 ) -> Result<iwarp::Connected, CmError> {
-    match stack {
-        Some(stack) => device.connect_smol(stack, addr, pd, cq, cq, opts),
-        None => device.connect(addr, pd, cq, cq, opts),
-    }
+    let opts = ConnectOptions { transport: crate::transport::transport(stack), ..opts.clone() };
+    device.connect(addr, pd, cq, cq, &opts)
 }
 
 fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
@@ -1269,19 +1267,19 @@ fn server(args: &Args) -> Result<(), Fail> {
     };
     let capture = open_capture(args)?;
     let device = Device::open(DeviceConfig::default());
-    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+    let listener = crate::transport::listen(&device, stack.as_ref(), bind)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     println!();
     println!("************************************");
     println!("* Waiting for client to connect... *");
     println!("************************************");
-    let result = server_run(args, &p, &device, &mut listener, capture.as_ref());
+    let result = server_run(args, &p, &device, &listener, capture.as_ref());
     flush_capture(capture.as_ref());
     flush_stack_capture(stack.as_ref());
     result
 }
 
-fn accept_next(listener: &mut AnyListener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
+fn accept_next(listener: &Listener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
     loop {
         let slice = match deadline {
             Some(d) => {
@@ -1305,7 +1303,7 @@ fn server_run(
     args: &Args,
     p: &Params,
     device: &Device,
-    listener: &mut AnyListener,
+    listener: &Listener,
     capture: Option<&Capture>,
 ) -> Result<(), Fail> {
     let pd = device.alloc_pd();
@@ -1334,7 +1332,7 @@ fn server_session(
     p: &Params,
     device: &Device,
     pd: &ProtectionDomain,
-    listener: &mut AnyListener,
+    listener: &Listener,
     ctrl: &mut Ctrl,
     capture: Option<&Capture>,
 ) -> Result<(), Fail> {

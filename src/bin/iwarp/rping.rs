@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::transport::AnyListener;
+use iwarp::Listener;
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
     Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
@@ -447,12 +447,13 @@ fn client(args: &Args) -> Result<(), Fail> {
     let start_mr = register(&pd, size, BUF_ACCESS)?;
     let rdma_mr = register(&pd, size, BUF_ACCESS)?;
     let capture = if stack.is_some() { None } else { open_capture(args)? };
-    let opts = connect_options(args, capture.as_ref());
-    let connected = match &stack {
-        Some(stack) => device.connect_smol(stack, addr, &pd, &cq, &cq, &opts),
-        None => device.connect(addr, &pd, &cq, &cq, &opts),
-    }
-    .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
+    let opts = ConnectOptions {
+        transport: crate::transport::transport(stack.as_ref()),
+        ..connect_options(args, capture.as_ref())
+    };
+    let connected = device
+        .connect(addr, &pd, &cq, &cq, &opts)
+        .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
     let mut conn = Conn {
         qp: connected.qp,
         cq,
@@ -541,7 +542,7 @@ fn server(args: &Args) -> Result<(), Fail> {
         None => resolve(host, args.port)?,
     };
     let device = Arc::new(Device::open(DeviceConfig::default()));
-    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+    let listener = crate::transport::listen(&device, stack.as_ref(), bind)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     if args.debug {
         let shown = listener.local_addr().unwrap_or(bind);
@@ -558,7 +559,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     let accept_deadline = args.accept_timeout.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
         let prepared = Prepared::new(&device, settings.size)?;
-        let req = accept_next(&mut listener, accept_deadline, args.debug)?;
+        let req = accept_next(&listener, accept_deadline, args.debug)?;
         let peer = req.peer_addr();
         let served = match accept_and_post(req, prepared, &settings) {
             Ok(served) => served,
@@ -600,7 +601,7 @@ fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) 
 /// Waits for the next well-formed connection request; handshakes that fail are reported and
 /// skipped.
 fn accept_next(
-    listener: &mut AnyListener,
+    listener: &Listener,
     deadline: Option<Instant>,
     debug: bool,
 ) -> Result<iwarp::ConnectRequest, Fail> {
