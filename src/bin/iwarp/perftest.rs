@@ -145,6 +145,11 @@ pub(crate) struct Args {
     /// Server: give up when no client connects within SECS (default: wait forever).
     #[arg(long, value_name = "SECS")]
     accept_timeout: Option<u64>,
+    /// Server: how long the client's run may last (the wait for its end-of-run record; in
+    /// duration mode -D plus --timeout is used when longer).
+    #[arg(long, value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    run_timeout: u64,
     /// Record both connections into this pcap file (readable by tshark and `iwarp dissect`).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
@@ -185,6 +190,9 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
     }
 }
+
+/// The largest cycle buffer a peer may make this side use (perftest sends its page size).
+const MAX_PEER_CYCLE: u32 = 16 << 20;
 
 // --- parameters -------------------------------------------------------------------------------
 
@@ -309,8 +317,8 @@ fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryR
 const DATA_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
 
 type Capture = Arc<Mutex<PcapWriter>>;
-use iwarp::Listener;
 use iwarp::netdev::SmolStack;
+use iwarp::{ListenOptions, Listener};
 
 /// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
 fn open_stack(args: &Args) -> Result<Option<SmolStack>, Fail> {
@@ -577,7 +585,9 @@ impl Ctrl {
         let mtu = wire::parse_mtu(&self.exchange(&wire::mtu_msg(MTU_ENUM), "MTU", t)?);
         self.exchange(&[0u8; wire::KEY_RECORD_LEN], "\"pre\" handshake", t)?;
         Ok(Agreed {
-            cycle: cycle.clamp(CYCLE_BUFFER, 1 << 30),
+            // The peer's cycle buffer sizes our data buffer: bounded, so a client cannot make
+            // a server hold more than MAX_PEER_CYCLE (perftest's own is a page).
+            cycle: cycle.clamp(CYCLE_BUFFER, MAX_PEER_CYCLE),
             cache_line: line.clamp(CACHE_LINE, 4096),
             mtu: mtu.map_or(MTU_ENUM, |m| m.min(MTU_ENUM)),
         })
@@ -1267,7 +1277,10 @@ fn server(args: &Args) -> Result<(), Fail> {
     };
     let capture = open_capture(args)?;
     let device = Device::open(DeviceConfig::default());
-    let listener = crate::transport::listen(&device, stack.as_ref(), bind)
+    // One client at a time: its control and data connections; more are rejected on the wire.
+    let lopts = ListenOptions { max_connections: 2, ..crate::transport::listen_options(stack.as_ref()) };
+    let listener = device
+        .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     println!();
     println!("************************************");
@@ -1319,7 +1332,7 @@ fn server_run(
         Fail::Run(format!("cannot accept the connection from {peer_addr}: {}", cm_message(&e)))
     })?;
     let mut ctrl = bufs.into_ctrl(qp, p.timeout, true);
-    let result = server_session(args, p, device, &pd, listener, &mut ctrl, capture);
+    let result = server_session(args, p, device, &pd, listener, &mut ctrl, capture, peer_addr.ip());
     close(&ctrl.qp);
     result.map_err(|f| match f {
         Fail::Run(m) => Fail::Run(format!("client {peer_addr}: {m}")),
@@ -1327,6 +1340,7 @@ fn server_run(
     })
 }
 
+#[expect(clippy::too_many_arguments, reason = "the server's session state, passed down once")]
 fn server_session(
     args: &Args,
     p: &Params,
@@ -1335,6 +1349,7 @@ fn server_session(
     listener: &Listener,
     ctrl: &mut Ctrl,
     capture: Option<&Capture>,
+    peer_ip: std::net::IpAddr,
 ) -> Result<(), Fail> {
     if p.test == Test::Write {
         std::thread::sleep(Duration::from_secs(1));
@@ -1342,7 +1357,17 @@ fn server_session(
     let agreed = ctrl.part_a()?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     print_banner(p, &agreed, &args.ib_dev, true);
-    let req = accept_next(listener, Some(Instant::now() + p.timeout))?;
+    // The data connection comes from the control connection's peer; anyone else is turned
+    // away while we wait for it.
+    let deadline = Instant::now() + p.timeout;
+    let req = loop {
+        let req = accept_next(listener, Some(deadline))?;
+        if req.peer_addr().ip() == peer_ip {
+            break req;
+        }
+        eprintln!("perftest: rejecting {} while waiting for {peer_ip}'s data connection", req.peer_addr());
+        let _ = req.reject(&[]);
+    };
     if let Some(ev) = ctrl.qp.poll_event() {
         return Err(Fail::Run(format!("{} before the data connection", event_text(ev))));
     }
@@ -1360,7 +1385,7 @@ fn server_session(
         .accept(pd, &bufs.cq, &bufs.cq, &opts)
         .map_err(|e| Fail::Run(format!("cannot accept the data connection: {}", cm_message(&e))))?;
     let data = bufs.into_data(qp);
-    let result = server_data(p, ctrl, &data, posted);
+    let result = server_data(p, ctrl, &data, posted, Duration::from_secs(args.run_timeout));
     if result.is_ok() {
         // The client closes the data connection first.
         wait_closed(&data.qp, Duration::from_secs(2));
@@ -1369,16 +1394,24 @@ fn server_session(
     result
 }
 
-fn server_data(p: &Params, ctrl: &mut Ctrl, data: &Data, posted: u64) -> Result<(), Fail> {
+fn server_data(
+    p: &Params,
+    ctrl: &mut Ctrl,
+    data: &Data,
+    posted: u64,
+    run_timeout: Duration,
+) -> Result<(), Fail> {
     let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
     let mine = data.record(p, psn);
     let peer = ctrl.keys(&mine)?;
     print_addresses(&mine, &peer);
     let t = Some(p.timeout);
+    // How long the client's run may take: --run-timeout, or its duration and a margin.
+    let run = Some(run_timeout.max(p.duration.map_or(Duration::ZERO, |d| d + p.timeout)));
     let report = match p.test {
         Test::Write | Test::Read => {
-            // The client runs; we wait for its K4 as long as the connection lives.
-            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", None)?;
+            // The client runs; we wait for its K4 as long as a run may last.
+            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", run)?;
             let mut fields: [Vec<u8>; 5] = Default::default();
             for (i, f) in fields.iter_mut().enumerate() {
                 // perftest's server answers with uninitialised memory; zeros here.
@@ -1392,7 +1425,7 @@ fn server_data(p: &Params, ctrl: &mut Ctrl, data: &Data, posted: u64) -> Result<
             run_send_server(p, data, &peer_data, posted)?
         }
     };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { None } else { t })?;
+    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { run } else { t })?;
     print_result(&report, p.gbits);
     Ok(())
 }

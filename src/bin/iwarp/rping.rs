@@ -13,12 +13,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iwarp::Listener;
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
     Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
     QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
+use iwarp::{ListenOptions, Listener};
 
 /// Exit status of a failed run (connection refused or rejected, Terminate, timeout, data
 /// mismatch). Bad flags exit with 2 (clap's usage error).
@@ -122,8 +122,42 @@ pub(crate) struct Args {
     /// Server: give up when no connection arrives within SECS (default: wait forever).
     #[arg(long, value_name = "SECS")]
     accept_timeout: Option<u64>,
+    /// Server: clients served at once, at most (-P); one more is rejected on the wire and the
+    /// server keeps serving.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_clients: u64,
+    /// Server: MiB of buffers all clients together may make it register (each client's
+    /// buffer grows to what it advertises, up to 16 MiB); a client beyond it is turned away.
+    #[arg(long, value_name = "MIB", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_memory: u64,
     #[command(flatten)]
     transport: crate::transport::TransportArgs,
+}
+
+/// The server's budget of buffer memory, shared by its connections.
+#[derive(Debug)]
+struct Budget {
+    used: std::sync::atomic::AtomicU64,
+    limit: u64,
+}
+
+impl Budget {
+    /// Takes `n` bytes, or says there is no room.
+    fn take(&self, n: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        let _ = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
+    }
 }
 
 /// Runs the subcommand and returns the exit status.
@@ -541,8 +575,14 @@ fn server(args: &Args) -> Result<(), Fail> {
         Some(stack) => SocketAddr::from((stack.ip(), args.port)),
         None => resolve(host, args.port)?,
     };
-    let device = Arc::new(Device::open(DeviceConfig::default()));
-    let listener = crate::transport::listen(&device, stack.as_ref(), bind)
+    // Three regions per client (two small, one that may grow), with room to spare.
+    let max_clients = usize::try_from(args.max_clients).unwrap_or(4096);
+    let regions = u32::try_from(4 * max_clients + 64).unwrap_or(u32::MAX).max(4096);
+    let device = Arc::new(Device::open(DeviceConfig { max_regions: regions, ..DeviceConfig::default() }));
+    let lopts =
+        ListenOptions { max_connections: max_clients, ..crate::transport::listen_options(stack.as_ref()) };
+    let listener = device
+        .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     if args.debug {
         let shown = listener.local_addr().unwrap_or(bind);
@@ -550,6 +590,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     }
     let capture = if stack.is_some() { None } else { open_capture(args)? };
     let settings = Arc::new(ServerSettings {
+        budget: Budget { used: 0.into(), limit: args.max_memory << 20 },
         opts: connect_options(args, capture.as_ref()),
         size: usize_of(args.size),
         verbose: args.verbose,
@@ -558,13 +599,18 @@ fn server(args: &Args) -> Result<(), Fail> {
     });
     let accept_deadline = args.accept_timeout.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
-        let prepared = Prepared::new(&device, settings.size)?;
         let req = accept_next(&listener, accept_deadline, args.debug)?;
         let peer = req.peer_addr();
+        let Some(prepared) = Prepared::new(&device, &settings)? else {
+            eprintln!("rping: rejecting {peer}: the buffer memory budget (--max-memory) is spent");
+            let _ = req.reject(&[]);
+            continue;
+        };
         let served = match accept_and_post(req, prepared, &settings) {
             Ok(served) => served,
             Err(m) => {
                 eprintln!("rping: cannot accept the connection from {peer}: {m}");
+                settings.budget.give(settings.size as u64);
                 continue;
             }
         };
@@ -636,6 +682,7 @@ fn accept_next(
 /// What every server connection shares.
 #[derive(Debug)]
 struct ServerSettings {
+    budget: Budget,
     opts: ConnectOptions,
     size: usize,
     verbose: bool,
@@ -654,13 +701,24 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(device: &Arc<Device>, size: usize) -> Result<Prepared, Fail> {
-        let pd = device.alloc_pd();
-        let cq = device.create_cq(32);
-        let recv_mr = register(&pd, INFO_LEN, Access::LOCAL_WRITE)?;
-        let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
-        let rdma_mr = register(&pd, size, BUF_ACCESS)?;
-        Ok(Prepared { device: device.clone(), pd, cq, recv_mr, send_mr, rdma_mr })
+    /// A connection's resources, its buffer taken from the budget; `None` when the budget has
+    /// no room for it.
+    fn new(device: &Arc<Device>, s: &ServerSettings) -> Result<Option<Prepared>, Fail> {
+        if !s.budget.take(s.size as u64) {
+            return Ok(None);
+        }
+        let made = (|| {
+            let pd = device.alloc_pd();
+            let cq = device.create_cq(32);
+            let recv_mr = register(&pd, INFO_LEN, Access::LOCAL_WRITE)?;
+            let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
+            let rdma_mr = register(&pd, s.size, BUF_ACCESS)?;
+            Ok(Prepared { device: device.clone(), pd, cq, recv_mr, send_mr, rdma_mr })
+        })();
+        if made.is_err() {
+            s.budget.give(s.size as u64);
+        }
+        made.map(Some)
     }
 }
 
@@ -678,6 +736,7 @@ fn serve(served: Served, peer: SocketAddr, s: &ServerSettings) -> Result<(), Str
     let Served { _device, mut conn, pd, mut rdma_mr } = served;
     let result = serve_pings(&mut conn, &pd, &mut rdma_mr, peer, s);
     conn.close();
+    s.budget.give(rdma_mr.len() as u64);
     result
 }
 
@@ -718,7 +777,21 @@ fn serve_pings(
             return Err(format!("ping {k}: the client advertised {} bytes, more than {MAX_SIZE}", a.size));
         }
         if len > rdma_mr.len() {
-            *rdma_mr = register(pd, len, BUF_ACCESS).map_err(|f| format!("{f:?}"))?;
+            let more = (len - rdma_mr.len()) as u64;
+            if !s.budget.take(more) {
+                return Err(format!(
+                    "ping {k}: the client advertised {len} bytes; the server's buffer memory budget \
+                     (--max-memory {} MiB) has no room for them",
+                    s.budget.limit >> 20
+                ));
+            }
+            match register(pd, len, BUF_ACCESS) {
+                Ok(mr) => *rdma_mr = mr,
+                Err(f) => {
+                    s.budget.give(more);
+                    return Err(format!("{f:?}"));
+                }
+            }
         }
         let read = SendOp::Read { remote_stag: STag(a.rkey), remote_to: a.addr };
         let err = |e: Stop| match e {

@@ -451,6 +451,47 @@ mod rping {
         assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
     }
 
+    /// A persistent server at its client limit rejects one more client on the wire and keeps
+    /// serving; once a client leaves, the next one is served.
+    #[test]
+    fn persistent_server_rejects_clients_beyond_its_limit() {
+        let server = Server::start(&["-P", "--max-clients", "1", "--timeout", "30"]);
+        // A client that connects and stays (the library's, holding its queue pair).
+        let dev = iwarp::Device::open(iwarp::DeviceConfig::default());
+        let (pd, cq) = (dev.alloc_pd(), dev.create_cq(8));
+        let addr = format!("127.0.0.1:{}", server.port).parse().unwrap();
+        let held = dev.connect(addr, &pd, &cq, &cq, &iwarp::ConnectOptions::default()).unwrap();
+        let o = client(server.port, &["-C", "1"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("rejected"), "{}", stderr(&o));
+        drop(held);
+        drop(dev);
+        // The slot frees when the held connection ends on the server.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let o = loop {
+            let o = client(server.port, &["-C", "2", "-V"]);
+            if o.status.code() == Some(0) || Instant::now() > deadline {
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
+    /// A client that advertises more than the server's buffer memory budget fails alone; the
+    /// server keeps serving the others.
+    #[test]
+    fn persistent_server_bounds_client_memory() {
+        let server = Server::start(&["-P", "--max-memory", "1"]);
+        let o = client(server.port, &["-C", "1", "-S", "2097152"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        server.wait_line("memory budget");
+        let o = client(server.port, &["-C", "3", "-V", "-S", "4096"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
     /// `--pcap` records the client's connection, handshake included: it dissects like siw's
     /// own rping capture (testdata/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
     #[test]

@@ -145,13 +145,18 @@ pub(crate) fn transport(stack: Option<&SmolStack>) -> Transport {
     stack.map_or(Transport::Kernel, |s| Transport::Smol(s.clone()))
 }
 
+/// Listen options on the kernel's TCP or `stack` (smoltcp), the defaults otherwise.
+pub(crate) fn listen_options(stack: Option<&SmolStack>) -> ListenOptions {
+    ListenOptions { transport: transport(stack), ..ListenOptions::default() }
+}
+
 /// Listens on `bind` (kernel) or on `bind`'s port of `stack` (smoltcp).
 pub(crate) fn listen(
     device: &Device,
     stack: Option<&SmolStack>,
     bind: SocketAddr,
 ) -> Result<Listener, CmError> {
-    device.listen_with(bind, &ListenOptions { transport: transport(stack), ..ListenOptions::default() })
+    device.listen_with(bind, &listen_options(stack))
 }
 
 #[cfg(test)]
