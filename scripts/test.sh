@@ -28,6 +28,9 @@ step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
+step "random fault schedules through real devices (10^4, optimized build)"
+cargo test --release --locked -p iwarp-tests --test faults -- --nocapture
+
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 

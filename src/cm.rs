@@ -265,13 +265,27 @@ impl FrameReader {
 
 /// The byte stream of a connection during its MPA exchange: a kernel socket, or a link of a
 /// userspace TCP/IP stack (polled while waiting).
-#[derive(Debug)]
 enum Stream {
     /// Kernel TCP.
     Tcp(TcpStream),
     /// smoltcp.
     Smol(SmolLink),
+    /// A byte stream the caller provides ([`Device::connect_link`], [`Device::accept_link`]).
+    Link(Box<dyn Link>),
 }
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stream::Tcp(s) => f.debug_tuple("Tcp").field(s).finish(),
+            Stream::Smol(l) => f.debug_tuple("Smol").field(l).finish(),
+            Stream::Link(_) => f.write_str("Link"),
+        }
+    }
+}
+
+/// How long a handshake over a caller's link waits between looks at it.
+const LINK_POLL: Duration = Duration::from_millis(1);
 
 impl Stream {
     /// Reads what is there without waiting; `Ok(0)` when nothing is.
@@ -284,6 +298,7 @@ impl Stream {
                 Err(e) => Err(e.into()),
             },
             Stream::Smol(link) => link.recv(buf).map_err(link_error),
+            Stream::Link(link) => link.recv(buf).map_err(link_error),
         }
     }
 
@@ -314,6 +329,7 @@ impl Stream {
             match self {
                 Stream::Tcp(stream) => wait_readable(stream, left.min(Duration::from_millis(100)))?,
                 Stream::Smol(link) => smol_wait(link, deadline)?,
+                Stream::Link(_) => std::thread::sleep(left.min(LINK_POLL)),
             }
         }
         Ok(frame.buf)
@@ -344,6 +360,17 @@ impl Stream {
                 link.stack().poll_now();
                 Ok(())
             }
+            Stream::Link(link) => {
+                while !bytes.is_empty() {
+                    match link.send(bytes) {
+                        Ok(0) if Instant::now() >= deadline => return Err(CmError::Timeout),
+                        Ok(0) => std::thread::sleep(LINK_POLL),
+                        Ok(n) => bytes = &bytes[n..],
+                        Err(e) => return Err(link_error(e)),
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
@@ -357,6 +384,8 @@ impl Stream {
                 .and_then(|m| usize::try_from(m).ok())
                 .unwrap_or(1448),
             Stream::Smol(link) => link.stack().mtu().saturating_sub(40),
+            // A caller's link: Ethernet's segment size.
+            Stream::Link(_) => 1448,
         };
         iwarp_mpa::fpdu::mulpdu(mss.clamp(128, 65535), markers).max(64)
     }
@@ -366,6 +395,7 @@ impl Stream {
         Ok(match self {
             Stream::Tcp(stream) => Box::new(TcpLink::from_std(stream, opts)?),
             Stream::Smol(link) => Box::new(link),
+            Stream::Link(link) => link,
         })
     }
 }
@@ -517,6 +547,41 @@ impl Device {
             count: None,
         };
         Ok(Connected { qp: start.run(&self.engine)?, private_data })
+    }
+
+    /// Runs a connection over a byte stream the caller provides instead of a TCP connection
+    /// the manager makes (an in-memory pair with fault injection, say): the initiator's MPA
+    /// exchange on it, then the queue pair on the engine. `opts.transport` is not used.
+    pub fn connect_link(
+        &self,
+        link: Box<dyn Link>,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<Connected, CmError> {
+        let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
+        let deadline = Instant::now() + opts.timeout;
+        self.handshake(Stream::Link(link), request, deadline, pd, send_cq, recv_cq, opts)
+    }
+
+    /// The responder's side of [`Device::connect_link`]: waits (within `opts.timeout`) for
+    /// the MPA Request on `link` and accepts it with `opts`.
+    pub fn accept_link(
+        &self,
+        link: Box<dyn Link>,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> Result<QueuePair, CmError> {
+        let mut stream = Stream::Link(link);
+        let request = stream.read_frame(Instant::now() + opts.timeout)?;
+        check_request(&request)?;
+        let peer = SocketAddr::from(([0, 0, 0, 0], 0));
+        let req =
+            ConnectRequest { stream, peer, request, dev: self.engine.clone(), count: ConnCount::default() };
+        req.accept(pd, send_cq, recv_cq, opts)
     }
 
     /// Listens for iWARP connections on `addr` (rdma_listen) over the kernel's TCP, with the

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iwarp::mpa::{CrcPolicy, Policy};
+use iwarp::mpa::{CrcPolicy, Policy, RtrTypes};
 use iwarp::{
     Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
     QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
@@ -112,6 +112,10 @@ pub(crate) struct Args {
     /// `peer_to_peer=1`. A server always agrees when a client offers it.
     #[arg(long)]
     p2p: bool,
+    /// Client with --p2p: the RTR message types to offer, comma-separated (write, read,
+    /// send) [default: write,read].
+    #[arg(long, value_delimiter = ',', value_enum, requires = "p2p")]
+    rtr: Vec<Rtr>,
     /// Record this end's connections into a pcap file (tshark / `iwarp dissect` decode it).
     #[arg(long, value_name = "FILE")]
     pcap: Option<std::path::PathBuf>,
@@ -134,6 +138,17 @@ pub(crate) struct Args {
     max_memory: u64,
     #[command(flatten)]
     transport: crate::transport::TransportArgs,
+}
+
+/// An RFC 6581 ready-to-receive message type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Rtr {
+    /// A zero-length RDMA Write.
+    Write,
+    /// A zero-length RDMA Read.
+    Read,
+    /// A zero-length Send.
+    Send,
 }
 
 /// The server's budget of buffer memory, shared by its connections.
@@ -284,6 +299,15 @@ fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
             markers_wanted: args.markers,
             revision: args.mpa_rev,
             peer_to_peer: args.p2p,
+            rtr: if args.rtr.is_empty() {
+                Policy::default().rtr
+            } else {
+                RtrTypes {
+                    write: args.rtr.contains(&Rtr::Write),
+                    read: args.rtr.contains(&Rtr::Read),
+                    send: args.rtr.contains(&Rtr::Send),
+                }
+            },
             ..Policy::default()
         },
         timeout: Duration::from_secs(args.timeout),
