@@ -20,7 +20,7 @@ SUITE_TIMEOUT="${IWARP_INTEROP_TIMEOUT:-900}"
 CONFIGS="${IWARP_INTEROP_CONFIGS:-stock crc p2p rev1 perftest}"
 OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop}"
 # siw 6.1 sends its MPA Reply before it hooks up its receive path; a Send that arrives in that
-# window is never read (protocol-notes.md). Under TCG 10 ms was not enough (crc/a-64 stalled
+# window is never read (docs/siw-quirks.md). Under TCG 10 ms was not enough (crc/a-64 stalled
 # once in five runs with the first Send 10 ms after the Reply), so wait longer here.
 FPDU_DELAY="${IWARP_INTEROP_FPDU_DELAY:-200}"
 rm -rf "$OUT"; mkdir -p "$OUT"
@@ -117,7 +117,7 @@ check_capture_port() { # pcap port crc(on|off|any)
 #   GUEST_CASES: "name:port:expect:crc:size" (guest rping -c against host iwarp rping -s)
 #   expect: ok | reject | fail
 #   SELF (optional): "rev1-self" runs siw rping against siw rping inside the guest (both on siw0)
-#   (the documented MPA rev 1 failure of siw itself, testdata/siw/README.md)
+#   (the documented MPA rev 1 failure of siw itself, tests/data/siw/README.md)
 run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
   local cfg="$1" siw="$2" siwopts="$3" hcases="$4" gcases="$5" self="${6:-}"
   local dir="$OUT/$cfg" c name port expect crc rest gcmd="" pid rc t1=$SECONDS
