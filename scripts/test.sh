@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command: formatting, lints, docs, the dependency-direction check, every
-# test, a short fuzz smoke run of every fuzz target, and the siw interop suite (qemu guest; needs
-# root). Installs what it needs.
+# The project's test command: formatting, lints, docs, the dependency-direction check, the
+# check that every cited path exists, every test, a short fuzz smoke run of every fuzz target,
+# and the siw interop suite (qemu guest; needs root, see docs/interop.md). Installs what it
+# needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +16,11 @@ command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 step "cargo fmt --check"
 cargo fmt --all --check
 
-step "dependency directions (design.md)"
+step "dependency directions (docs/architecture.md#dependency-rules)"
 python3 scripts/check-deps.py
+
+step "cited paths exist (comments, scripts, docs/)"
+python3 scripts/check-doc-refs.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -7,7 +7,7 @@
 //!
 //! Who speaks first (RFC 5044 section 7.1.2, RFC 6581): the responder sends nothing until the
 //! initiator's first FPDU has arrived (a responder that sends first breaks siw, see
-//! testdata/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
+//! tests/data/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
 //! the RTR message of the agreed type.
 
 use iwarp_ddp::{TerminateCode, TerminateLayer};

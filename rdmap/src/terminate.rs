@@ -344,7 +344,7 @@ pub enum RdmapError {
 }
 
 impl RdmapError {
-    /// The Terminate code (RFC 5040 section 7; the table in protocol-notes.md).
+    /// The Terminate code (RFC 5040 section 7; docs/protocol-notes.md#terminate-codes).
     pub fn terminate_code(&self) -> TerminateCode {
         let prot = rdmap_type::REMOTE_PROTECTION;
         let op = rdmap_type::REMOTE_OPERATION;
@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(m.emit(&mut [0u8; 5]), Err(Truncated { needed: 6, got: 5 }));
     }
 
-    /// protocol-notes.md, Terminate table, layer 0 RDMAP rows.
+    /// docs/protocol-notes.md#terminate-codes, the layer 0 (RDMAP) rows.
     #[test]
     fn rdmap_error_codes_match_table() {
         let table: &[(RdmapError, u8, u8)] = &[

@@ -2,7 +2,7 @@
 # Sourced by run-guest.sh and run-suite.sh: boot the interop guest with its NIC on a tap device
 # in a network namespace this script creates, run things on both sides, clean up by PID.
 #
-# Network rule (shared/interop-vm.md): traffic only inside the namespace created here
+# Network rule (docs/interop.md#network-rule): traffic only inside the namespace created here
 # (10.99.0.0/24 on the tap, host side .1, guest .2) and qemu's link.
 #
 # Usage:

@@ -120,7 +120,7 @@ check_capture_port() { # pcap port crc(on|off|any)
 #   GUEST_CASES: "name:port:expect:crc:size" (guest rping -c against host iwarp rping -s)
 #   expect: ok | reject | fail
 #   SELF (optional): "rev1-self" runs siw rping against siw rping inside the guest (both on siw0)
-#   (the documented MPA rev 1 failure of siw itself, testdata/siw/README.md)
+#   (the documented MPA rev 1 failure of siw itself, tests/data/siw/README.md)
 run_config() { # config siw siwopts "HOST_CASES" "GUEST_CASES" [SELF]
   local cfg="$1" siw="$2" siwopts="$3" hcases="$4" gcases="$5" self="${6:-}"
   local dir="$OUT/$cfg" c name port expect crc rest gcmd="" pid rc t1=$SECONDS

@@ -1,5 +1,5 @@
 //! `iwarp perftest`: perftest's `ib_write_bw -R`, `ib_read_bw -R` and `ib_send_bw -R`, on the
-//! wire the same (perftest 4.5-0.17, internal version 6.06; see shared/perftest-notes.md).
+//! wire the same (perftest 4.5-0.17, internal version 6.06; see docs/perftest.md).
 //!
 //! Two rdma_cm (TCP + MPA) connections, both from the client to the server's port: the
 //! control connection carries perftest's lockstep Sends (version, cycle buffer, cache line,

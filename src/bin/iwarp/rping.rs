@@ -1,6 +1,6 @@
 //! `iwarp rping`: the ping of rdmacm-utils' `rping`, on the wire the same, over this stack.
 //!
-//! Per ping (see shared/rping-notes.md): the client Sends the advertisement of its "start"
+//! Per ping (see docs/rping.md): the client Sends the advertisement of its "start"
 //! buffer, the server RDMA Reads it and Sends a go-ahead, the client Sends the advertisement
 //! of its "rdma" (sink) buffer, the server RDMA Writes the data there and Sends a second
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag

@@ -493,7 +493,7 @@ mod rping {
     }
 
     /// `--pcap` records the client's connection, handshake included: it dissects like siw's
-    /// own rping capture (testdata/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
+    /// own rping capture (tests/data/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
     #[test]
     fn pcap_of_a_crc_run_dissects_like_siws() {
         let server = Server::start(&[]);
@@ -989,7 +989,8 @@ mod perftest {
         msgs.iter().filter(|m| m.dir == dir && m.opcode == "Send").map(|m| m.payload.clone()).collect()
     }
 
-    /// Payload sizes of the control Sends, client then server, per perftest-notes.md.
+    /// Payload sizes of the control Sends, client then server
+    /// (docs/perftest.md#the-control-connection).
     fn control_sizes(test: &str) -> Vec<usize> {
         let mut v = vec![16, 4, 4, 2, 56, 56, 56, 56, 56, 56];
         if test != "send" {
