@@ -3,7 +3,8 @@
 //! The engine owns the connections (links and their queue pairs), the tagged buffer table and
 //! the userspace TCP/IP stacks, and runs them from one thread ([`PollMode::Inline`]: from the
 //! application's calls). It is readiness driven: every link with a file descriptor is
-//! registered with a `mio` poll (edge-triggered, readable and writable), posting work queues
+//! registered with the engine's epoll (src/readiness.rs: edge-triggered, readable and
+//! writable), posting work queues
 //! the queue pair's key on the doorbell, and a pass visits only the connections that are
 //! ready (readable, writable with bytes to send, with posted work, or left with work by the
 //! previous pass), so its cost grows with traffic, not with the number of connections. Links

@@ -71,8 +71,8 @@ pub(crate) enum Test {
 /// -R is implied (perftest over iWARP needs it) and -F is accepted for compatibility. Both
 /// sides must agree on -s, -n/-D and --report_gbits, as with perftest.
 ///
-/// Against Linux siw 6.1 a client should use --first-fpdu-delay 10: siw hooks up its receive
-/// path only after sending its MPA Reply.
+/// Against Linux siw 6.1 no flag is needed: siw may leave a first message that follows its MPA
+/// Reply at once unread, and the client nudges it (docs/siw-quirks.md).
 ///
 /// Exit status: 0 when the test ran, 1 on a failure (refused, rejected, a Terminate, a
 /// timeout, a peer that does not speak the protocol; one line on stderr names the cause), 2
@@ -131,7 +131,8 @@ pub(crate) struct Args {
     #[arg(long)]
     crc: bool,
     /// Client: milliseconds to wait between the MPA Reply and the first Send on each
-    /// connection; 10 helps against Linux siw 6.1.
+    /// connection (not needed against Linux siw 6.1: the client nudges a peer that leaves it
+    /// unread).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     first_fpdu_delay: u64,
     /// Server: the address to listen on [default: 0.0.0.0].

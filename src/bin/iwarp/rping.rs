@@ -49,8 +49,8 @@ const LAST_LETTER: u8 = b'z';
 /// for every connection, concurrently, until killed), printing `server ping data: ...` with
 /// -v; it never sends before the client's first Send.
 ///
-/// Against Linux siw 6.1 a client should wait 5 to 10 ms before its first Send
-/// (--first-fpdu-delay 10): siw hooks up its receive path only after sending its MPA Reply.
+/// Against Linux siw 6.1 no flag is needed: siw may leave a first Send that follows its MPA
+/// Reply at once unread, and the client nudges it (docs/siw-quirks.md).
 ///
 /// Differences from rping: -S goes up to 16 MiB (rping: 65535), and the server grows its
 /// buffer to the size a client advertises (rping fails when the client's -S is larger); the
@@ -95,8 +95,8 @@ pub(crate) struct Args {
     /// Print what happens (connection, advertisements) on stderr.
     #[arg(short = 'd', long)]
     debug: bool,
-    /// Client: milliseconds to wait between the MPA Reply and the first Send; 5 to 10 helps
-    /// against Linux siw 6.1.
+    /// Client: milliseconds to wait between the MPA Reply and the first Send (not needed
+    /// against Linux siw 6.1: the client nudges a peer that leaves it unread).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     first_fpdu_delay: u64,
     /// Ask for MPA CRC32c (either side asking turns it on).
