@@ -5,6 +5,8 @@
 # needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
+export IWARP_REQUIRE_ALL=1
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 step() { printf '\n==> %s\n' "$*"; }

@@ -77,3 +77,8 @@ pub use iwarp_rdmap::qp::{
 pub use mr::{MemoryRegion, ProtectionDomain, RegisterError};
 pub use qp::{PostListError, QueuePair};
 pub use shared::WorkCompletion;
+
+/// The README's code blocks, run as doctests so that they keep compiling.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -195,6 +195,9 @@ fn wait_reset(link: &mut SmolLink, stacks: [&SmolStack; 2], limit: Duration) {
 
 #[test]
 fn raw_veth_transfer_8mib_both_ways() {
+    if !netns::privileged("raw_veth_transfer_8mib_both_ways") {
+        return;
+    }
     let ns = netns("xfer");
     ns.veth();
     ns.run_inner("inner_raw_transfer");
@@ -234,6 +237,9 @@ fn inner_raw_transfer() {
 
 #[test]
 fn raw_veth_connect_listen_close_reset() {
+    if !netns::privileged("raw_veth_connect_listen_close_reset") {
+        return;
+    }
     let ns = netns("cm");
     ns.veth();
     ns.run_inner("inner_raw_close_reset");
@@ -329,6 +335,9 @@ fn inner_raw_close_reset() {
 
 #[test]
 fn raw_veth_half_open_connections_time_out() {
+    if !netns::privileged("raw_veth_half_open_connections_time_out") {
+        return;
+    }
     let ns = netns("synflood");
     ns.veth();
     ns.run_inner("inner_raw_half_open");
@@ -397,6 +406,9 @@ fn server_half_open(stack: &SmolStack) -> usize {
 
 #[test]
 fn raw_veth_transfer_with_one_percent_frame_loss() {
+    if !netns::privileged("raw_veth_transfer_with_one_percent_frame_loss") {
+        return;
+    }
     let ns = netns("loss");
     ns.veth();
     ns.run_inner("inner_raw_loss");
@@ -435,6 +447,9 @@ const TAP_SMOL: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
 
 #[test]
 fn tap_smoltcp_to_kernel_tcp() {
+    if !netns::privileged("tap_smoltcp_to_kernel_tcp") {
+        return;
+    }
     let ns = netns("tap");
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     ns.ip(&["addr", "add", "10.78.0.1/24", "dev", "tp0"]);
@@ -564,6 +579,9 @@ fn transfer_with_kernel(smol: &SmolStack, link: &mut SmolLink, send: &[u8], expe
 
 #[test]
 fn permission_errors_name_the_interface_and_cause() {
+    if !netns::privileged("permission_errors_name_the_interface_and_cause") {
+        return;
+    }
     let ns = netns("perm");
     ns.veth();
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);

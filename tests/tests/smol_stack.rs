@@ -225,6 +225,9 @@ fn veth_pair(drop_chance: f64, modes: (PollMode, PollMode)) {
 
 #[test]
 fn smol_veth_two_devices() {
+    if !netns::privileged("smol_veth_two_devices") {
+        return;
+    }
     let ns = netns("veth");
     ns.veth();
     ns.run_inner("inner_veth_two_devices");
@@ -241,6 +244,9 @@ fn inner_veth_two_devices() {
 
 #[test]
 fn smol_veth_busy_engine() {
+    if !netns::privileged("smol_veth_busy_engine") {
+        return;
+    }
     let ns = netns("modes");
     ns.veth();
     ns.run_inner("inner_veth_busy_modes");
@@ -257,6 +263,9 @@ fn inner_veth_busy_modes() {
 
 #[test]
 fn smol_veth_one_percent_loss() {
+    if !netns::privileged("smol_veth_one_percent_loss") {
+        return;
+    }
     let ns = netns("loss");
     ns.veth();
     ns.run_inner("inner_veth_loss");
@@ -276,6 +285,9 @@ const TAP_SMOL: Ipv4Addr = Ipv4Addr::new(10, 79, 1, 2);
 
 #[test]
 fn smol_tap_against_kernel_tcp() {
+    if !netns::privileged("smol_tap_against_kernel_tcp") {
+        return;
+    }
     let ns = netns("tap");
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     ns.ip(&["addr", "add", "10.79.1.1/24", "dev", "tp0"]);

@@ -1246,6 +1246,9 @@ fn wait_bounded(mut child: std::process::Child, limit: std::time::Duration, what
 fn rping_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("rping_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("rping");
     let pcap = Temp::new("smol-rping.pcap", b"");
     let server = ns
@@ -1356,6 +1359,9 @@ fn smoltcp_flags_errors_are_one_clear_line() {
 
 #[test]
 fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
+    if !iwarp_tests::netns::privileged("bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp") {
+        return;
+    }
     let ns = SmolNetns::new("bench");
     let child = ns
         .iwarp(&[
@@ -1428,6 +1434,9 @@ fn bench_smoltcp_flag_errors() {
 fn perftest_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("perftest_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("perf");
     for (i, test) in ["write", "read", "send"].into_iter().enumerate() {
         let port = (7410 + i).to_string();
