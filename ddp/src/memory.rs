@@ -214,10 +214,10 @@ impl RegionMemory {
         for (word, chunk) in words.iter().zip(chunks) {
             word.store(word_of(chunk), Ordering::Relaxed);
         }
-        if !tail.is_empty() {
-            if let Some(word) = words.get(full) {
-                merge_into(word, 0, tail);
-            }
+        if !tail.is_empty()
+            && let Some(word) = words.get(full)
+        {
+            merge_into(word, 0, tail);
         }
     }
 
@@ -247,12 +247,12 @@ impl RegionMemory {
             chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
         }
         let tail = chunks.into_remainder();
-        if !tail.is_empty() {
-            if let Some(word) = words.get(full) {
-                let b = word.load(Ordering::Relaxed).to_ne_bytes();
-                let n = tail.len();
-                tail.copy_from_slice(&b[..n]);
-            }
+        if !tail.is_empty()
+            && let Some(word) = words.get(full)
+        {
+            let b = word.load(Ordering::Relaxed).to_ne_bytes();
+            let n = tail.len();
+            tail.copy_from_slice(&b[..n]);
         }
         Ok(())
     }
@@ -270,7 +270,7 @@ impl RegionMemory {
     /// (RFC 7306) as one read-modify-write of the word, atomic against every other access.
     /// `None` when `offset` is unaligned or out of bounds.
     pub fn fetch_update_u64(&self, offset: usize, mut f: impl FnMut(u64) -> u64) -> Option<u64> {
-        if offset % WORD != 0 || !self.contains_range(offset, WORD) {
+        if !offset.is_multiple_of(WORD) || !self.contains_range(offset, WORD) {
             return None;
         }
         let word = self.words.get(offset / WORD)?;

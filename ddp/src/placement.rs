@@ -375,10 +375,10 @@ mod model {
                         assert_eq!(r, Ok(()));
                         for (i, &byte) in payload.iter().enumerate() {
                             let at = usize::try_from(mo).unwrap_or(usize::MAX) + i;
-                            if let (Some(&pos), Some(m)) = (sgl_map.get(at), model.get_mut(4)) {
-                                if let Some(slot) = m.get_mut(pos) {
-                                    *slot = byte;
-                                }
+                            if let (Some(&pos), Some(m)) = (sgl_map.get(at), model.get_mut(4))
+                                && let Some(slot) = m.get_mut(pos)
+                            {
+                                *slot = byte;
                             }
                         }
                     } else {

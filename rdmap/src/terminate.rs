@@ -262,15 +262,13 @@ impl TerminateMessage {
         let Some(ddp) = TerminatedDdpHeader::from_segment(seg) else { return msg.with_flags() };
         msg.ddp_header = Some(ddp);
         msg.ddp_segment_len = u16::try_from(seg.len()).ok();
-        if code.layer == TerminateLayer::Rdmap {
-            if let TerminatedDdpHeader::Untagged(h) = ddp {
-                let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
-                if is_read_request {
-                    msg.rdmap_header = seg
-                        .get(UNTAGGED_HEADER_LEN..)
-                        .and_then(|p| p.first_chunk::<READ_REQUEST_LEN>())
-                        .copied();
-                }
+        if code.layer == TerminateLayer::Rdmap
+            && let TerminatedDdpHeader::Untagged(h) = ddp
+        {
+            let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
+            if is_read_request {
+                msg.rdmap_header =
+                    seg.get(UNTAGGED_HEADER_LEN..).and_then(|p| p.first_chunk::<READ_REQUEST_LEN>()).copied();
             }
         }
         msg.with_flags()

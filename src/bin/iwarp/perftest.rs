@@ -1111,7 +1111,7 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             post_data_recv(d, p, wr)?;
             posted_recvs += 1;
         }
-        if (received % rx) % every == 0 {
+        if (received % rx).is_multiple_of(every) {
             // Each Write gets its own source word: a word still waiting to be sent must not
             // change under it.
             let count = u32::try_from(received).unwrap_or(u32::MAX);

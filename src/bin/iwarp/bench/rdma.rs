@@ -595,7 +595,7 @@ impl Bench {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(1024) && Instant::now() >= deadline {
                 return Err(BenchError(format!(
                     "{what}: the Write was not placed within {} s",
                     STALL.as_secs()
@@ -648,7 +648,7 @@ fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
             return Some(wc);
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 && Instant::now() >= deadline {
+        if spins.is_multiple_of(1024) && Instant::now() >= deadline {
             return None;
         }
         relax(spins);
@@ -768,7 +768,7 @@ impl Server {
                 return Some(wc);
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return None;
             }
             relax(spins);
@@ -831,7 +831,7 @@ impl Server {
             }
             self.reap_sends()?;
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return Ok(());
             }
             relax(spins);
