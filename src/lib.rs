@@ -64,7 +64,7 @@ mod qp;
 mod readiness;
 mod shared;
 
-pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener, SmolCmListener};
+pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport};
 pub use cq::{CompletionQueue, NextCompletion};
 pub use device::Device;
 pub use engine::{DeviceConfig, EngineStats, PollMode};
@@ -78,3 +78,8 @@ pub use iwarp_rdmap::qp::{
 pub use mr::{MemoryRegion, MemoryWindow, ProtectionDomain, RegisterError};
 pub use qp::{PostListError, QueuePair};
 pub use shared::WorkCompletion;
+
+/// The README's code blocks, run as doctests so that they keep compiling.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

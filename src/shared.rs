@@ -297,6 +297,18 @@ fn state_of(c: u8) -> QpState {
     }
 }
 
+/// A count of live connections (a listener's), shared with each connection it counts: a
+/// connection holds one unit from its start until what the engine and the application keep
+/// of it is gone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnCount(Arc<AtomicUsize>);
+
+impl ConnCount {
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// What the application's handle and the engine share for one queue pair.
 #[derive(Debug)]
 pub(crate) struct QpShared {
@@ -326,6 +338,16 @@ pub(crate) struct QpShared {
     /// The engine has dropped the connection: nothing drains the rings any more, so whoever
     /// finds work in them flushes it.
     retired: AtomicBool,
+    /// The count this connection is one of (a listener's), if any.
+    count: Option<ConnCount>,
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        if let Some(c) = &self.count {
+            c.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl QpShared {
@@ -336,7 +358,11 @@ impl QpShared {
         params: ConnParams,
         cqs: (Arc<CqShared>, Arc<CqShared>),
         uses_srq: bool,
+        count: Option<ConnCount>,
     ) -> QpShared {
+        if let Some(c) = &count {
+            c.0.fetch_add(1, Ordering::AcqRel);
+        }
         QpShared {
             qp_num,
             key,
@@ -354,6 +380,7 @@ impl QpShared {
             sq_in_use: AtomicUsize::new(0),
             rq_in_use: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
+            count,
         }
     }
 

@@ -575,7 +575,7 @@ impl RegionMemory {
     /// atomic, atomic against every other access through the stack (`&mut self`). `None`
     /// when `offset` is unaligned or out of bounds.
     pub fn fetch_update_u64(&mut self, offset: usize, f: impl FnOnce(u64) -> u64) -> Option<u64> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return None;
         }
         let mut word = [0u8; 8];

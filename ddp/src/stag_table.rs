@@ -870,7 +870,7 @@ mod tests {
         assert_eq!(t.check(s, OTHER_PD, Access::REMOTE_ATOMIC, bad, 2), Err(AccessError::InvalidStag));
     }
 
-    /// protocol-notes.md, Terminate table: layer 1 DDP type 1 (tagged buffer) and layer 0
+    /// docs/protocol-notes.md#terminate-codes: layer 1 DDP type 1 (tagged buffer) and layer 0
     /// RDMAP type 1 (remote protection).
     #[test]
     fn terminate_codes_match_table() {

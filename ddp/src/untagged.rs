@@ -366,7 +366,7 @@ mod tests {
         ];
         for (kind, len, err, code) in cases {
             assert_eq!(q.accept(kind, true, len), Err(err));
-            // protocol-notes.md: layer 1 DDP, type 2 untagged buffer.
+            // docs/protocol-notes.md#terminate-codes: layer 1 DDP, type 2 untagged buffer.
             let c = err.terminate_code();
             assert_eq!((c.layer.to_u8(), c.error_type, c.code), (1, 2, code), "{err}");
         }

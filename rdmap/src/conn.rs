@@ -7,7 +7,7 @@
 //!
 //! Who speaks first (RFC 5044 section 7.1.2, RFC 6581): the responder sends nothing until the
 //! initiator's first FPDU has arrived (a responder that sends first breaks siw, see
-//! testdata/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
+//! tests/data/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
 //! the RTR message of the agreed type.
 
 use iwarp_ddp::{TerminateCode, TerminateLayer};
@@ -212,6 +212,22 @@ impl Connection {
                 0
             }
         }
+    }
+
+    /// Frames a zero-length RDMA Write to STag 1 (the shape of RFC 6581's Write RTR, which
+    /// every peer takes without checking the STag) as the next FPDU of this side's stream,
+    /// bypassing the queue pair, and appends it to `out`; returns the bytes appended. It
+    /// places nothing and completes nothing: the engine sends it to make a peer that left
+    /// earlier FPDUs unread in its socket read again (see docs/siw-quirks.md). Call it only
+    /// between messages (when [`Connection::poll_transmit_into`] has nothing more).
+    pub fn nudge(&mut self, out: &mut Vec<u8>) -> usize {
+        let mut ulpdu = [0u8; iwarp_ddp::header::TAGGED_HEADER_LEN];
+        let mut seg = iwarp_ddp::header::Segment::new_unchecked(&mut ulpdu[..]);
+        seg.set_ddp_control(true, true);
+        seg.set_rdmap_control(crate::wire::Control::new(crate::wire::Opcode::Write).to_byte());
+        seg.set_stag(iwarp_ddp::STag(1));
+        seg.set_to(iwarp_ddp::TaggedOffset(0));
+        Self::frame_into(&mut self.framer, &ulpdu, out)
     }
 
     /// The lower layer closed or failed.

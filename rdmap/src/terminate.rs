@@ -262,15 +262,13 @@ impl TerminateMessage {
         let Some(ddp) = TerminatedDdpHeader::from_segment(seg) else { return msg.with_flags() };
         msg.ddp_header = Some(ddp);
         msg.ddp_segment_len = u16::try_from(seg.len()).ok();
-        if code.layer == TerminateLayer::Rdmap {
-            if let TerminatedDdpHeader::Untagged(h) = ddp {
-                let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
-                if is_read_request {
-                    msg.rdmap_header = seg
-                        .get(UNTAGGED_HEADER_LEN..)
-                        .and_then(|p| p.first_chunk::<READ_REQUEST_LEN>())
-                        .copied();
-                }
+        if code.layer == TerminateLayer::Rdmap
+            && let TerminatedDdpHeader::Untagged(h) = ddp
+        {
+            let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
+            if is_read_request {
+                msg.rdmap_header =
+                    seg.get(UNTAGGED_HEADER_LEN..).and_then(|p| p.first_chunk::<READ_REQUEST_LEN>()).copied();
             }
         }
         msg.with_flags()
@@ -357,7 +355,7 @@ pub enum RdmapError {
 }
 
 impl RdmapError {
-    /// The Terminate code (RFC 5040 section 7; the table in protocol-notes.md).
+    /// The Terminate code (RFC 5040 section 7; docs/protocol-notes.md#terminate-codes).
     pub fn terminate_code(&self) -> TerminateCode {
         let prot = rdmap_type::REMOTE_PROTECTION;
         let op = rdmap_type::REMOTE_OPERATION;
@@ -577,7 +575,7 @@ mod tests {
         assert_eq!(m.emit(&mut [0u8; 5]), Err(Truncated { needed: 6, got: 5 }));
     }
 
-    /// protocol-notes.md, Terminate table, layer 0 RDMAP rows.
+    /// docs/protocol-notes.md#terminate-codes, the layer 0 (RDMAP) rows.
     #[test]
     fn rdmap_error_codes_match_table() {
         let table: &[(RdmapError, u8, u8)] = &[

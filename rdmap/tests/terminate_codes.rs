@@ -1,9 +1,9 @@
-//! Every Terminate code of the RFC 5040 section 7 table (protocol-notes.md) that a peer can
-//! provoke, provoked by a crafted ULPDU (or crafted MPA bytes) from a misbehaving peer. Each
-//! test checks the bytes of the Terminate the victim sends back (DDP header, control word,
-//! M/D/R, the copied DDP header and Read Request), the victim's event and state, that every
-//! outstanding work request completes exactly once with a flush error, and that no region
-//! changed.
+//! Every Terminate code of the RFC 5040 section 7 table
+//! (docs/protocol-notes.md#terminate-codes) that a peer can provoke, provoked by a crafted
+//! ULPDU (or crafted MPA bytes) from a misbehaving peer. Each test checks the bytes of the
+//! Terminate the victim sends back (DDP header, control word, M/D/R, the copied DDP header and
+//! Read Request), the victim's event and state, that every outstanding work request completes
+//! exactly once with a flush error, and that no region changed.
 //!
 //! Codes no peer can provoke on this queue pair (see the comments at the end of the file):
 //! RDMAP 0/0/0x00 local catastrophic, 0/1/0xFF, 0/2/0x08, DDP 1/0/0x00, LLP 2/0/0x01

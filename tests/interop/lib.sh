@@ -2,7 +2,7 @@
 # Sourced by run-guest.sh and run-suite.sh: boot the interop guest with its NIC on a tap device
 # in a network namespace this script creates, run things on both sides, clean up by PID.
 #
-# Network rule (shared/interop-vm.md): traffic only inside the namespace created here
+# Network rule (docs/interop.md#network-rule): traffic only inside the namespace created here
 # (10.99.0.0/24 on the tap, host side .1, guest .2) and qemu's link.
 #
 # Usage:
@@ -138,7 +138,13 @@ iw_wait_marker() { # REGEX SECS
   return 1
 }
 
-# Waits for the guest's exit marker; sets IW_GUEST_RC (empty on timeout) and stops qemu.
+# Whether the guest's kernel crashed (an oops or BUG on its console).
+iw_guest_crashed() {
+  grep -aqE 'invalid opcode:|kernel BUG at|BUG: |Oops:|general protection fault' "$IW_SERIAL" 2>/dev/null
+}
+
+# Waits for the guest's exit marker; sets IW_GUEST_RC (empty on timeout, or when the guest's
+# kernel crashed) and stops qemu.
 iw_wait_exit() { # SECS
   local secs="$1" end=$((SECONDS + $1)) line
   local alive=1
@@ -149,6 +155,7 @@ iw_wait_exit() { # SECS
       break
     fi
     [ $alive = 0 ] && break
+    iw_guest_crashed && { iw_log "the guest's kernel crashed (see $IW_SERIAL)"; break; }
     kill -0 "$IW_QEMU_PID" 2>/dev/null || alive=0
     sleep 0.1
   done

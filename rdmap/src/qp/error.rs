@@ -29,7 +29,7 @@ pub enum Violation {
 }
 
 impl Violation {
-    /// The Terminate code (the table in protocol-notes.md): each layer's error type maps
+    /// The Terminate code (docs/protocol-notes.md#terminate-codes): each layer's error type maps
     /// itself; a ULPDU too short for a DDP header has no DDP code and is reported as the LLP's
     /// "marker or FPDU start error" (the FPDU did not carry a segment).
     pub fn terminate_code(&self) -> TerminateCode {
@@ -101,7 +101,7 @@ mod tests {
     use super::*;
     use iwarp_ddp::{Msn, QueueNumber};
 
-    /// Each layer's errors keep their own codes (protocol-notes.md, Terminate table).
+    /// Each layer's errors keep their own codes (docs/protocol-notes.md#terminate-codes).
     #[test]
     fn each_layer_maps_its_own_errors() {
         let c = |v: Violation| {

@@ -560,7 +560,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
 /// 64, 256, 1K, 4K, 1M, 1.5K...
 fn show_size(size: usize) -> String {
     for (unit, name) in [(1usize << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
-        if size >= unit && size % unit == 0 {
+        if size >= unit && size.is_multiple_of(unit) {
             return format!("{}{name}", size / unit);
         }
     }

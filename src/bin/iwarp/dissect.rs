@@ -270,10 +270,8 @@ fn connection(out: &mut String, c: &Connection, verbose: bool) {
     for f in &c.fpdus {
         out.push_str(&fpdu_line(f));
         out.push('\n');
-        if verbose {
-            if let Some(u) = &f.ulpdu {
-                hexdump(out, u);
-            }
+        if verbose && let Some(u) = &f.ulpdu {
+            hexdump(out, u);
         }
     }
 }

@@ -451,8 +451,49 @@ mod rping {
         assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
     }
 
+    /// A persistent server at its client limit rejects one more client on the wire and keeps
+    /// serving; once a client leaves, the next one is served.
+    #[test]
+    fn persistent_server_rejects_clients_beyond_its_limit() {
+        let server = Server::start(&["-P", "--max-clients", "1", "--timeout", "30"]);
+        // A client that connects and stays (the library's, holding its queue pair).
+        let dev = iwarp::Device::open(iwarp::DeviceConfig::default());
+        let (pd, cq) = (dev.alloc_pd(), dev.create_cq(8));
+        let addr = format!("127.0.0.1:{}", server.port).parse().unwrap();
+        let held = dev.connect(addr, &pd, &cq, &cq, &iwarp::ConnectOptions::default()).unwrap();
+        let o = client(server.port, &["-C", "1"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("rejected"), "{}", stderr(&o));
+        drop(held);
+        drop(dev);
+        // The slot frees when the held connection ends on the server.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let o = loop {
+            let o = client(server.port, &["-C", "2", "-V"]);
+            if o.status.code() == Some(0) || Instant::now() > deadline {
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
+    /// A client that advertises more than the server's buffer memory budget fails alone; the
+    /// server keeps serving the others.
+    #[test]
+    fn persistent_server_bounds_client_memory() {
+        let server = Server::start(&["-P", "--max-memory", "1"]);
+        let o = client(server.port, &["-C", "1", "-S", "2097152"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        server.wait_line("memory budget");
+        let o = client(server.port, &["-C", "3", "-V", "-S", "4096"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
     /// `--pcap` records the client's connection, handshake included: it dissects like siw's
-    /// own rping capture (testdata/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
+    /// own rping capture (tests/data/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
     #[test]
     fn pcap_of_a_crc_run_dissects_like_siws() {
         let server = Server::start(&[]);
@@ -948,7 +989,8 @@ mod perftest {
         msgs.iter().filter(|m| m.dir == dir && m.opcode == "Send").map(|m| m.payload.clone()).collect()
     }
 
-    /// Payload sizes of the control Sends, client then server, per perftest-notes.md.
+    /// Payload sizes of the control Sends, client then server
+    /// (docs/perftest.md#the-control-connection).
     fn control_sizes(test: &str) -> Vec<usize> {
         let mut v = vec![16, 4, 4, 2, 56, 56, 56, 56, 56, 56];
         if test != "send" {
@@ -1204,6 +1246,9 @@ fn wait_bounded(mut child: std::process::Child, limit: std::time::Duration, what
 fn rping_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("rping_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("rping");
     let pcap = Temp::new("smol-rping.pcap", b"");
     let server = ns
@@ -1314,6 +1359,9 @@ fn smoltcp_flags_errors_are_one_clear_line() {
 
 #[test]
 fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
+    if !iwarp_tests::netns::privileged("bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp") {
+        return;
+    }
     let ns = SmolNetns::new("bench");
     let child = ns
         .iwarp(&[
@@ -1386,6 +1434,9 @@ fn bench_smoltcp_flag_errors() {
 fn perftest_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("perftest_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("perf");
     for (i, test) in ["write", "read", "send"].into_iter().enumerate() {
         let port = (7410 + i).to_string();

@@ -92,7 +92,7 @@ pub(super) fn stream(size: usize, budget: &Budget) -> Result<Throughput, BenchEr
     loop {
         w.write_all(&prefix).and_then(|()| w.write_all(&payload)).map_err(io_err("write"))?;
         sent += 1;
-        if (sent % 32 == 0 || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
+        if (sent.is_multiple_of(32) || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
             break;
         }
     }

@@ -216,16 +216,16 @@ impl Bench {
             max_send_wr: per_pair + 64,
             max_recv_wr: rq_target + 64,
             capture: cfg.pcap.clone(),
+            transport: crate::transport::transport(cfg.smol.as_ref().map(|s| &s.0)),
             ..ConnectOptions::default()
         };
         let bind = match &cfg.smol {
             Some((_, server)) => std::net::SocketAddr::from((server.ip(), SMOL_PORT)),
             None => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let mut listener =
-            crate::transport::AnyListener::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
-                .map_err(cm_err("listen"))?;
-        let addr = listener.local_addr().ok_or_else(|| BenchError("listen: no local address".into()))?;
+        let listener = crate::transport::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
+            .map_err(cm_err("listen"))?;
+        let addr = listener.local_addr().map_err(|e| BenchError(format!("listen: {e}")))?;
         let rss_before = resident_bytes();
         let accepting = {
             // The client end records the connection; recording both ends would show it twice.
@@ -245,10 +245,7 @@ impl Bench {
         };
         let mut qps = Vec::with_capacity(cfg.qps);
         for _ in 0..cfg.qps {
-            let connected = match &cfg.smol {
-                Some((client, _)) => client_dev.connect_smol(client, addr, &pd, &cq, &cq, &opts),
-                None => client_dev.connect(addr, &pd, &cq, &cq, &opts),
-            };
+            let connected = client_dev.connect(addr, &pd, &cq, &cq, &opts);
             match connected {
                 Ok(c) => qps.push(c.qp),
                 Err(e) => {
@@ -598,7 +595,7 @@ impl Bench {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(1024) && Instant::now() >= deadline {
                 return Err(BenchError(format!(
                     "{what}: the Write was not placed within {} s",
                     STALL.as_secs()
@@ -651,7 +648,7 @@ fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
             return Some(wc);
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 && Instant::now() >= deadline {
+        if spins.is_multiple_of(1024) && Instant::now() >= deadline {
             return None;
         }
         relax(spins);
@@ -771,7 +768,7 @@ impl Server {
                 return Some(wc);
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return None;
             }
             relax(spins);
@@ -834,7 +831,7 @@ impl Server {
             }
             self.reap_sends()?;
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return Ok(());
             }
             relax(spins);
