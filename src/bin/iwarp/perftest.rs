@@ -993,7 +993,14 @@ fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
             && (posted + 1).saturating_sub(credit) < rx
         {
             let last = n != 0 && posted + 1 == n;
-            let signaled = (posted + 1) % cq_mod == 0 || last || (n == 0 && posted - completed + 1 >= tx);
+            // In duration mode the run may stop while the client waits for credits: the Send
+            // after which the credits run out is signaled too, so that the Sends outstanding
+            // then still end in a completion.
+            let credit_bound = n == 0 && (posted + 2).saturating_sub(credit) >= rx;
+            let signaled = (posted + 1) % cq_mod == 0
+                || last
+                || (n == 0 && posted - completed + 1 >= tx)
+                || credit_bound;
             let wr = SendWr {
                 wr_id: posted,
                 op: SendOp::Send { solicited: false, invalidate: None },
