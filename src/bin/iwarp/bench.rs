@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use iwarp::PollMode;
 use serde_json::{Value, json};
 
+mod plot;
 mod raw;
 mod rdma;
 mod smolraw;
@@ -87,6 +88,10 @@ pub(crate) struct Args {
     /// Print one JSON document with the configuration and every row instead of tables.
     #[arg(long)]
     json: bool,
+    /// Draw bandwidth and ping-pong latency against message size, this stack's next to raw
+    /// TCP's, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Record the iWARP connections (both ends) into this pcap file, readable by tshark and
     /// `iwarp dissect`. Capturing costs throughput; use it with short runs.
     #[arg(long, value_name = "FILE")]
@@ -439,6 +444,13 @@ pub(crate) fn run(args: &Args) -> ExitCode {
     }
     match result {
         Ok(report) => {
+            if let Some(path) = &args.plot {
+                let title = config_line(args, &report).lines().next().unwrap_or_default().to_owned();
+                if let Err(e) = std::fs::write(path, plot::svg(&title, &ops(args), &report.rows)) {
+                    eprintln!("error: bench: cannot write {}: {e}", path.display());
+                    return ExitCode::from(EXIT_FAILED);
+                }
+            }
             let text = if args.json { json_report(args, &report) } else { text_report(args, &report) };
             let mut stdout = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth reporting.

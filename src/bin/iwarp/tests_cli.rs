@@ -271,6 +271,27 @@ fn bench_text_and_iters() {
 }
 
 #[test]
+fn bench_plot_draws_both_panels_and_every_op() {
+    let file = std::env::temp_dir().join(format!("iwarp-bench-{}.svg", std::process::id()));
+    let f = file.to_str().unwrap();
+    let o = iwarp(&["bench", "--sizes", "64,4k", "--iters", "20", "--quiet", "--plot", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_file(&file).ok();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    for word in
+        ["Bandwidth", "round trip", "write iwarp", "read iwarp", "send iwarp", "raw TCP", ">64<", ">4K<"]
+    {
+        assert!(svg.contains(word), "{word}");
+    }
+    // Per operation: this stack and raw TCP, in each of the two panels.
+    assert_eq!(svg.matches("<polyline").count(), 3 * 2 * 2);
+    let o = iwarp(&["bench", "--sizes", "64", "--iters", "5", "--quiet", "--plot", "/nonexistent-dir/x.svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot write /nonexistent-dir/x.svg"), "{}", stderr(&o));
+}
+
+#[test]
 fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
     for (args, needle) in [
         (&["--sizes", "0"][..], "at least 1 byte"),
