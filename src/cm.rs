@@ -484,69 +484,22 @@ impl Device {
         recv_cq: &CompletionQueue,
         opts: &ConnectOptions,
     ) -> Result<Connected, CmError> {
-        let limit = self.engine.config.max_connections;
-        if self.connections() >= limit {
-            return Err(CmError::TooManyConnections { limit });
-        }
-        let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
-        let deadline = Instant::now() + opts.timeout;
-        let stream = match &opts.transport {
-            Transport::Kernel => {
-                let stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
-                stream.set_nodelay(true)?;
-                stream.set_nonblocking(true)?;
-                Stream::Tcp(stream)
-            }
-            Transport::Smol(stack) => {
-                self.attach_stack(stack);
-                let link = stack.connect(addr)?;
-                link.wait_established(opts.timeout)?;
-                Stream::Smol(link)
-            }
-        };
-        self.handshake(stream, request, deadline, pd, send_cq, recv_cq, opts)
+        connect(&self.engine, addr, pd, send_cq, recv_cq, opts)
     }
 
-    /// The initiator's MPA exchange on a connected stream, then the queue pair.
-    #[expect(clippy::too_many_arguments, reason = "one private helper of connect")]
-    fn handshake(
+    /// [`Device::connect`] as a future (for any async runtime): the handshake runs on a thread
+    /// of its own and the future completes with its outcome.
+    pub fn connect_async(
         &self,
-        mut stream: Stream,
-        request: Vec<u8>,
-        deadline: Instant,
+        addr: SocketAddr,
         pd: &ProtectionDomain,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
         opts: &ConnectOptions,
-    ) -> Result<Connected, CmError> {
-        stream.write_all(&request, deadline)?;
-        let reply_bytes = stream.read_frame(deadline)?;
-        let reply = FrameRepr::parse(&reply_bytes).map_err(CmError::Frame)?;
-        if reply.kind != FrameKind::Reply {
-            return Err(CmError::Frame(FrameError::UnexpectedKind { expected: FrameKind::Reply }));
-        }
-        let params = match opts.policy.accept_reply(&reply) {
-            Ok(p) => p,
-            Err(e) => {
-                terminate_after_reply(&mut stream, &opts.policy, &reply, &e, deadline);
-                return Err(e.into());
-            }
-        };
-        let private_data = reply.private_data.to_vec();
-        if !opts.first_fpdu_delay.is_zero() {
-            std::thread::sleep(opts.first_fpdu_delay);
-        }
-        let start = Start {
-            stream,
-            handshake: (&request, &reply_bytes),
-            params,
-            pd,
-            send_cq,
-            recv_cq,
-            opts,
-            count: None,
-        };
-        Ok(Connected { qp: start.run(&self.engine)?, private_data })
+    ) -> CmFuture<Result<Connected, CmError>> {
+        let (engine, pd, send_cq, recv_cq, opts) =
+            (self.engine.clone(), pd.clone(), send_cq.clone(), recv_cq.clone(), opts.clone());
+        CmFuture::spawn(move || connect(&engine, addr, &pd, &send_cq, &recv_cq, &opts))
     }
 
     /// Runs a connection over a byte stream the caller provides instead of a TCP connection
@@ -562,7 +515,7 @@ impl Device {
     ) -> Result<Connected, CmError> {
         let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
         let deadline = Instant::now() + opts.timeout;
-        self.handshake(Stream::Link(link), request, deadline, pd, send_cq, recv_cq, opts)
+        handshake(&self.engine, Stream::Link(link), request, deadline, pd, send_cq, recv_cq, opts)
     }
 
     /// The responder's side of [`Device::connect_link`]: waits (within `opts.timeout`) for
@@ -615,12 +568,146 @@ impl Device {
             poll.add(l.as_fd(), LISTENING, false)?;
         }
         Ok(Listener {
-            state: Mutex::new(ListenState { incoming, pending: Vec::new(), poll, next_token: 0 }),
-            dev: self.engine.clone(),
-            opts: opts.clone(),
-            local,
-            live: ConnCount::default(),
+            inner: Arc::new(ListenerInner {
+                state: Mutex::new(ListenState { incoming, pending: Vec::new(), poll, next_token: 0 }),
+                dev: self.engine.clone(),
+                opts: opts.clone(),
+                local,
+                live: ConnCount::default(),
+            }),
         })
+    }
+}
+
+/// Connects over `opts.transport` (see [`Device::connect`]).
+fn connect(
+    engine: &Arc<Engine>,
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Result<Connected, CmError> {
+    let limit = engine.config.max_connections;
+    if engine.core().connections() >= limit {
+        return Err(CmError::TooManyConnections { limit });
+    }
+    let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
+    let deadline = Instant::now() + opts.timeout;
+    let stream = match &opts.transport {
+        Transport::Kernel => {
+            let stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
+            stream.set_nodelay(true)?;
+            stream.set_nonblocking(true)?;
+            Stream::Tcp(stream)
+        }
+        Transport::Smol(stack) => {
+            engine.attach_stack(stack);
+            let link = stack.connect(addr)?;
+            link.wait_established(opts.timeout)?;
+            Stream::Smol(link)
+        }
+    };
+    handshake(engine, stream, request, deadline, pd, send_cq, recv_cq, opts)
+}
+
+/// The initiator's MPA exchange on a connected stream, then the queue pair.
+#[expect(clippy::too_many_arguments, reason = "one private helper of the connects")]
+fn handshake(
+    engine: &Arc<Engine>,
+    mut stream: Stream,
+    request: Vec<u8>,
+    deadline: Instant,
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Result<Connected, CmError> {
+    stream.write_all(&request, deadline)?;
+    let reply_bytes = stream.read_frame(deadline)?;
+    let reply = FrameRepr::parse(&reply_bytes).map_err(CmError::Frame)?;
+    if reply.kind != FrameKind::Reply {
+        return Err(CmError::Frame(FrameError::UnexpectedKind { expected: FrameKind::Reply }));
+    }
+    let params = match opts.policy.accept_reply(&reply) {
+        Ok(p) => p,
+        Err(e) => {
+            terminate_after_reply(&mut stream, &opts.policy, &reply, &e, deadline);
+            return Err(e.into());
+        }
+    };
+    let private_data = reply.private_data.to_vec();
+    if !opts.first_fpdu_delay.is_zero() {
+        std::thread::sleep(opts.first_fpdu_delay);
+    }
+    let start = Start {
+        stream,
+        handshake: (&request, &reply_bytes),
+        params,
+        pd,
+        send_cq,
+        recv_cq,
+        opts,
+        count: None,
+    };
+    Ok(Connected { qp: start.run(engine)?, private_data })
+}
+
+/// A blocking connection-management call run on a thread of its own, as a future: it works
+/// under any async runtime (the thread wakes the task when the call returns).
+#[derive(Debug)]
+pub struct CmFuture<T> {
+    state: Arc<Mutex<(Option<T>, Option<std::task::Waker>)>>,
+}
+
+impl<T: Send + 'static> CmFuture<T> {
+    fn spawn(f: impl FnOnce() -> T + Send + 'static) -> CmFuture<T> {
+        let state: Arc<Mutex<(Option<T>, Option<std::task::Waker>)>> = Arc::new(Mutex::new((None, None)));
+        let shared = Arc::clone(&state);
+        let run = move || {
+            let out = f();
+            let waker = {
+                let mut s = lock(&shared);
+                s.0 = Some(out);
+                s.1.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        };
+        let job = Arc::new(Mutex::new(Some(run)));
+        let on_thread = Arc::clone(&job);
+        let spawned = std::thread::Builder::new().name("iwarp-cm".into()).spawn(move || {
+            if let Some(run) = lock(&on_thread).take() {
+                run();
+            }
+        });
+        if spawned.is_err() {
+            // No thread: the call runs here (blocking), and the future is ready at once.
+            let run = lock(&job).take();
+            if let Some(run) = run {
+                run();
+            }
+        }
+        CmFuture { state }
+    }
+}
+
+impl<T> std::future::Future for CmFuture<T> {
+    type Output = T;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let mut s = lock(&self.state);
+        match s.0.take() {
+            Some(out) => std::task::Poll::Ready(out),
+            None => {
+                match &mut s.1 {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    w => *w = Some(cx.waker().clone()),
+                }
+                std::task::Poll::Pending
+            }
+        }
     }
 }
 
@@ -830,6 +917,11 @@ fn check_request(request: &[u8]) -> Result<(), CmError> {
 /// ```
 #[derive(Debug)]
 pub struct Listener {
+    inner: Arc<ListenerInner>,
+}
+
+#[derive(Debug)]
+struct ListenerInner {
     state: Mutex<ListenState>,
     dev: Arc<Engine>,
     opts: ListenOptions,
@@ -839,24 +931,37 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// [`Listener::accept`] as a future (for any async runtime): the wait runs on a thread of
+    /// its own.
+    pub fn accept_async(&self, timeout: Duration) -> CmFuture<Result<ConnectRequest, CmError>> {
+        let inner = Arc::clone(&self.inner);
+        CmFuture::spawn(move || inner.accept(timeout))
+    }
+
     /// The address it listens on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
+        Ok(self.inner.local)
     }
 
     /// Connection handshakes in progress (MPA Requests not yet whole).
     pub fn pending(&self) -> usize {
-        lock(&self.state).pending.len()
+        lock(&self.inner.state).pending.len()
     }
 
     /// Connections made through this listener that are still alive.
     pub fn connections(&self) -> usize {
-        self.live.get()
+        self.inner.live.get()
     }
 
     /// Waits up to `timeout` for the next connection request: a connection whose MPA Request
     /// has arrived whole and well-formed. Meanwhile every pending handshake makes progress.
     pub fn accept(&self, timeout: Duration) -> Result<ConnectRequest, CmError> {
+        self.inner.accept(timeout)
+    }
+}
+
+impl ListenerInner {
+    fn accept(&self, timeout: Duration) -> Result<ConnectRequest, CmError> {
         let deadline = Instant::now() + timeout;
         let mut state = lock(&self.state);
         loop {
@@ -968,6 +1073,18 @@ impl ConnectRequest {
                 Err(refusal.error.into())
             }
         }
+    }
+
+    /// [`ConnectRequest::accept`] as a future (for any async runtime).
+    pub fn accept_async(
+        self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &ConnectOptions,
+    ) -> CmFuture<Result<QueuePair, CmError>> {
+        let (pd, send_cq, recv_cq, opts) = (pd.clone(), send_cq.clone(), recv_cq.clone(), opts.clone());
+        CmFuture::spawn(move || self.accept(&pd, &send_cq, &recv_cq, &opts))
     }
 
     /// Rejects (rdma_reject): a Reply with the reject bit and `private_data`, then close.

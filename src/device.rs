@@ -69,9 +69,7 @@ impl Device {
     /// [`Device::progress`]. Attaching a stack twice is harmless; [`Device::connect`] and
     /// [`Device::listen_with`] attach the stack of a [`crate::Transport::Smol`].
     pub fn attach_stack(&self, stack: &iwarp_netdev::SmolStack) {
-        if self.engine.core().attach_stack(stack) {
-            self.engine.ring();
-        }
+        self.engine.attach_stack(stack);
     }
 
     /// Connections the engine is running.

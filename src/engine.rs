@@ -153,6 +153,11 @@ pub(crate) struct Engine {
     poll: Option<Arc<Poll>>,
     /// Inline mode's event buffer.
     inline_events: Mutex<Events>,
+    /// Inline mode: async tasks waiting for a completion, and the thread that drives the
+    /// engine for them meanwhile (an inline device has no engine thread of its own, and an
+    /// executor does not poll a pending future again by itself).
+    async_waiters: AtomicUsize,
+    async_driver: Mutex<Option<JoinHandle<()>>>,
     counters: Counters,
 }
 
@@ -174,6 +179,8 @@ impl Engine {
             pass_waiting: AtomicBool::new(false),
             poll: poll.clone(),
             inline_events: Mutex::new(Events::with_capacity(1024)),
+            async_waiters: AtomicUsize::new(0),
+            async_driver: Mutex::new(None),
             counters: Counters::default(),
         });
         if let Some(p) = poll {
@@ -194,7 +201,8 @@ impl Engine {
     /// Stops the engine thread (if any) and flushes every connection's work.
     pub(crate) fn stop(&self, thread: Option<JoinHandle<()>>) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = thread {
+        let driver = lock(&self.async_driver).take();
+        for t in thread.into_iter().chain(driver) {
             self.doorbell.wake();
             t.thread().unpark();
             let _ = t.join();
@@ -224,6 +232,13 @@ impl Engine {
 
     pub(crate) fn inline(&self) -> bool {
         self.config.poll_mode == PollMode::Inline
+    }
+
+    /// Attaches a smoltcp stack (once); see [`crate::Device::attach_stack`].
+    pub(crate) fn attach_stack(&self, stack: &SmolStack) {
+        if self.core().attach_stack(stack) {
+            self.ring();
+        }
     }
 
     /// Rings the doorbell: wakes a parked engine.
@@ -268,6 +283,34 @@ impl Engine {
             }
             // The engine (or another poster) is in a pass: it finds the work, or was woken.
             Err(_) => self.doorbell.wake(),
+        }
+    }
+
+    /// An async task started waiting for a completion. Inline, a thread drives the engine
+    /// while any task waits (started the first time one does).
+    pub(crate) fn async_wait_started(self: &Arc<Engine>) {
+        if !self.inline() {
+            return;
+        }
+        self.async_waiters.fetch_add(1, Ordering::AcqRel);
+        let mut driver = lock(&self.async_driver);
+        match &*driver {
+            Some(t) => t.thread().unpark(),
+            None => {
+                let e = Arc::clone(self);
+                *driver = std::thread::Builder::new()
+                    .name("iwarp-async".into())
+                    .spawn(move || async_driver(&e))
+                    .ok();
+            }
+        }
+    }
+
+    /// An async task stopped waiting (its completion came, or its future was dropped).
+    pub(crate) fn async_wait_ended(&self) {
+        if self.inline() {
+            let _ =
+                self.async_waiters.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
         }
     }
 
@@ -361,6 +404,20 @@ impl Engine {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Inline mode's driver for async waiters: while any task waits, sleeps in the readiness poll
+/// (no longer than the engine's next timer) and runs the pass that wakes the tasks.
+fn async_driver(e: &Engine) {
+    let mut events = Events::with_capacity(256);
+    while !e.stop.load(Ordering::Acquire) {
+        if e.async_waiters.load(Ordering::Acquire) == 0 {
+            std::thread::park_timeout(Duration::from_millis(100));
+            continue;
+        }
+        let nap = e.nap().map_or(Duration::from_millis(50), |n| n.min(Duration::from_millis(50)));
+        e.collect_and_pass(&mut events, Some(nap));
+    }
 }
 
 fn engine_loop(e: &Engine) {

@@ -64,8 +64,10 @@ mod qp;
 mod readiness;
 mod shared;
 
-pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport};
-pub use cq::{CompletionQueue, NextCompletion};
+pub use cm::{
+    CmError, CmFuture, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport,
+};
+pub use cq::{CompletionQueue, CompletionStream, NextCompletion};
 pub use device::Device;
 pub use engine::{DeviceConfig, EngineStats, PollMode};
 pub use iwarp_ddp::STag;

@@ -261,10 +261,34 @@ fn bench_text_and_iters() {
     let o = iwarp(&["bench", "--ops", "send", "--sizes", "1K", "--iters", "50", "--poll", "event"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
-    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99 us", "64 B message rate"] {
+    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99/p99.9 us", "64 B message rate"] {
         assert!(s.contains(word), "{word}: {s}");
     }
-    assert!(stderr(&o).contains("bench: send"), "{}", stderr(&o));
+    // Progress lines count the measurements: the raw 1K and 64 B rows, then send 1K.
+    let err = stderr(&o);
+    assert!(err.contains("bench: [1/3] raw TCP"), "{err}");
+    assert!(err.contains("bench: [3/3] send"), "{err}");
+}
+
+#[test]
+fn bench_plot_draws_both_panels_and_every_op() {
+    let file = std::env::temp_dir().join(format!("iwarp-bench-{}.svg", std::process::id()));
+    let f = file.to_str().unwrap();
+    let o = iwarp(&["bench", "--sizes", "64,4k", "--iters", "20", "--quiet", "--plot", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_file(&file).ok();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    for word in
+        ["Bandwidth", "round trip", "write iwarp", "read iwarp", "send iwarp", "raw TCP", ">64<", ">4K<"]
+    {
+        assert!(svg.contains(word), "{word}");
+    }
+    // Per operation: this stack and raw TCP, in each of the two panels.
+    assert_eq!(svg.matches("<polyline").count(), 3 * 2 * 2);
+    let o = iwarp(&["bench", "--sizes", "64", "--iters", "5", "--quiet", "--plot", "/nonexistent-dir/x.svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot write /nonexistent-dir/x.svg"), "{}", stderr(&o));
 }
 
 #[test]

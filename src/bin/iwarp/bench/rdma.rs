@@ -16,7 +16,7 @@ use iwarp::{
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{BenchError, Budget, Latency, Op, Throughput};
+use super::{BenchError, Budget, Latency, Op, Samples, Throughput};
 
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -507,7 +507,7 @@ impl Bench {
             Op::Read => Serve::Idle,
         })?;
         self.top_up()?;
-        let mut samples = Vec::new();
+        let mut samples = Samples::new();
         let start = Instant::now();
         // Send completions of the ping-pong not reaped yet.
         let mut sq_out = 0usize;
@@ -601,7 +601,7 @@ impl Bench {
                     STALL.as_secs()
                 )));
             }
-            relax(spins);
+            wait_for_memory(spins, self.cfg.busy());
         }
     }
 
@@ -834,7 +834,7 @@ impl Server {
             if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return Ok(());
             }
-            relax(spins);
+            wait_for_memory(spins, self.busy);
         }
         self.bufs.src.write(at, &seen[..len]).map_err(|_| BenchError("marker out of bounds".into()))?;
         let (remote_stag, remote_to) = self.client_dst;
@@ -857,6 +857,20 @@ fn relax(spins: u32) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
+    }
+}
+
+/// One turn of waiting for a peer's Write to show in memory (RDMA Writes complete nothing at
+/// their target, so the target polls). With a busy or inline engine this thread spins as the
+/// engine does; otherwise an engine thread must run to place the Write, so after a few turns
+/// every turn gives the core away (on a small machine spinning here would starve it).
+fn wait_for_memory(spins: u32, busy: bool) {
+    if busy {
+        relax(spins);
+    } else if spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 
