@@ -400,6 +400,9 @@ impl Stream {
     }
 }
 
+/// The least payload that a connection over a smoltcp stack reads straight into place.
+const SMOL_DIRECT_MIN: usize = 512;
+
 /// Waits until `stream` is readable (or `timeout` passes).
 fn wait_readable(stream: &TcpStream, timeout: Duration) -> Result<(), CmError> {
     let poll = Poll::new()?;
@@ -433,6 +436,10 @@ impl Start<'_> {
             max_recv_wr: opts.max_recv_wr,
             rfc7306: opts.rfc7306,
         };
+        // A userspace stack's receive is a copy out of its buffer, far cheaper than a system
+        // call: even MTU-sized payloads go straight into place. Over the kernel's TCP, the
+        // default (iwarp_rdmap::conn::DIRECT_MIN) holds.
+        let direct_min = matches!(stream, Stream::Smol(_)).then_some(Some(SMOL_DIRECT_MIN));
         let tcp = stream.into_link(&opts.link)?;
         let link: Box<dyn Link> = match &opts.capture {
             Some(writer) => {
@@ -453,6 +460,9 @@ impl Start<'_> {
             None => RdmapQp::new(config),
         };
         let mut conn = Connection::with_qp(&params, qp);
+        if let Some(min) = direct_min {
+            conn.set_direct_min(min);
+        }
         for wr in &opts.recv {
             conn.qp().post_recv(wr.clone()).map_err(|e| CmError::Io(io::Error::other(e.to_string())))?;
         }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, SmolStack};
-use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::conn::{Connection, RxStats};
 use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
 
@@ -100,6 +100,11 @@ pub struct EngineStats {
     /// Times an application thread waiting for a completion slept in the engine's
     /// readiness poll itself while the engine had nothing to do.
     pub app_polls: u64,
+    /// Bytes the connections received.
+    pub rx_bytes: u64,
+    /// Of those, payload bytes the links read straight into registered memory (the rest
+    /// went through the engine's receive buffer and were copied into place).
+    pub rx_in_place: u64,
 }
 
 #[derive(Debug, Default)]
@@ -389,6 +394,7 @@ impl Engine {
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
+        let rx = lock(&self.core).rx_stats;
         let c = &self.counters;
         EngineStats {
             passes: c.passes.load(Ordering::Relaxed),
@@ -398,6 +404,8 @@ impl Engine {
             event_wakeups: c.event_wakeups.load(Ordering::Relaxed),
             timer_wakeups: c.timer_wakeups.load(Ordering::Relaxed),
             app_polls: c.app_polls.load(Ordering::Relaxed),
+            rx_bytes: rx.bytes,
+            rx_in_place: rx.in_place,
         }
     }
 }
@@ -554,6 +562,8 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// Received bytes, all connections together.
+    rx_stats: RxStats,
     /// Connection timers (nudges, lingers): when, and whose key. A timer whose connection is
     /// gone or was rescheduled just causes a visit.
     timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
@@ -582,6 +592,7 @@ impl EngineCore {
             free_keys: Vec::new(),
             ready: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
+            rx_stats: RxStats::default(),
             linger,
             new_earliest: false,
             polled: Vec::new(),
@@ -828,7 +839,11 @@ impl EngineCore {
             let Some(Some(slot)) = self.slots.get_mut(key) else { continue };
             slot.queued = false;
             visits += 1;
+            let before = slot.conn.rx_stats();
             let v = visit(slot, &mut self.table, &mut self.rx, &mut self.tx_pool, self.linger);
+            let after = slot.conn.rx_stats();
+            self.rx_stats.bytes += after.bytes - before.bytes;
+            self.rx_stats.in_place += after.in_place - before.in_place;
             work |= v.work;
             if v.done {
                 self.remove(key);
@@ -981,17 +996,17 @@ fn visit(
                 break;
             }
             reads += 1;
-            match slot.link.recv(rx) {
-                Ok(0) => {
+            let link = &mut slot.link;
+            match slot.conn.receive(&mut mem, rx, |bufs| link.recv_vectored(bufs)) {
+                Ok(step) if step.read == 0 => {
                     slot.readable = !slot.has_source;
                     break;
                 }
-                Ok(n) => {
+                Ok(step) => {
                     v.work = true;
                     slot.heard = true;
-                    slot.conn.handle_bytes(&mut mem, &rx[..n]);
                     // A short read emptied the socket; more data raises a new event.
-                    if n < rx.len() && slot.has_source {
+                    if step.read < step.asked && slot.has_source {
                         slot.readable = false;
                         break;
                     }

@@ -70,7 +70,7 @@ pub use header::{
     HeaderError, HeaderRepr, Msn, QueueNumber, STag, Segment, SegmentKind, SegmentRepr, TaggedOffset,
 };
 pub use placement::{
-    PostedBuffer, Received, Sge, TableMemory, UntaggedReceiver, fetch_tagged, place_tagged, sgl_len,
+    Payload, PostedBuffer, Received, Sge, TableMemory, UntaggedReceiver, fetch_tagged, place_tagged, sgl_len,
 };
 pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use stag_table::{

@@ -51,6 +51,39 @@ pub fn sgl_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| u64::from(s.len)).sum()
 }
 
+/// A segment's payload as placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// The bytes, copied into place by the placement.
+    Bytes(&'a [u8]),
+    /// `len` bytes the receive path already read straight into the place the segment names
+    /// (through [`TableMemory::tagged_sink`] or [`TableMemory::sgl_sink`], which make the
+    /// same checks): the placement checks again and copies nothing. `refused` is the error a
+    /// sink gave part-way (the place became unusable, the rest of the bytes were dropped):
+    /// the placement fails with it.
+    InPlace {
+        /// Payload bytes.
+        len: usize,
+        /// Why some of the bytes could not be placed, if they could not.
+        refused: Option<AccessError>,
+    },
+}
+
+impl Payload<'_> {
+    /// Payload bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::InPlace { len, .. } => *len,
+        }
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Places a tagged segment's payload: checks `(stag, pd, needed, to, payload.len())` against
 /// the table, then copies `payload` into the region at the checked offset (one copy, no
 /// staging).
@@ -180,6 +213,65 @@ impl TableMemory<'_> {
         place_tagged(self.table, self.pd, stag, TaggedOffset(to), payload, needed)
     }
 
+    /// Places a tagged segment's payload, given or already in place ([`Payload`]): the same
+    /// checks either way, and a copy only of given bytes.
+    pub fn place(
+        &mut self,
+        stag: STag,
+        to: u64,
+        payload: Payload<'_>,
+        needed: Access,
+    ) -> Result<(), AccessError> {
+        match payload {
+            Payload::Bytes(bytes) => self.place_tagged(stag, to, bytes, needed),
+            Payload::InPlace { len, refused } => {
+                let len = u64::try_from(len).map_err(|_| AccessError::ToWrap)?;
+                self.check(stag, to, len, needed)?;
+                if !(needed.remote_write || needed.local_write) {
+                    return Err(AccessError::AccessRights);
+                }
+                refused.map_or(Ok(()), Err)
+            }
+        }
+    }
+
+    /// Where `len` bytes at `to` of `stag` go, for a receive path that reads a payload straight
+    /// into place (then placed as [`Payload::InPlace`]): the checks of [`place_tagged`], and
+    /// the region's bytes, borrowed for as long as the table is.
+    pub fn tagged_sink(
+        &mut self,
+        stag: STag,
+        to: u64,
+        len: usize,
+        needed: Access,
+    ) -> Result<&mut [u8], AccessError> {
+        let len64 = u64::try_from(len).map_err(|_| AccessError::ToWrap)?;
+        let placement = self.table.check(stag, self.pd, needed, TaggedOffset(to), len64)?;
+        if !(needed.remote_write || needed.local_write) {
+            return Err(AccessError::AccessRights);
+        }
+        let (memory, offset) = memory_at_mut(self.table, placement)?;
+        memory.slice_mut(offset, len).ok_or(AccessError::BaseOrBounds)
+    }
+
+    /// Where the first of the message bytes `[offset, offset + len)` of the local buffer `sgl`
+    /// go, for a receive path that reads a payload straight into place: the bytes of the one
+    /// element they start in (fewer than `len` where the element ends first), checked as
+    /// [`TableMemory::place_sgl`] checks them.
+    pub fn sgl_sink(&mut self, sgl: &[Sge], offset: u64, len: usize) -> Result<&mut [u8], AccessError> {
+        let mut first = None;
+        walk(sgl, offset, len, |s, to, r| {
+            if first.is_none() {
+                first = Some((s.lkey, to, r.len()));
+            }
+            Ok(())
+        })?;
+        match first {
+            Some((lkey, to, n)) => self.tagged_sink(lkey, to, n, Access::LOCAL_WRITE),
+            None => Ok(&mut []),
+        }
+    }
+
     /// [`fetch_tagged`] from this stream.
     pub fn fetch_tagged(
         &self,
@@ -195,11 +287,24 @@ impl TableMemory<'_> {
     /// local write rights). Every element the bytes fall on is checked first: on error
     /// nothing is written.
     pub fn place_sgl(&mut self, sgl: &[Sge], offset: u64, data: &[u8]) -> Result<(), AccessError> {
+        self.place_in_sgl(sgl, offset, Payload::Bytes(data))
+    }
+
+    /// [`TableMemory::place_sgl`] of a payload given or already in place ([`Payload`]).
+    pub fn place_in_sgl(
+        &mut self,
+        sgl: &[Sge],
+        offset: u64,
+        payload: Payload<'_>,
+    ) -> Result<(), AccessError> {
         let need = Access::LOCAL_WRITE;
-        walk(sgl, offset, data.len(), |s, to, r| self.check(s.lkey, to, r.len() as u64, need))?;
-        walk(sgl, offset, data.len(), |s, to, r| {
-            place_tagged(self.table, self.pd, s.lkey, TaggedOffset(to), &data[r], need)
-        })
+        walk(sgl, offset, payload.len(), |s, to, r| self.check(s.lkey, to, r.len() as u64, need))?;
+        match payload {
+            Payload::Bytes(data) => walk(sgl, offset, data.len(), |s, to, r| {
+                place_tagged(self.table, self.pd, s.lkey, TaggedOffset(to), &data[r], need)
+            }),
+            Payload::InPlace { refused, .. } => refused.map_or(Ok(()), Err),
+        }
     }
 
     /// Reads message bytes `[offset, offset + out.len())` gathered from the local buffer `sgl`
@@ -353,6 +458,27 @@ impl<B: PostedBuffer> UntaggedReceiver<B> {
         last: bool,
         payload: &[u8],
     ) -> Result<Received<B>, UntaggedError> {
+        self.handle(mem, kind, last, Payload::Bytes(payload))
+    }
+
+    /// The buffer a segment's payload would go into, if the segment passes the checks of
+    /// [`UntaggedReceiver::handle`] now and its buffer has a scatter list (for a receive path
+    /// that reads the payload straight into place). Changes nothing.
+    pub fn sink(&self, kind: SegmentKind, last: bool, payload_len: usize) -> Option<&[Sge]> {
+        let SegmentKind::Untagged { qn, .. } = kind else { return None };
+        self.queues.check(kind, last, payload_len).ok()?;
+        self.front(qn)?.scatter_list()
+    }
+
+    /// [`UntaggedReceiver::handle_segment`] of a payload given or already in place
+    /// ([`Payload`]).
+    pub fn handle(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        kind: SegmentKind,
+        last: bool,
+        payload: Payload<'_>,
+    ) -> Result<Received<B>, UntaggedError> {
         let qn = match kind {
             SegmentKind::Untagged { qn, .. } => qn,
             SegmentKind::Tagged { .. } => return Err(UntaggedError::NotUntagged),
@@ -367,8 +493,13 @@ impl<B: PostedBuffer> UntaggedReceiver<B> {
         // checks its elements.
         let placement = self.queues.check(kind, last, payload.len())?;
         let buffer = queue.front().ok_or(UntaggedError::NoBuffer { qn, msn: placement.msn })?;
-        if let Some(sgl) = buffer.scatter_list() {
-            mem.place_sgl(sgl, mo, payload).map_err(UntaggedError::LocalBuffer)?;
+        match buffer.scatter_list() {
+            Some(sgl) => mem.place_in_sgl(sgl, mo, payload).map_err(UntaggedError::LocalBuffer)?,
+            // Nothing placed; a payload read into place had nowhere to go.
+            None if matches!(payload, Payload::InPlace { len: 1.., .. }) => {
+                return Err(UntaggedError::LocalBuffer(AccessError::BaseOrBounds));
+            }
+            None => {}
         }
         self.queues.record(placement, payload.len());
         let completed = if placement.completed_len.is_some() { queue.pop_front() } else { None };

@@ -64,6 +64,12 @@ pub const fn crc_from_wire(field: [u8; 4]) -> u32 {
     u32::from_le_bytes(field)
 }
 
+/// The CRC32c of an FPDU computed piece by piece: `crc_update(crc_update(0, a), b)` is the
+/// CRC of `a` followed by `b` (for a receiver that checks bytes as they land in place).
+pub fn crc_update(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// Distance from stream position `pos` to the next marker position (0 when `pos` is one).
 pub const fn to_next_marker(pos: u64) -> usize {
     ((MARKER_INTERVAL - pos % MARKER_INTERVAL) % MARKER_INTERVAL) as usize

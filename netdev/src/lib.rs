@@ -23,7 +23,7 @@ mod smol_device;
 mod tcp;
 
 use std::fmt;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 
@@ -105,6 +105,26 @@ pub trait Link: Send {
     /// reached (after every byte it sent), and on every later call.
     fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError>;
 
+    /// Reads received bytes into `bufs`, filling each before the next (as `readv(2)` does);
+    /// otherwise as [`Link::recv`]. The default reads into one buffer after another while
+    /// each comes back full.
+    fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
+        let mut total = 0;
+        for buf in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            let n = match self.recv(buf) {
+                Ok(n) => n,
+                // What was read already is reported first; the error comes again next call.
+                Err(_) if total > 0 => return Ok(total),
+                Err(e) => return Err(e),
+            };
+            total += n;
+            if n < buf.len() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
     /// Hands as many bytes of `bufs` (in order) to the transport as it accepts without blocking
     /// and returns how many; `Ok(0)` means no room now. The bytes accepted are sent in order
     /// after those of earlier calls; the caller keeps the rest and offers it again later.
@@ -136,6 +156,10 @@ pub trait Link: Send {
 impl<L: Link + ?Sized> Link for Box<L> {
     fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
         (**self).recv(buf)
+    }
+
+    fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
+        (**self).recv_vectored(bufs)
     }
 
     fn send_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, LinkError> {

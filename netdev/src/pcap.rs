@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufWriter, IoSlice, Write};
+use std::io::{self, BufWriter, IoSlice, IoSliceMut, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -364,19 +364,39 @@ impl<L: Link> CapturingLink<L> {
     }
 }
 
-impl<L: Link> Link for CapturingLink<L> {
-    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
-        let result = self.inner.recv(buf);
-        match &result {
+impl<L: Link> CapturingLink<L> {
+    /// Records what a receive brought: `data`, the bytes read, or the end of the stream.
+    fn record_recv(&mut self, result: &Result<usize, LinkError>, data: &[u8]) {
+        match result {
             Ok(0) => {}
-            Ok(n) => {
-                let data = &buf[..*n];
-                self.record(|w, flow| w.write_data(flow, Direction::Inbound, data, now()));
-            }
+            Ok(_) => self.record(|w, flow| w.write_data(flow, Direction::Inbound, data, now())),
             Err(LinkError::Closed) => self.record(|w, flow| w.write_fin(flow, Direction::Inbound, now())),
             Err(LinkError::Reset) => self.record(|w, flow| w.write_rst(flow, Direction::Inbound, now())),
             Err(_) => {}
         }
+    }
+}
+
+impl<L: Link> Link for CapturingLink<L> {
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        let result = self.inner.recv(buf);
+        let n = *result.as_ref().unwrap_or(&0);
+        self.record_recv(&result, &buf[..n]);
+        result
+    }
+
+    fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
+        let result = self.inner.recv_vectored(bufs);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let mut left = *result.as_ref().unwrap_or(&0);
+        for b in bufs.iter() {
+            let k = left.min(b.len());
+            scratch.extend_from_slice(&b[..k]);
+            left -= k;
+        }
+        self.record_recv(&result, &scratch);
+        self.scratch = scratch;
         result
     }
 

@@ -18,7 +18,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::path::Path;
@@ -652,10 +652,16 @@ fn fmt_addr(addr: Option<SocketAddr>) -> String {
 
 impl Link for SmolLink {
     fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        self.recv_vectored(&mut [IoSliceMut::new(buf)])
+    }
+
+    /// Copies straight from the socket's receive buffer into `bufs`, under one lock of the
+    /// stack.
+    fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
         if self.read_closed {
             return Err(LinkError::Closed);
         }
-        if buf.is_empty() {
+        if bufs.iter().all(|b| b.is_empty()) {
             return Ok(0);
         }
         let mut inner = lock(&self.stack.inner);
@@ -672,22 +678,39 @@ impl Link for SmolLink {
                 }
                 _ => {}
             }
-            match socket.recv_slice(buf) {
-                Ok(0) if attempt == 0 && auto_poll => {
+            let mut total = 0;
+            let mut end = None;
+            for buf in bufs.iter_mut() {
+                match socket.recv_slice(buf) {
+                    Ok(n) => {
+                        total += n;
+                        if n < buf.len() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        end = Some(e);
+                        break;
+                    }
+                }
+            }
+            match (total, end) {
+                (0, Some(RecvError::Finished)) => {
+                    self.read_closed = true;
+                    return Err(LinkError::Closed);
+                }
+                (0, Some(RecvError::InvalidState)) => return Err(LinkError::Reset),
+                (0, None) if attempt == 0 && auto_poll => {
                     inner.poll(Instant::now());
                 }
-                Ok(n) => {
+                // The end of the stream, if it came after the bytes, is reported next call.
+                (n, _) => {
                     if n > 0 && auto_poll {
                         // Window updates go out without waiting for the next poll.
                         inner.poll(Instant::now());
                     }
                     return Ok(n);
                 }
-                Err(RecvError::Finished) => {
-                    self.read_closed = true;
-                    return Err(LinkError::Closed);
-                }
-                Err(RecvError::InvalidState) => return Err(LinkError::Reset),
             }
         }
         Ok(0)

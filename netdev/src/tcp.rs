@@ -1,6 +1,6 @@
 //! Kernel TCP links over non-blocking `mio` sockets.
 
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
@@ -126,16 +126,17 @@ impl TcpLink {
     }
 }
 
-impl Link for TcpLink {
-    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+impl TcpLink {
+    /// One non-blocking read through `read` (a `read(2)` or `readv(2)` of the socket).
+    fn read_with(
+        &mut self,
+        mut read: impl FnMut(&mut mio::net::TcpStream) -> io::Result<usize>,
+    ) -> Result<usize, LinkError> {
         if self.read_closed {
             return Err(LinkError::Closed);
         }
-        if buf.is_empty() {
-            return Ok(0);
-        }
         for _ in 0..MAX_INTERRUPTED_RETRIES {
-            match self.stream.read(buf) {
+            match read(&mut self.stream) {
                 Ok(0) => {
                     self.read_closed = true;
                     return Err(LinkError::Closed);
@@ -147,6 +148,23 @@ impl Link for TcpLink {
             }
         }
         Ok(0)
+    }
+}
+
+impl Link for TcpLink {
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        if buf.is_empty() && !self.read_closed {
+            return Ok(0);
+        }
+        self.read_with(|s| s.read(buf))
+    }
+
+    /// One `readv(2)`: a payload straight into place and the next header, in one call.
+    fn recv_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize, LinkError> {
+        if bufs.iter().all(|b| b.is_empty()) && !self.read_closed {
+            return Ok(0);
+        }
+        self.read_with(|s| s.read_vectored(bufs))
     }
 
     fn send_vectored(&mut self, bufs: &[IoSlice<'_>]) -> Result<usize, LinkError> {

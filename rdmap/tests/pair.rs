@@ -126,6 +126,10 @@ struct Pair {
     hook: Option<Hook>,
     /// Bytes moved, both ways.
     moved: usize,
+    /// How the receiver takes bytes in: `None`, handed over in chunks of 1000; `Some`, read
+    /// through [`Connection::receive`] by a link that delivers at most a pseudo-random number
+    /// of bytes (below the value) per read, from this generator state.
+    link: Option<(usize, u64)>,
 }
 
 fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
@@ -150,6 +154,18 @@ fn connect_policy(
     srq: Option<SharedReceiveQueue>,
     rtr: Option<iwarp_mpa::RtrTypes>,
 ) -> (Connection, Connection) {
+    connect_mulpdu(crc, markers, ird_ord, rfc7306, srq, rtr, MULPDU)
+}
+
+fn connect_mulpdu(
+    crc: bool,
+    markers: bool,
+    ird_ord: u16,
+    rfc7306: bool,
+    srq: Option<SharedReceiveQueue>,
+    rtr: Option<iwarp_mpa::RtrTypes>,
+    mulpdu: usize,
+) -> (Connection, Connection) {
     let policy = Policy {
         peer_to_peer: rtr.is_some(),
         rtr: rtr.unwrap_or(Policy::default().rtr),
@@ -164,7 +180,7 @@ fn connect_policy(
     let (reply, server) = policy.respond(&req, b"").unwrap();
     let client = policy.accept_reply(&reply).unwrap();
     let cfg = |p: &iwarp_mpa::ConnParams| QpConfig {
-        mulpdu: MULPDU,
+        mulpdu,
         ird: p.ird,
         ord: p.ord,
         max_send_wr: 4096,
@@ -188,7 +204,7 @@ impl Pair {
     }
 
     fn from_conns((a, b): (Connection, Connection)) -> Pair {
-        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0 }
+        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0, link: None }
     }
 
     /// Both ends take the RFC 7306 extensions.
@@ -212,9 +228,31 @@ impl Pair {
             }
             moved += bytes.len();
             let mut mem = TableMemory { table: &mut to.table, pd: to.pd };
-            // Deliver in uneven chunks, as TCP would.
-            for chunk in bytes.chunks(1000) {
-                to.conn.handle_bytes(&mut mem, chunk);
+            match &mut self.link {
+                // Deliver in uneven chunks, as TCP would.
+                None => {
+                    for chunk in bytes.chunks(1000) {
+                        to.conn.handle_bytes(&mut mem, chunk);
+                    }
+                }
+                // Or let the connection read, as the engine does.
+                Some((most, state)) => {
+                    let mut rx = vec![0; 256 * 1024];
+                    let mut at = 0;
+                    while at < bytes.len() {
+                        *state ^= *state << 13;
+                        *state ^= *state >> 7;
+                        *state ^= *state << 17;
+                        let limit = 1 + (*state as usize) % *most;
+                        let step = to
+                            .conn
+                            .receive(&mut mem, &mut rx, |bufs| {
+                                Ok::<_, ()>(deliver(bufs, &bytes[at..], limit))
+                            })
+                            .unwrap();
+                        at += step.read;
+                    }
+                }
             }
         }
         self.a.collect();
@@ -232,6 +270,18 @@ impl Pair {
         }
         panic!("the pair did not settle");
     }
+}
+
+/// A link's vectored read: at most `limit` bytes of `from` into `bufs`, each filled before the
+/// next; returns the bytes read.
+fn deliver(bufs: &mut [std::io::IoSliceMut<'_>], from: &[u8], limit: usize) -> usize {
+    let mut n = 0;
+    for b in bufs {
+        let k = b.len().min(limit - n).min(from.len() - n);
+        b[..k].copy_from_slice(&from[n..n + k]);
+        n += k;
+    }
+    n
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -703,8 +753,14 @@ fn duplicated_bytes_are_detected() {
 
 #[test]
 fn reordered_and_truncated_streams_never_panic_and_complete_once() {
-    for seed in 0..40u64 {
-        let mut p = Pair::new(seed % 2 == 0, seed % 3 == 0);
+    for seed in 0..80u64 {
+        // Half the runs with loopback-sized FPDUs read through `Connection::receive`, whose
+        // payloads go straight into place.
+        let mut p = if seed < 40 {
+            Pair::new(seed % 2 == 0, seed % 3 == 0)
+        } else {
+            large_pair(seed % 2 == 0, seed % 3 == 0, 1 + (seed as usize * 7919) % 40_000, seed)
+        };
         let src = p.a.register(50_000, Access::NONE, 1);
         let dst = p.b.register(50_000, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
         let sink = p.a.register(50_000, Access::LOCAL_WRITE, 0);
@@ -1033,4 +1089,159 @@ fn peer_to_peer_rtr_opens_the_connection() {
         assert_eq!(p.a.conn.qp_ref().state(), QpState::Rts);
         assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
     }
+}
+
+// --- payloads read straight into place --------------------------------------------------
+
+/// MULPDU of a loopback connection: FPDUs of up to about 64 KiB.
+const LARGE_MULPDU: usize = 65_000;
+
+/// A pair with loopback-sized FPDUs whose receivers read through [`Connection::receive`]
+/// from a link that delivers at most `most` bytes per read.
+fn large_pair(crc: bool, markers: bool, most: usize, seed: u64) -> Pair {
+    let mut p = Pair::from_conns(connect_mulpdu(crc, markers, 4, false, None, None, LARGE_MULPDU));
+    for side in [&mut p.a, &mut p.b] {
+        side.conn.set_direct_min(Some(4096));
+    }
+    p.link = Some((most, seed | 1));
+    p
+}
+
+/// Writes, Reads and Sends of FPDU-sized and larger messages arrive intact with CRC and
+/// markers on and off, however the link cuts the stream; without markers most payload bytes
+/// are read straight into place (no receive-buffer copy) when reads cut FPDUs, with markers
+/// none is.
+#[test]
+fn large_payloads_are_read_straight_into_place() {
+    for (crc, markers) in modes() {
+        for (i, len) in [20_000, LARGE_MULPDU - 18, LARGE_MULPDU + 1, 1 << 20].into_iter().enumerate() {
+            for most in [70_000, 9_000] {
+                let mut p = large_pair(crc, markers, most, 0x9e37_79b9 + i as u64);
+                let src = p.a.register(len, Access::NONE, 0);
+                p.a.write(&src, 0, &pattern(len, 5)).unwrap();
+                let wdst = p.b.register(len + 16, Access::REMOTE_WRITE, 0xee);
+                let rsrc = p.b.register(len, Access::REMOTE_READ, 0);
+                p.b.write(&rsrc, 0, &pattern(len, 6)).unwrap();
+                let rsink = p.a.register(len + 16, Access::LOCAL_WRITE, 0xdd);
+                let rcv = p.b.register(len + 16, Access::LOCAL_WRITE, 0xcc);
+                p.b.post_recv(30, vec![rcv.sge_at(0, 8), rcv.sge_at(8, len as u32)]);
+                p.a.post_send(write_to(wdst.stag, wdst.va + 8, &src, len as u32));
+                p.a.post_send(SendWr {
+                    wr_id: 2,
+                    op: SendOp::Read { remote_stag: rsrc.stag, remote_to: rsrc.va },
+                    sgl: rsink.sge_at(8, len as u32).into(),
+                    signaled: true,
+                });
+                p.a.post_send(SendWr {
+                    wr_id: 3,
+                    op: SendOp::Send { solicited: false, invalidate: None },
+                    sgl: src.sge_at(0, len as u32).into(),
+                    signaled: true,
+                });
+                p.run();
+                let what = format!("crc {crc} markers {markers} len {len} reads <= {most}");
+                for (side, buf, fill, seed) in [(&p.b, &wdst, 0xee, 5), (&p.a, &rsink, 0xdd, 6)] {
+                    let got = side.bytes(buf);
+                    assert!(got[8..8 + len] == pattern(len, seed)[..], "{what}");
+                    assert!(
+                        got[..8].iter().chain(&got[8 + len..]).all(|&b| b == fill),
+                        "{what}: guard bytes"
+                    );
+                }
+                let got = p.b.bytes(&rcv);
+                assert!(got[..len] == pattern(len, 5)[..], "{what}");
+                assert!(got[len..].iter().all(|&b| b == 0xcc), "{what}: guard bytes");
+                let ids: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+                assert_eq!(
+                    ids,
+                    [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)],
+                    "{what}"
+                );
+                assert_eq!(p.b.completions.len(), 1, "{what}");
+                ok(&p.b.completions[0], 30, WcOpcode::Recv);
+                assert_eq!(p.b.completions[0].byte_len, len as u64);
+                // B received the Write and the Send, A the Read Response.
+                let (a, b) = (p.a.conn.rx_stats(), p.b.conn.rx_stats());
+                let in_place = a.in_place + b.in_place;
+                if markers {
+                    assert_eq!(in_place, 0, "{what}");
+                } else if most < 20_000 || len > 2 * most {
+                    // A read that takes whole FPDUs copies them; short reads leave most of
+                    // each payload to go into place.
+                    assert!(in_place as f64 >= 0.5 * (3 * len) as f64, "{what}: {a:?} {b:?}");
+                }
+            }
+        }
+    }
+}
+
+/// A corrupted payload byte read into place: the CRC check at the FPDU's end terminates the
+/// stream with the LLP CRC error and the receive never completes successfully.
+#[test]
+fn bad_crc_of_a_payload_read_into_place_terminates() {
+    let len = 50_000;
+    let mut p = large_pair(true, false, 4096, 7);
+    let src = p.a.register(len, Access::NONE, 1);
+    let rcv = p.b.register(len, Access::LOCAL_WRITE, 0);
+    p.b.post_recv(40, vec![rcv.sge()]);
+    let mut done = false;
+    p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
+        if dir == Dir::AtoB && !done && bytes.len() > 30_000 {
+            bytes[30_000] ^= 0x01;
+            done = true;
+        }
+    }));
+    p.a.post_send(SendWr {
+        wr_id: 4,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: src.sge().into(),
+        signaled: true,
+    });
+    p.run();
+    assert!(p.b.conn.rx_stats().in_place > 20_000, "{:?}", p.b.conn.rx_stats());
+    let crc = TerminateCode { layer: TerminateLayer::Llp, error_type: 0, code: 0x02 };
+    assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(crc)));
+    let recv: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(recv, [(40, WcStatus::WrFlushError)]);
+}
+
+/// The region a payload is being read into is deregistered between two reads (the engine's
+/// lock is released between passes): the rest of the payload is dropped, never written into
+/// the memory handed back, and the segment is terminated as one naming an invalid STag.
+#[test]
+fn deregistration_while_a_payload_is_read_into_place() {
+    let len = 60_000;
+    let (a, b) = connect_mulpdu(true, false, 4, false, None, None, LARGE_MULPDU);
+    let mut p = Pair::from_conns((a, b));
+    let src = p.a.register(len, Access::NONE, 0);
+    p.a.write(&src, 0, &pattern(len, 2)).unwrap();
+    let dst = p.b.register(len, Access::REMOTE_WRITE, 0x11);
+    p.a.post_send(write_to(dst.stag, dst.va, &src, len as u32));
+    let mut bytes = Vec::new();
+    let mut mem = TableMemory { table: &mut p.a.table, pd: p.a.pd };
+    p.a.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
+    let mut rx = vec![0; 64 * 1024];
+    let at = std::cell::Cell::new(0);
+    let mut read = |conn: &mut Connection, table: &mut TaggedBufferTable, pd, most: usize| {
+        let mut mem = TableMemory { table, pd };
+        let step = conn
+            .receive(&mut mem, &mut rx, |bufs| Ok::<_, ()>(deliver(bufs, &bytes[at.get()..], most)))
+            .unwrap();
+        at.set(at.get() + step.read);
+    };
+    // The header and 10,000 payload bytes, then 20,000 more straight into place.
+    read(&mut p.b.conn, &mut p.b.table, p.b.pd, 10_016);
+    read(&mut p.b.conn, &mut p.b.table, p.b.pd, 20_000);
+    assert_eq!(p.b.conn.rx_stats().in_place, 20_000);
+    let (_, memory) = p.b.table.deregister(dst.stag).unwrap();
+    let back = memory.unwrap().into_buffer();
+    let back = back.as_slice().unwrap();
+    assert!(back[..30_000] == pattern(len, 2)[..30_000]);
+    assert!(back[30_000..].iter().all(|&b| b == 0x11));
+    while at.get() < bytes.len() {
+        read(&mut p.b.conn, &mut p.b.table, p.b.pd, 8192);
+    }
+    assert_eq!(p.b.conn.rx_stats().in_place, 20_000, "nothing more went into place");
+    p.b.collect();
+    assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(TerminateCode::ddp(1, 0x00))));
 }

@@ -39,6 +39,7 @@ mod tx;
 pub mod wr;
 
 pub use error::Violation;
+pub use rx::DirectSink;
 pub use srq::SharedReceiveQueue;
 pub use wr::{Completion, PostError, QpConfig, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 

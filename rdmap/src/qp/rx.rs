@@ -5,8 +5,8 @@
 //! Every violation is a [`Violation`]; nothing here panics or writes outside the regions the
 //! checks allow.
 
-use iwarp_ddp::header::{SegmentKind, SegmentRepr};
-use iwarp_ddp::placement::{PostedBuffer, Sge, sgl_len};
+use iwarp_ddp::header::{HeaderRepr, SegmentKind, SegmentRepr};
+use iwarp_ddp::placement::{Payload, PostedBuffer, Sge, sgl_len};
 use iwarp_ddp::stag_table::{Access, AccessError};
 use iwarp_ddp::{QueueNumber, STag, TableMemory, TaggedOffset, UntaggedError};
 
@@ -66,6 +66,27 @@ impl PostedBuffer for RxBuffer {
     }
 }
 
+/// Where a segment's payload goes when the receive path reads it straight from the link
+/// ([`QueuePair::direct_sink`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectSink {
+    /// Tagged: the region bytes at `to` of `stag`, needing `needed` (an RDMA Write's remote
+    /// write right, or local write for the sink of our Read).
+    Tagged {
+        /// The STag the segment names.
+        stag: STag,
+        /// The tagged offset of the payload's first byte.
+        to: u64,
+        /// The right the placement needs.
+        needed: Access,
+    },
+    /// The scatter list of the receive at the front of queue 0, from message offset `mo`.
+    Recv {
+        /// The segment's message offset.
+        mo: u64,
+    },
+}
+
 /// The body of an RDMAP message of fixed size `expected`, which must have arrived whole, in
 /// one segment, parsed by `parse`.
 fn fixed_body<T, E>(
@@ -92,7 +113,7 @@ impl QueuePair {
         }
         self.stats.rx_segments += 1;
         let result = match SegmentRepr::parse(ulpdu) {
-            Ok(seg) => self.rx_segment(mem, &seg),
+            Ok(seg) => self.rx_segment(mem, &seg, Payload::Bytes(seg.payload)),
             Err(e) => Err(Violation::Header(e)),
         };
         if let Err(v) = result {
@@ -100,7 +121,119 @@ impl QueuePair {
         }
     }
 
-    fn rx_segment(&mut self, mem: &mut TableMemory<'_>, seg: &SegmentRepr<'_>) -> Result<(), Violation> {
+    /// Where the payload of a segment whose header has arrived, and not yet all of its
+    /// payload, may go straight from the link ([`DirectSink`]): a tagged RDMA Write or Read
+    /// Response, or a Send into the receive at the front of queue 0, that passes now the
+    /// checks its placement will make. `None`: the segment is taken whole
+    /// ([`QueuePair::handle_ulpdu`]), where any error is found and reported.
+    pub fn direct_sink(
+        &self,
+        mem: &TableMemory<'_>,
+        header: &[u8],
+        payload_len: usize,
+    ) -> Option<DirectSink> {
+        if self.state != QpState::Rts || payload_len == 0 {
+            return None;
+        }
+        let (header, _) = HeaderRepr::parse(header).ok()?;
+        let control = Control::from_byte(header.rdmap_control);
+        if control.version != RDMAP_VERSION {
+            return None;
+        }
+        let len = payload_len as u64;
+        match (control.opcode, header.kind) {
+            (Opcode::Write, SegmentKind::Tagged { stag, to }) => {
+                mem.check(stag, to.0, len, Access::REMOTE_WRITE).ok()?;
+                Some(DirectSink::Tagged { stag, to: to.0, needed: Access::REMOTE_WRITE })
+            }
+            (Opcode::ReadResponse, SegmentKind::Tagged { stag, to }) => {
+                let Some(Outbound {
+                    kind: OutboundKind::Read { sink, sink_to, len: total, received }, ..
+                }) = self.outbound.front()
+                else {
+                    return None;
+                };
+                let fits = *received + len <= *total && (!header.last || *received + len == *total);
+                if stag != *sink || Some(to.0) != sink_to.checked_add(*received) || !fits {
+                    return None;
+                }
+                mem.check(stag, to.0, len, Access::LOCAL_WRITE).ok()?;
+                Some(DirectSink::Tagged { stag, to: to.0, needed: Access::LOCAL_WRITE })
+            }
+            (Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate, kind) => {
+                let SegmentKind::Untagged { qn, mo, .. } = kind else { return None };
+                if qn != QN_SEND {
+                    return None;
+                }
+                let sgl = self.rx.sink(kind, header.last, payload_len)?;
+                // Every element the payload falls on must take it now.
+                let end = u64::from(mo).checked_add(len)?;
+                (end <= sgl_len(sgl)).then_some(())?;
+                Some(DirectSink::Recv { mo: u64::from(mo) })
+            }
+            _ => None,
+        }
+    }
+
+    /// The bytes where payload bytes `[offset, offset + len)` of a segment taking the
+    /// [`DirectSink`] `sink` go (fewer than `len` where a scatter element ends first),
+    /// checked again now: the place may have gone since the segment's header arrived (a
+    /// deregistration between engine passes), and then the error says why.
+    pub fn direct_bytes<'m>(
+        &self,
+        mem: &'m mut TableMemory<'_>,
+        sink: DirectSink,
+        offset: usize,
+        len: usize,
+    ) -> Result<&'m mut [u8], AccessError> {
+        let at = offset as u64;
+        match sink {
+            DirectSink::Tagged { stag, to, needed } => {
+                let to = to.checked_add(at).ok_or(AccessError::ToWrap)?;
+                mem.tagged_sink(stag, to, len, needed)
+            }
+            DirectSink::Recv { mo } => {
+                let Some(sgl) = self.rx.front(QN_SEND).and_then(PostedBuffer::scatter_list) else {
+                    return Err(AccessError::BaseOrBounds);
+                };
+                mem.sgl_sink(sgl, mo + at, len)
+            }
+        }
+    }
+
+    /// Processes a segment whose payload (`payload_len` bytes) was read straight into its
+    /// [`DirectSink`]: `header` is the segment's header as received, `refused` the error
+    /// [`QueuePair::direct_bytes`] gave part-way, if any. The same checks and actions as
+    /// [`QueuePair::handle_ulpdu`], without the copy.
+    pub fn handle_placed(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        header: &[u8],
+        payload_len: usize,
+        refused: Option<AccessError>,
+    ) {
+        if !matches!(self.state, QpState::Rts | QpState::Closing) {
+            return;
+        }
+        self.stats.rx_segments += 1;
+        let result = match HeaderRepr::parse(header) {
+            Ok((header, _)) => {
+                let seg = SegmentRepr { header, payload: &[] };
+                self.rx_segment(mem, &seg, Payload::InPlace { len: payload_len, refused })
+            }
+            Err(e) => Err(Violation::Header(e)),
+        };
+        if let Err(v) = result {
+            self.fail(v.terminate_code(), Some(header));
+        }
+    }
+
+    fn rx_segment(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        seg: &SegmentRepr<'_>,
+        payload: Payload<'_>,
+    ) -> Result<(), Violation> {
         let control = Control::from_byte(seg.header.rdmap_control);
         let tagged = matches!(seg.header.kind, SegmentKind::Tagged { .. });
         let op = control.opcode;
@@ -114,8 +247,8 @@ impl QueuePair {
             return Err(RdmapError::UnexpectedOpcode { opcode: op }.into());
         }
         match seg.header.kind {
-            SegmentKind::Tagged { stag, to } => self.rx_tagged(mem, op, stag, to, seg),
-            SegmentKind::Untagged { .. } => self.rx_untagged(mem, op, seg),
+            SegmentKind::Tagged { stag, to } => self.rx_tagged(mem, op, stag, to, seg, payload),
+            SegmentKind::Untagged { .. } => self.rx_untagged(mem, op, seg, payload),
         }
     }
 
@@ -126,14 +259,13 @@ impl QueuePair {
         stag: STag,
         to: TaggedOffset,
         seg: &SegmentRepr<'_>,
+        payload: Payload<'_>,
     ) -> Result<(), Violation> {
         match op {
             // A zero-length Write places nothing and is not checked: it is the RFC 6581 RTR
             // message, which siw sends with STag 1, an STag nobody registered.
-            Opcode::Write if seg.payload.is_empty() => Ok(()),
-            Opcode::Write => {
-                mem.place_tagged(stag, to.0, seg.payload, Access::REMOTE_WRITE).map_err(Violation::Tagged)
-            }
+            Opcode::Write if payload.is_empty() => Ok(()),
+            Opcode::Write => mem.place(stag, to.0, payload, Access::REMOTE_WRITE).map_err(Violation::Tagged),
             Opcode::ReadResponse => {
                 // Read Responses arrive in the order of the Read Requests (RFC 5040 5.5).
                 let Some(Outbound { seq, kind: OutboundKind::Read { sink, sink_to, len, received } }) =
@@ -144,13 +276,12 @@ impl QueuePair {
                 if stag != *sink || Some(to.0) != sink_to.checked_add(*received) {
                     return Err(Violation::Tagged(AccessError::StagNotAssociated));
                 }
-                let n = seg.payload.len() as u64;
+                let n = payload.len() as u64;
                 if *received + n > *len {
                     return Err(Violation::Tagged(AccessError::BaseOrBounds));
                 }
                 if n > 0 {
-                    mem.place_tagged(stag, to.0, seg.payload, Access::LOCAL_WRITE)
-                        .map_err(Violation::Tagged)?;
+                    mem.place(stag, to.0, payload, Access::LOCAL_WRITE).map_err(Violation::Tagged)?;
                 }
                 *received += n;
                 if seg.header.last {
@@ -172,6 +303,7 @@ impl QueuePair {
         mem: &mut TableMemory<'_>,
         op: Opcode,
         seg: &SegmentRepr<'_>,
+        payload: Payload<'_>,
     ) -> Result<(), Violation> {
         let SegmentKind::Untagged { qn, mo, .. } = seg.header.kind else {
             return Err(RdmapError::UnexpectedOpcode { opcode: op }.into());
@@ -188,8 +320,8 @@ impl QueuePair {
         }
         let immediate = matches!(op, Opcode::ImmediateData | Opcode::ImmediateDataSe);
         // Immediate Data consumes a receive buffer but places nothing in it.
-        let placed = if immediate { &[][..] } else { seg.payload };
-        let received = match self.rx.handle_segment(mem, seg.header.kind, seg.header.last, placed) {
+        let placed = if immediate { Payload::Bytes(&[]) } else { payload };
+        let received = match self.rx.handle(mem, seg.header.kind, seg.header.last, placed) {
             Ok(r) => r,
             Err(e) => {
                 match e {

@@ -388,6 +388,9 @@ struct Report {
     negotiated: Option<rdma::Negotiated>,
     /// Resident memory per idle connection end, measured while connecting.
     idle_bytes_per_qp: Option<u64>,
+    /// Bytes the iWARP connections received, and of those the payload bytes read straight
+    /// into registered memory.
+    received: (u64, u64),
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
@@ -609,8 +612,15 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         Some(r) => r.bw,
         None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
     };
+    let received = bench.received();
     bench.close();
-    Ok(Report { rows, rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate }, negotiated, idle_bytes_per_qp })
+    Ok(Report {
+        rows,
+        rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate },
+        negotiated,
+        idle_bytes_per_qp,
+        received,
+    })
 }
 
 /// 64, 256, 1K, 4K, 1M, 1.5K...
@@ -727,6 +737,12 @@ fn text_report(args: &Args, report: &Report) -> String {
         rate.raw.mmsg_s(),
         ratio(rate.iwarp.mmsg_s(), rate.raw.mmsg_s())
     ));
+    let (bytes, in_place) = report.received;
+    out.push_str(&format!(
+        "received: {:.1} MB, {:.0}% read straight into registered memory (the rest copied from a receive buffer)\n",
+        bytes as f64 / 1e6,
+        100.0 * ratio(in_place as f64, bytes as f64)
+    ));
     out
 }
 
@@ -774,6 +790,8 @@ fn json_report(args: &Args, report: &Report) -> String {
             "shared_device": args.shared_device,
             "gap_us": gap(args).as_secs_f64() * 1e6,
             "idle_bytes_per_qp": report.idle_bytes_per_qp,
+            "rx_bytes": report.received.0,
+            "rx_in_place_bytes": report.received.1,
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
                 "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,

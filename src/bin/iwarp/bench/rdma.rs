@@ -323,6 +323,12 @@ impl Bench {
         })
     }
 
+    /// Bytes received by both ends so far, and how many of them the links read straight into
+    /// registered memory.
+    pub(super) fn received(&self) -> (u64, u64) {
+        self._devices.iter().map(Device::stats).fold((0, 0), |(b, p), s| (b + s.rx_bytes, p + s.rx_in_place))
+    }
+
     /// Resident memory per idle connection end, measured while connecting.
     pub(super) fn idle_bytes_per_qp(&self) -> Option<u64> {
         self.idle_bytes_per_qp
