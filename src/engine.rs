@@ -27,8 +27,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
-use iwarp_netdev::{Link, SmolStack};
-use iwarp_rdmap::conn::{Connection, RxStats};
+use iwarp_netdev::{Link, LinkError, SmolStack};
+use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
 
@@ -105,6 +105,13 @@ pub struct EngineStats {
     /// Of those, payload bytes the links read straight into registered memory (the rest
     /// went through the engine's receive buffer and were copied into place).
     pub rx_in_place: u64,
+    /// Bytes the connections framed for their links.
+    pub tx_bytes: u64,
+    /// Of those, payload bytes written to the links straight from registered memory, unless
+    /// the link was full (the rest were copied into a transmit buffer as they were framed).
+    pub tx_by_ref: u64,
+    /// Bytes a full link left unsent, copied into a transmit buffer to go out later.
+    pub tx_staged: u64,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +137,8 @@ const TX_BATCH: usize = 256 * 1024;
 const RX_READS_PER_PASS: usize = 8;
 /// Transmit batches per connection per pass.
 const TX_BATCHES_PER_PASS: usize = 2;
+/// The most buffers one vectored write takes (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
 /// Transmit buffers kept for reuse once no connection needs them.
 const TX_POOL: usize = 8;
 /// When an initiator that has sent FPDUs but heard nothing back nudges its peer (after its
@@ -394,7 +403,10 @@ impl Engine {
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
-        let rx = lock(&self.core).rx_stats;
+        let (rx, tx, tx_staged) = {
+            let core = lock(&self.core);
+            (core.rx_stats, core.tx_stats, core.tx_staged)
+        };
         let c = &self.counters;
         EngineStats {
             passes: c.passes.load(Ordering::Relaxed),
@@ -406,6 +418,9 @@ impl Engine {
             app_polls: c.app_polls.load(Ordering::Relaxed),
             rx_bytes: rx.bytes,
             rx_in_place: rx.in_place,
+            tx_bytes: tx.bytes,
+            tx_by_ref: tx.by_ref,
+            tx_staged,
         }
     }
 }
@@ -549,6 +564,8 @@ struct Visit {
     done: bool,
     /// Visit the connection again at this time (a nudge, the end of a linger).
     timer: Option<Instant>,
+    /// Bytes framed but left unsent by a full link, copied to go out later.
+    staged: usize,
 }
 
 /// Everything the engine owns.
@@ -564,6 +581,11 @@ pub(crate) struct EngineCore {
     ready: Vec<usize>,
     /// Received bytes, all connections together.
     rx_stats: RxStats,
+    /// Transmitted bytes, all connections together, and those staged for a full link.
+    tx_stats: TxStats,
+    tx_staged: u64,
+    /// The FPDUs a visit frames for one vectored write (reused).
+    tx_batch: TxBatch,
     /// Connection timers (nudges, lingers): when, and whose key. A timer whose connection is
     /// gone or was rescheduled just causes a visit.
     timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
@@ -593,6 +615,9 @@ impl EngineCore {
             ready: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
             rx_stats: RxStats::default(),
+            tx_batch: TxBatch::default(),
+            tx_stats: TxStats::default(),
+            tx_staged: 0,
             linger,
             new_earliest: false,
             polled: Vec::new(),
@@ -839,11 +864,21 @@ impl EngineCore {
             let Some(Some(slot)) = self.slots.get_mut(key) else { continue };
             slot.queued = false;
             visits += 1;
-            let before = slot.conn.rx_stats();
-            let v = visit(slot, &mut self.table, &mut self.rx, &mut self.tx_pool, self.linger);
-            let after = slot.conn.rx_stats();
+            let (before, tx_before) = (slot.conn.rx_stats(), slot.conn.tx_stats());
+            let v = visit(
+                slot,
+                &mut self.table,
+                &mut self.rx,
+                &mut self.tx_batch,
+                &mut self.tx_pool,
+                self.linger,
+            );
+            let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
             self.rx_stats.bytes += after.bytes - before.bytes;
             self.rx_stats.in_place += after.in_place - before.in_place;
+            self.tx_stats.bytes += tx_after.bytes - tx_before.bytes;
+            self.tx_stats.by_ref += tx_after.by_ref - tx_before.by_ref;
+            self.tx_staged += v.staged as u64;
             work |= v.work;
             if v.done {
                 self.remove(key);
@@ -944,6 +979,7 @@ fn visit(
     slot: &mut ConnSlot,
     table: &mut TaggedBufferTable,
     rx: &mut [u8],
+    batch: &mut TxBatch,
     pool: &mut Vec<Vec<u8>>,
     linger: Duration,
 ) -> Visit {
@@ -1036,24 +1072,57 @@ fn visit(
                     break;
                 }
                 batches += 1;
-                let need = TX_BATCH + slot.conn.max_fpdu_len();
-                if slot.tx.len() < need {
-                    let mut buf = pool.pop().unwrap_or_default();
-                    if buf.len() < need {
-                        buf.resize(need, 0);
-                    }
-                    slot.tx = buf;
-                }
-                slot.tx_off = 0;
-                slot.tx_len = slot.conn.poll_transmit_into(&mut mem, &mut slot.tx);
-                if slot.tx_len == 0 {
-                    give_back(pool, &mut slot.tx);
+                // Frame a batch and write it, payloads straight from registered memory; what
+                // the link does not take is copied out (the batch names memory the
+                // application may reuse once this pass ends).
+                batch.clear();
+                let len = slot.conn.poll_transmit_batch(&mut mem, batch, TX_BATCH);
+                if len == 0 {
                     idle = true;
                     break;
                 }
                 if slot.initiator && !slot.heard && slot.nudge_at.is_none() && slot.nudges == 0 {
                     slot.nudge_at = Some(Instant::now() + NUDGES[0]);
                 }
+                let mut iov = Vec::with_capacity(batch.parts().len());
+                let sent = match batch.io_slices(&mem, &mut iov) {
+                    Ok(()) => {
+                        let iov = &iov[..iov.len().min(IOV_MAX)];
+                        let offered: usize = iov.iter().map(|b| b.len()).sum();
+                        slot.link.send_vectored(iov).map(|n| (n, n < offered))
+                    }
+                    Err(_) => Err(LinkError::Reset),
+                };
+                drop(iov);
+                let staged = match sent {
+                    Ok((n, _)) if n == len => {
+                        v.work = true;
+                        continue;
+                    }
+                    Ok((n, full)) => {
+                        v.work |= n > 0;
+                        let mut buf = pool.pop().unwrap_or_default();
+                        buf.clear();
+                        batch.unsent(&mem, n, &mut buf).ok().map(|_| (buf, full))
+                    }
+                    Err(_) => None,
+                };
+                let Some((buf, full)) = staged else {
+                    v.work = true;
+                    slot.link_down = true;
+                    slot.conn.handle_llp_lost();
+                    break;
+                };
+                slot.tx = buf;
+                slot.tx_off = 0;
+                slot.tx_len = slot.tx.len();
+                v.staged += slot.tx_len;
+                if full {
+                    // The link is full: wait for it to become writable again.
+                    slot.writable = !slot.has_source;
+                    break;
+                }
+                continue;
             }
             match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..slot.tx_len])]) {
                 Ok(n) => {

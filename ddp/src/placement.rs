@@ -315,6 +315,32 @@ impl TableMemory<'_> {
         })
     }
 
+    /// The region bytes `[to, to + len)` of `stag`, borrowed, after the checks of
+    /// [`fetch_tagged`] (for a transmit path that sends them from where they are).
+    pub fn source(&self, stag: STag, to: u64, len: usize, needed: Access) -> Result<&[u8], AccessError> {
+        let len64 = u64::try_from(len).map_err(|_| AccessError::ToWrap)?;
+        let placement = self.table.check(stag, self.pd, needed, TaggedOffset(to), len64)?;
+        let (memory, offset) = memory_at(self.table, placement)?;
+        memory.slice(offset, len).ok_or(AccessError::BaseOrBounds)
+    }
+
+    /// Checks the message bytes `[offset, offset + len)` of the local buffer `sgl` as
+    /// [`TableMemory::gather_sgl`] does, and calls `f(lkey, tagged offset, length)` for each
+    /// piece of them on an element, in order, once all are checked.
+    pub fn sgl_pieces(
+        &self,
+        sgl: &[Sge],
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(STag, u64, usize),
+    ) -> Result<(), AccessError> {
+        walk(sgl, offset, len, |s, to, r| self.check(s.lkey, to, r.len() as u64, Access::NONE))?;
+        walk(sgl, offset, len, |s, to, r| {
+            f(s.lkey, to, r.len());
+            Ok(())
+        })
+    }
+
     /// Applies an RFC 7306 atomic to the 64-bit value at `to` of `stag` (remote atomic rights,
     /// 8-byte aligned in its region): stores `f(original)` and returns `original`, as one
     /// read-modify-write no other access through the stack can interleave with.

@@ -171,6 +171,37 @@ impl Framer {
         Ok(needed)
     }
 
+    /// Frames a ULPDU whose first octets the caller wrote at `head[2..]` and whose other
+    /// octets, `rest`, stay where they are (registered memory that a vectored write sends):
+    /// writes the length field at `head[..2]` and returns the pad and CRC to send after
+    /// `rest`, and their length. Only without markers ([`FramerError::MarkersInPlace`]).
+    pub fn frame_around<'p>(
+        &mut self,
+        head: &mut [u8],
+        rest: impl Iterator<Item = &'p [u8]> + Clone,
+    ) -> Result<([u8; 3 + CRC_LEN], usize), FramerError> {
+        if self.markers {
+            return Err(FramerError::MarkersInPlace);
+        }
+        let needed = LENGTH_LEN;
+        let got = head.len();
+        if got < needed {
+            return Err(FramerError::BufferTooSmall { needed, got });
+        }
+        let len = got - LENGTH_LEN + rest.clone().map(<[u8]>::len).sum::<usize>();
+        let len16 = u16::try_from(len).map_err(|_| FramerError::UlpduTooLong { len })?;
+        head[..LENGTH_LEN].copy_from_slice(&len16.to_be_bytes());
+        let pad = pad_len(len);
+        let mut trailer = [0; 3 + CRC_LEN];
+        if self.crc {
+            let crc = rest.fold(fpdu::crc_update(0, head), fpdu::crc_update);
+            let crc = fpdu::crc_update(crc, &trailer[..pad]);
+            trailer[pad..pad + CRC_LEN].copy_from_slice(&crc_to_wire(crc));
+        }
+        self.pos = self.pos.wrapping_add(fpdu::fpdu_len(len) as u64);
+        Ok((trailer, pad + CRC_LEN))
+    }
+
     /// Frames one ULPDU into a new vector (convenient in tests and tools; the data path uses
     /// [`Framer::frame`] with its own buffers).
     pub fn frame_to_vec(&mut self, ulpdu: &[u8]) -> Result<Vec<u8>, FramerError> {
@@ -670,6 +701,31 @@ mod tests {
             f.frame_in_place(&mut [0u8; 8], 4),
             Err(FramerError::BufferTooSmall { needed: 12, got: 8 })
         );
+    }
+
+    /// Framing around bytes left elsewhere (a head in the buffer, the rest in pieces) puts the
+    /// same octets on the wire as framing the whole ULPDU.
+    #[test]
+    fn around_equals_copying() {
+        for crc in [false, true] {
+            for (len, head) in [(14usize, 14usize), (15, 14), (1442, 18), (65535, 14), (3000, 2999)] {
+                let ulpdu: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                let mut a = Framer::new(crc, false);
+                let expect = a.frame_to_vec(&ulpdu).unwrap();
+                let mut b = Framer::new(crc, false);
+                let mut buf = vec![0; 2 + head];
+                buf[2..].copy_from_slice(&ulpdu[..head]);
+                let pieces = ulpdu[head..].chunks(1000);
+                let (trailer, n) = b.frame_around(&mut buf, pieces.clone()).unwrap();
+                let mut got = buf.clone();
+                pieces.for_each(|p| got.extend_from_slice(p));
+                got.extend_from_slice(&trailer[..n]);
+                assert_eq!(got, expect, "crc {crc} len {len}");
+                assert_eq!(a.position(), b.position());
+            }
+        }
+        let mut m = Framer::new(false, true);
+        assert_eq!(m.frame_around(&mut [0u8; 16], std::iter::empty()), Err(FramerError::MarkersInPlace));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use iwarp_mpa::fpdu::{CRC_LEN, LENGTH_LEN, crc_from_wire, crc_update, pad_len};
 use iwarp_mpa::{ConnParams, DeframeError, Deframed, Deframer, Framer, Role};
 
 use crate::memory::TableMemory;
-use crate::qp::{DirectSink, QpConfig, QueuePair};
+use crate::qp::{DirectSink, QpConfig, QueuePair, TxPiece};
 
 /// The least payload for which an FPDU's payload is read straight into place
 /// (see [`Connection::receive`]) unless [`Connection::set_direct_min`] says otherwise. Over
@@ -76,6 +76,126 @@ fn large(markers: bool, direct_min: Option<usize>, ulpdu_len: usize) -> bool {
     !markers && direct_min.is_some_and(|min| ulpdu_len >= min + TAGGED_HEADER_LEN)
 }
 
+/// The least payload a transmit batch sends from registered memory rather than copying it
+/// ([`Connection::poll_transmit_batch`]): below it, an extra piece in the vectored write costs
+/// more than the copy.
+pub const TX_BY_REF_MIN: usize = 2048;
+
+/// Counts of a connection's transmitted bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxStats {
+    /// Bytes framed for the link through [`Connection::poll_transmit_batch`].
+    pub bytes: u64,
+    /// Of those, payload bytes left in registered memory for the vectored write (the rest
+    /// were copied into the batch).
+    pub by_ref: u64,
+}
+
+/// One part of a [`TxBatch`], in wire order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxPart {
+    /// Bytes of the batch's own buffer: length fields, headers, copied payloads, pads, CRCs.
+    Meta(std::ops::Range<usize>),
+    /// Payload bytes in registered memory.
+    Memory(TxPiece),
+}
+
+/// FPDUs framed for one vectored write ([`Connection::poll_transmit_batch`]).
+#[derive(Debug, Default)]
+pub struct TxBatch {
+    meta: Vec<u8>,
+    parts: Vec<TxPart>,
+    pieces: Vec<TxPiece>,
+    len: usize,
+}
+
+impl TxBatch {
+    /// The most parts a batch holds (a vectored write takes at most 1024 buffers).
+    pub const MAX_PARTS: usize = 512;
+
+    /// Empties the batch, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.meta.clear();
+        self.parts.clear();
+        self.pieces.clear();
+        self.len = 0;
+    }
+
+    /// Bytes in the batch.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The parts, in wire order.
+    pub fn parts(&self) -> &[TxPart] {
+        &self.parts
+    }
+
+    /// Ends a meta part at the end of the buffer that started at `at`, merged with the part
+    /// before it when that is meta too.
+    fn push_meta(&mut self, at: usize) {
+        let end = self.meta.len();
+        self.len += end - at;
+        if let Some(TxPart::Meta(r)) = self.parts.last_mut()
+            && r.end == at
+        {
+            r.end = end;
+            return;
+        }
+        if end > at {
+            self.parts.push(TxPart::Meta(at..end));
+        }
+    }
+
+    /// The batch's bytes as buffers for a vectored write, appended to `out`; registered memory
+    /// is read through `mem`, the table the batch was framed from, still held. A part that no
+    /// longer resolves (which holding the table rules out) yields an error.
+    pub fn io_slices<'a>(
+        &'a self,
+        mem: &'a TableMemory<'_>,
+        out: &mut Vec<std::io::IoSlice<'a>>,
+    ) -> Result<(), AccessError> {
+        for p in &self.parts {
+            let bytes = match p {
+                TxPart::Meta(r) => &self.meta[r.clone()],
+                TxPart::Memory(m) => mem.source(m.stag, m.to, m.len, m.needed)?,
+            };
+            out.push(std::io::IoSlice::new(bytes));
+        }
+        Ok(())
+    }
+
+    /// Appends to `out` the batch's bytes after the first `sent` (what a link did not take),
+    /// copied, so that they can go out after the table is let go; returns how many.
+    pub fn unsent(
+        &self,
+        mem: &TableMemory<'_>,
+        sent: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<usize, AccessError> {
+        let mut skip = sent;
+        let start = out.len();
+        for p in &self.parts {
+            let bytes = match p {
+                TxPart::Meta(r) => &self.meta[r.clone()],
+                TxPart::Memory(m) => mem.source(m.stag, m.to, m.len, m.needed)?,
+            };
+            if skip >= bytes.len() {
+                skip -= bytes.len();
+                continue;
+            }
+            out.extend_from_slice(&bytes[skip..]);
+            skip = 0;
+        }
+        Ok(out.len() - start)
+    }
+}
+
 /// What one [`Connection::receive`] step read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReceiveStep {
@@ -114,6 +234,7 @@ pub struct Connection {
     /// The last FPDU was read into place: buffered reads ask for headers only.
     rx_large: bool,
     rx_stats: RxStats,
+    tx_stats: TxStats,
 }
 
 impl Connection {
@@ -146,12 +267,18 @@ impl Connection {
             direct: None,
             rx_large: false,
             rx_stats: RxStats::default(),
+            tx_stats: TxStats::default(),
         }
     }
 
     /// Counts of the bytes received so far.
     pub fn rx_stats(&self) -> RxStats {
         self.rx_stats
+    }
+
+    /// Counts of the bytes framed for transmission so far.
+    pub fn tx_stats(&self) -> TxStats {
+        self.tx_stats
     }
 
     /// Sets the least payload for which an FPDU's payload is read straight into place ([`Connection::receive`]); `None` turns that off (every FPDU goes through the
@@ -478,6 +605,68 @@ impl Connection {
             }
         }
         at
+    }
+
+    /// Frames what the queue pair has to send, about `limit` bytes of whole FPDUs, into
+    /// `batch` for one vectored write, and returns the bytes added. Without markers, a payload
+    /// of at least [`TX_BY_REF_MIN`] bytes from registered memory is not copied: the batch
+    /// names it where it is ([`TxPart::Memory`]), between its header and its pad and CRC
+    /// (computed over it here) in the batch's own bytes. With markers every FPDU is framed
+    /// into the batch's bytes ([`Connection::poll_transmit_into`]).
+    ///
+    /// The parts that name registered memory are valid while the caller holds the table
+    /// `mem` borrows: within that time it sends them ([`TxBatch::io_slices`]) and copies what
+    /// the link did not take ([`TxBatch::unsent`]), since the work requests they belong to may
+    /// have completed already.
+    pub fn poll_transmit_batch(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        batch: &mut TxBatch,
+        limit: usize,
+    ) -> usize {
+        let start = batch.len;
+        while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
+            let at = batch.meta.len();
+            if self.framer.markers() || self.awaiting_peer {
+                batch.meta.resize(at + self.max_fpdu_len(), 0);
+                let n = self.poll_transmit_into(mem, &mut batch.meta[at..]);
+                batch.meta.truncate(at + n);
+                if n == 0 {
+                    break;
+                }
+                batch.push_meta(at);
+                continue;
+            }
+            batch.meta.resize(at + LENGTH_LEN + self.mulpdu, 0);
+            let first = batch.pieces.len();
+            let room = &mut batch.meta[at + LENGTH_LEN..];
+            let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, TX_BY_REF_MIN) else {
+                batch.meta.truncate(at);
+                break;
+            };
+            batch.meta.truncate(at + LENGTH_LEN + e.written);
+            let pieces = &batch.pieces[first..];
+            // The pieces were checked in this call, under the same borrow of the table: they
+            // resolve. Should one not, the FPDU goes out with a CRC the peer refuses.
+            let slices = pieces.iter().map(|p| mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default());
+            let Ok((trailer, n)) = self.framer.frame_around(&mut batch.meta[at..], slices) else {
+                batch.meta.truncate(at);
+                break;
+            };
+            batch.push_meta(at);
+            for i in first..batch.pieces.len() {
+                let p = batch.pieces[i];
+                batch.parts.push(TxPart::Memory(p));
+                batch.len += p.len;
+                self.tx_stats.by_ref += p.len as u64;
+            }
+            let at = batch.meta.len();
+            batch.meta.extend_from_slice(&trailer[..n]);
+            batch.push_meta(at);
+        }
+        let added = batch.len - start;
+        self.tx_stats.bytes += added as u64;
+        added
     }
 
     /// Frames what the queue pair has to send, up to about `limit` bytes, appending to `out`;

@@ -11,7 +11,7 @@ use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, 
 use iwarp_ddp::{RegionMemory, STag, TableMemory, TerminateCode, TerminateLayer};
 use iwarp_mpa::{FrameRepr, Policy};
 use iwarp_rdmap::atomic::AtomicOp;
-use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::conn::{Connection, TxBatch};
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{
     Completion, PostError, QpConfig, QpEvent, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
@@ -130,6 +130,10 @@ struct Pair {
     /// through [`Connection::receive`] by a link that delivers at most a pseudo-random number
     /// of bytes (below the value) per read, from this generator state.
     link: Option<(usize, u64)>,
+    /// The sender frames through [`Connection::poll_transmit_batch`] (payloads left in
+    /// registered memory), and a link that takes a pseudo-random part of each batch, the rest
+    /// copied out with [`TxBatch::unsent`]; from this generator state.
+    batched: Option<u64>,
 }
 
 fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
@@ -204,7 +208,7 @@ impl Pair {
     }
 
     fn from_conns((a, b): (Connection, Connection)) -> Pair {
-        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0, link: None }
+        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0, link: None, batched: None }
     }
 
     /// Both ends take the RFC 7306 extensions.
@@ -222,7 +226,36 @@ impl Pair {
             };
             let mut bytes = Vec::new();
             let mut mem = TableMemory { table: &mut from.table, pd: from.pd };
-            from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
+            match &mut self.batched {
+                None => {
+                    from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
+                }
+                Some(state) => {
+                    let mut batch = TxBatch::default();
+                    while bytes.len() < 256 * 1024 {
+                        batch.clear();
+                        let n = from.conn.poll_transmit_batch(&mut mem, &mut batch, 64 * 1024);
+                        if n == 0 {
+                            break;
+                        }
+                        *state ^= *state << 13;
+                        *state ^= *state >> 7;
+                        *state ^= *state << 17;
+                        let took = (*state as usize) % (n + 1);
+                        let mut iov = Vec::new();
+                        batch.io_slices(&mem, &mut iov).unwrap();
+                        assert_eq!(iov.iter().map(|b| b.len()).sum::<usize>(), n);
+                        let mut left = took;
+                        for b in &iov {
+                            let k = left.min(b.len());
+                            bytes.extend_from_slice(&b[..k]);
+                            left -= k;
+                        }
+                        drop(iov);
+                        assert_eq!(batch.unsent(&mem, took, &mut bytes).unwrap(), n - took);
+                    }
+                }
+            }
             if let Some(h) = self.hook.as_mut() {
                 h(dir, &mut bytes);
             }
@@ -1244,4 +1277,60 @@ fn deregistration_while_a_payload_is_read_into_place() {
     assert_eq!(p.b.conn.rx_stats().in_place, 20_000, "nothing more went into place");
     p.b.collect();
     assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(TerminateCode::ddp(1, 0x00))));
+}
+
+/// Batches framed for vectored writes, their payloads left in registered memory and the rest
+/// of a batch a link did not take copied out, deliver every operation intact (CRC and markers
+/// on and off); without markers the large payloads are never copied while framing.
+#[test]
+fn batched_transmit_sends_payloads_from_registered_memory() {
+    for (crc, markers) in modes() {
+        for len in [100, 3000, 1 << 20] {
+            let mut p = large_pair(crc, markers, 30_000, len as u64);
+            p.batched = Some(0x2545_f491_4f6c_dd1d ^ len as u64);
+            let src = p.a.register(len, Access::NONE, 0);
+            p.a.write(&src, 0, &pattern(len, 8)).unwrap();
+            let wdst = p.b.register(len, Access::REMOTE_WRITE, 0);
+            let rsrc = p.b.register(len, Access::REMOTE_READ, 0);
+            p.b.write(&rsrc, 0, &pattern(len, 9)).unwrap();
+            let rsink = p.a.register(len, Access::LOCAL_WRITE, 0);
+            let rcv = p.b.register(len, Access::LOCAL_WRITE, 0);
+            p.b.post_recv(50, vec![rcv.sge()]);
+            p.a.post_send(write_to(wdst.stag, wdst.va, &src, len as u32));
+            p.a.post_send(SendWr {
+                wr_id: 2,
+                op: SendOp::Read { remote_stag: rsrc.stag, remote_to: rsrc.va },
+                sgl: rsink.sge().into(),
+                signaled: true,
+            });
+            p.a.post_send(SendWr {
+                wr_id: 3,
+                op: SendOp::Send { solicited: false, invalidate: None },
+                sgl: vec![
+                    src.sge_at(0, len as u32 / 2),
+                    src.sge_at(len as u64 / 2, len as u32 - len as u32 / 2),
+                ]
+                .into(),
+                signaled: true,
+            });
+            p.run();
+            let what = format!("crc {crc} markers {markers} len {len}");
+            assert!(p.b.bytes(&wdst) == pattern(len, 8), "{what}");
+            assert!(p.a.bytes(&rsink) == pattern(len, 9), "{what}");
+            assert!(p.b.bytes(&rcv) == pattern(len, 8), "{what}");
+            let ids: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+            assert_eq!(
+                ids,
+                [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)],
+                "{what}"
+            );
+            assert_eq!(p.b.completions.len(), 1, "{what}");
+            let by_ref = p.a.conn.tx_stats().by_ref + p.b.conn.tx_stats().by_ref;
+            if markers || len < iwarp_rdmap::conn::TX_BY_REF_MIN {
+                assert_eq!(by_ref, 0, "{what}");
+            } else {
+                assert_eq!(by_ref, 3 * len as u64, "{what}");
+            }
+        }
+    }
 }

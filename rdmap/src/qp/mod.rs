@@ -41,6 +41,7 @@ pub mod wr;
 pub use error::Violation;
 pub use rx::DirectSink;
 pub use srq::SharedReceiveQueue;
+pub use tx::{Emitted, TxPiece};
 pub use wr::{Completion, PostError, QpConfig, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 use complete::SqSlot;

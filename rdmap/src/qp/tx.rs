@@ -17,6 +17,31 @@ use crate::memory::{Sgl, sgl_len};
 use crate::terminate::RdmapError;
 use crate::wire::{Control, Opcode, ReadRequest};
 
+/// A piece of a segment's payload left in registered memory for a vectored write:
+/// `len` bytes at `to` of `stag`, which were checked needing `needed`
+/// ([`QueuePair::poll_transmit_by_ref`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPiece {
+    /// The region (or window).
+    pub stag: STag,
+    /// The tagged offset of the first byte.
+    pub to: u64,
+    /// Bytes.
+    pub len: usize,
+    /// The right the read needs.
+    pub needed: Access,
+}
+
+/// What [`QueuePair::poll_transmit_by_ref`] emitted: a segment of `written` bytes in the
+/// buffer (header and any payload copied) followed by `by_ref` payload bytes left in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Emitted {
+    /// Bytes written into the buffer.
+    pub written: usize,
+    /// Payload bytes in the pieces appended.
+    pub by_ref: usize,
+}
+
 /// The message being transmitted on one of the two transmit streams.
 #[derive(Debug)]
 pub(super) struct TxMessage {
@@ -92,11 +117,37 @@ impl QueuePair {
     /// there is nothing to send. Read Responses and the send queue take turns, so neither
     /// starves the other.
     pub fn poll_transmit(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+        self.poll_segment(mem, buf, None).map(|e| e.written)
+    }
+
+    /// [`QueuePair::poll_transmit`], leaving payloads of at least `min` bytes that come from
+    /// registered memory (local buffers, the source of a Read Response) where they are: the
+    /// segment's header goes into `buf` and the payload's pieces, checked, are appended to
+    /// `pieces`, for a transmit path that sends them from there with a vectored write. The
+    /// pieces stay valid for as long as the caller holds the table (nothing can deregister or
+    /// invalidate them meanwhile); the work request may complete as soon as its last segment
+    /// is out of this call, so the caller sends or copies them before it lets go of the table.
+    pub fn poll_transmit_by_ref(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        buf: &mut [u8],
+        pieces: &mut Vec<TxPiece>,
+        min: usize,
+    ) -> Option<Emitted> {
+        self.poll_segment(mem, buf, Some((pieces, min)))
+    }
+
+    fn poll_segment(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        buf: &mut [u8],
+        mut refs: Option<(&mut Vec<TxPiece>, usize)>,
+    ) -> Option<Emitted> {
         if buf.len() < self.config.mulpdu {
             return None;
         }
         if let Some(mut t) = self.terminate.take() {
-            let n = self.emit_segment(mem, &mut t, buf).ok().flatten();
+            let n = self.emit_segment(mem, &mut t, buf, None).ok().flatten();
             if n.is_none() || t.segments.len() != 0 {
                 self.terminate = Some(t);
             } else {
@@ -110,7 +161,12 @@ impl QueuePair {
         for _ in 0..2 {
             let response_turn = self.prefer_response;
             self.prefer_response = !self.prefer_response;
-            let n = if response_turn { self.transmit_response(mem, buf) } else { self.transmit_sq(mem, buf) };
+            let refs = refs.as_mut().map(|(p, min)| (&mut **p, *min));
+            let n = if response_turn {
+                self.transmit_response(mem, buf, refs)
+            } else {
+                self.transmit_sq(mem, buf, refs)
+            };
             if n.is_some() {
                 return n;
             }
@@ -118,7 +174,12 @@ impl QueuePair {
         None
     }
 
-    fn transmit_response(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+    fn transmit_response(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        buf: &mut [u8],
+        refs: Option<(&mut Vec<TxPiece>, usize)>,
+    ) -> Option<Emitted> {
         if self.resp_cur.is_none() {
             let message = match self.resp_pending.pop_front()? {
                 Response::Read(req) => {
@@ -138,7 +199,7 @@ impl QueuePair {
             self.resp_cur = Some(message.ok()?);
         }
         let mut t = self.resp_cur.take()?;
-        let n = match self.emit_segment(mem, &mut t, buf) {
+        let n = match self.emit_segment(mem, &mut t, buf, refs) {
             Ok(n) => n,
             Err(e) => {
                 // The source was checked when the Read Request arrived; it has been
@@ -157,7 +218,12 @@ impl QueuePair {
         n
     }
 
-    fn transmit_sq(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+    fn transmit_sq(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        buf: &mut [u8],
+        refs: Option<(&mut Vec<TxPiece>, usize)>,
+    ) -> Option<Emitted> {
         if self.tx_cur.is_none() {
             if let Some(next) = self.tx_next.take() {
                 self.tx_cur = Some(next);
@@ -179,7 +245,7 @@ impl QueuePair {
             }
         }
         let mut t = self.tx_cur.take()?;
-        match self.emit_segment(mem, &mut t, buf) {
+        match self.emit_segment(mem, &mut t, buf, refs) {
             Ok(Some(n)) => {
                 if t.segments.len() != 0 {
                     self.tx_cur = Some(t);
@@ -365,23 +431,53 @@ impl QueuePair {
     }
 
     /// Emits the next segment of `t` into `buf`: header, then the payload read from its
-    /// source. `Ok(None)` if there is no segment left (or `buf` is too short); an error if the
-    /// source could not be read.
+    /// source (or, with `refs` and a payload from registered memory of at least its minimum,
+    /// the header only, the payload's pieces appended to the list). `Ok(None)` if there is no
+    /// segment left (or `buf` is too short); an error if the source could not be read.
     fn emit_segment(
         &mut self,
         mem: &TableMemory<'_>,
         t: &mut TxMessage,
         buf: &mut [u8],
-    ) -> Result<Option<usize>, AccessError> {
+        refs: Option<(&mut Vec<TxPiece>, usize)>,
+    ) -> Result<Option<Emitted>, AccessError> {
         let Some((header, range)) = t.segments.next() else { return Ok(None) };
         let hlen = header.header_len();
+        let offset = range.start as u64;
+        let by_ref = match (&t.source, refs) {
+            (Source::Local(_) | Source::Remote { .. }, Some((pieces, min)))
+                if !range.is_empty() && range.len() >= min =>
+            {
+                Some(pieces)
+            }
+            _ => None,
+        };
+        if let Some(pieces) = by_ref {
+            let Some(hdr) = buf.get_mut(..hlen) else { return Ok(None) };
+            if header.emit(hdr).is_err() {
+                return Ok(None);
+            }
+            let len = range.len();
+            match &t.source {
+                Source::Local(sgl) => mem.sgl_pieces(sgl, offset, len, |stag, to, len| {
+                    pieces.push(TxPiece { stag, to, len, needed: Access::NONE });
+                })?,
+                Source::Remote { stag, to } => {
+                    let to = to.checked_add(offset).ok_or(AccessError::ToWrap)?;
+                    mem.check(*stag, to, len as u64, Access::REMOTE_READ)?;
+                    pieces.push(TxPiece { stag: *stag, to, len, needed: Access::REMOTE_READ });
+                }
+                Source::Inline(_) => {}
+            }
+            self.stats.tx_segments += 1;
+            return Ok(Some(Emitted { written: hlen, by_ref: len }));
+        }
         let total = hlen + range.len();
         let Some(out) = buf.get_mut(..total) else { return Ok(None) };
         let (hdr, payload) = out.split_at_mut(hlen);
         if header.emit(hdr).is_err() {
             return Ok(None);
         }
-        let offset = range.start as u64;
         match &t.source {
             Source::Local(sgl) => mem.gather_sgl(sgl, offset, payload)?,
             // A zero-length response reads nothing (the Read RTR names no real buffer).
@@ -396,6 +492,6 @@ impl QueuePair {
             },
         }
         self.stats.tx_segments += 1;
-        Ok(Some(total))
+        Ok(Some(Emitted { written: total, by_ref: 0 }))
     }
 }

@@ -391,6 +391,8 @@ struct Report {
     /// Bytes the iWARP connections received, and of those the payload bytes read straight
     /// into registered memory.
     received: (u64, u64),
+    /// Bytes framed, of those written from registered memory, and copied for a full link.
+    sent: (u64, u64, u64),
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
@@ -612,7 +614,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         Some(r) => r.bw,
         None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
     };
-    let received = bench.received();
+    let (received, sent) = (bench.received(), bench.sent());
     bench.close();
     Ok(Report {
         rows,
@@ -620,6 +622,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         negotiated,
         idle_bytes_per_qp,
         received,
+        sent,
     })
 }
 
@@ -743,6 +746,14 @@ fn text_report(args: &Args, report: &Report) -> String {
         bytes as f64 / 1e6,
         100.0 * ratio(in_place as f64, bytes as f64)
     ));
+    let (bytes, by_ref, staged) = report.sent;
+    out.push_str(&format!(
+        "sent: {:.1} MB, at least {:.0}% written straight from registered memory, {:.0}% copied into a transmit buffer as framed, {:.0}% copied for a full link\n",
+        bytes as f64 / 1e6,
+        100.0 * ratio((by_ref.saturating_sub(staged)) as f64, bytes as f64),
+        100.0 * ratio((bytes - by_ref) as f64, bytes as f64),
+        100.0 * ratio(staged as f64, bytes as f64)
+    ));
     out
 }
 
@@ -792,6 +803,9 @@ fn json_report(args: &Args, report: &Report) -> String {
             "idle_bytes_per_qp": report.idle_bytes_per_qp,
             "rx_bytes": report.received.0,
             "rx_in_place_bytes": report.received.1,
+            "tx_bytes": report.sent.0,
+            "tx_by_ref_bytes": report.sent.1,
+            "tx_staged_bytes": report.sent.2,
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
                 "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,

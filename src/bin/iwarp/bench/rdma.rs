@@ -329,6 +329,15 @@ impl Bench {
         self._devices.iter().map(Device::stats).fold((0, 0), |(b, p), s| (b + s.rx_bytes, p + s.rx_in_place))
     }
 
+    /// Bytes framed by both ends so far, those written straight from registered memory, and
+    /// those a full link left to be copied and sent later.
+    pub(super) fn sent(&self) -> (u64, u64, u64) {
+        self._devices
+            .iter()
+            .map(Device::stats)
+            .fold((0, 0, 0), |(b, r, s), x| (b + x.tx_bytes, r + x.tx_by_ref, s + x.tx_staged))
+    }
+
     /// Resident memory per idle connection end, measured while connecting.
     pub(super) fn idle_bytes_per_qp(&self) -> Option<u64> {
         self.idle_bytes_per_qp
