@@ -269,8 +269,17 @@ mod model {
         valid: bool,
     }
 
+    /// Fills `buf` with the payload pattern for `seed`.
+    fn pattern_into(buf: &mut [u8], seed: u8) {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = seed.wrapping_add(i.to_le_bytes()[0].wrapping_mul(37));
+        }
+    }
+
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| seed.wrapping_add(i.to_le_bytes()[0].wrapping_mul(37))).collect()
+        let mut v = vec![0; len];
+        pattern_into(&mut v, seed);
+        v
     }
 
     fn access_of(bits: u8) -> Access {
@@ -345,6 +354,9 @@ mod model {
         }
         let sgl_map: Vec<usize> = (2..10).chain(10..11).chain(20..36).collect();
 
+        // Payloads and read-backs use these buffers: an operation allocates nothing.
+        let mut payload_buf = [0u8; 80];
+        let mut seen_buf = [0u8; 72];
         for op in data.chunks(8) {
             let mut b = [0u8; 8];
             b[..op.len()].copy_from_slice(op);
@@ -368,9 +380,11 @@ mod model {
                 }
                 2 => {
                     let mo = u64::from(b[4] % 32);
-                    let payload = pattern(usize::from(b[6] % 32), b[7]);
+                    let payload = &mut payload_buf[..usize::from(b[6] % 32)];
+                    pattern_into(payload, b[7]);
+                    let payload = &*payload;
                     let end = mo + payload.len() as u64;
-                    let r = place_untagged(&sgl, mo, &payload);
+                    let r = place_untagged(&sgl, mo, payload);
                     if end <= 25 {
                         assert_eq!(r, Ok(()));
                         for (i, &byte) in payload.iter().enumerate() {
@@ -390,7 +404,9 @@ mod model {
                     let pd = if b[2] & 0x40 != 0 { PD2 } else { PD1 };
                     let needed = access_of(b[3]);
                     let delta = i64::from(i16::from_le_bytes([b[4], b[5]]) / 256);
-                    let payload = pattern(usize::from(b[6] % 80), b[7]);
+                    let payload = &mut payload_buf[..usize::from(b[6] % 80)];
+                    pattern_into(payload, b[7]);
+                    let payload = &*payload;
                     let len = payload.len() as u64;
                     let stag = match entries.get(pick) {
                         Some(e) if flip_key => STag(e.stag.0 ^ 1),
@@ -419,7 +435,7 @@ mod model {
                             && in_bounds;
                         ok.then(|| (e.memory, e.offset_in_memory + (to - e.first_to)))
                     });
-                    let r = place_tagged(&table, pd, stag, TaggedOffset(to), &payload, needed);
+                    let r = place_tagged(&table, pd, stag, TaggedOffset(to), payload, needed);
                     assert_eq!(
                         r.is_ok(),
                         permitted.is_some(),
@@ -430,13 +446,16 @@ mod model {
                         if let Some(range) =
                             model.get_mut(memory).and_then(|m| m.get_mut(offset..offset + payload.len()))
                         {
-                            range.copy_from_slice(&payload);
+                            range.copy_from_slice(payload);
                         }
                     }
                 }
             }
+            // Read back into a buffer kept for the whole run: no allocation per operation.
             for (i, (m, expect)) in memories.iter().zip(&model).enumerate() {
-                assert_eq!(&m.to_vec(), expect, "memory {i} differs from the model");
+                let seen = &mut seen_buf[..expect.len()];
+                assert_eq!(m.read(0, seen), Ok(()));
+                assert_eq!(&*seen, expect.as_slice(), "memory {i} differs from the model");
             }
         }
     }
