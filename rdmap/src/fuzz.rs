@@ -219,12 +219,13 @@ pub fn receive(data: &[u8]) -> Outcome {
         post(WR_READ, SendOp::Read { remote_stag: PEER_STAG, remote_to: 0x1000 }, LOCAL, local_va, READ_LEN);
     }
     let mut mem = TableMemory { table: &mut table, pd: PD };
-    // One transmit buffer for the whole run (no allocation or zero-fill per chunk).
-    let mut tx = vec![0u8; 4 * conn.max_fpdu_len()];
+    // One transmit buffer of one FPDU for the whole run (no allocation or zero-fill per
+    // chunk).
+    let mut tx = vec![0u8; conn.max_fpdu_len()];
     let mut transmitted = 0;
     let mut transmit = |conn: &mut Connection, mem: &mut TableMemory<'_>| {
-        // Bounded: a few buffers' worth per call, as a transport with a full socket would.
-        for _ in 0..16 {
+        // Bounded: some FPDUs per call, as a transport with a full socket would.
+        for _ in 0..64 {
             let n = conn.poll_transmit_into(mem, &mut tx);
             transmitted += n;
             if n == 0 {
