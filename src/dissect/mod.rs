@@ -677,3 +677,72 @@ fn hex_opt<S: serde::Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok,
         None => s.serialize_none(),
     }
 }
+
+/// Checks the records of a dissection as they come (see [`fuzz_dissect`]).
+#[derive(Default)]
+struct FuzzCheck {
+    summary: Summary,
+    /// The connection being reported and whether it carries MPA.
+    current: Option<(usize, bool)>,
+    /// Per direction of the current connection: the last FPDU index and the end of the last
+    /// FPDU in the stream.
+    last: [(usize, u64); 2],
+}
+
+impl Sink for FuzzCheck {
+    fn connection(&mut self, conn: &Connection) {
+        let expected = self.current.map_or(1, |(id, _)| id + 1);
+        assert_eq!(conn.id, expected, "connections are numbered in order");
+        assert!(conn.fpdus.is_empty(), "a connection record comes before its FPDUs");
+        self.current = Some((conn.id, conn.mpa));
+        self.last = [(0, 0); 2];
+        self.summary.connections += 1;
+    }
+
+    fn fpdu(&mut self, conn: usize, f: &FpduInfo) {
+        assert_eq!(self.current, Some((conn, true)), "an FPDU of the MPA connection just reported");
+        let last = &mut self.last[usize::from(f.dir == Dir::ResponderToInitiator)];
+        assert!(f.index > last.0, "FPDU #{} after #{}", f.index, last.0);
+        assert!(f.offset >= last.1, "FPDU at {} overlaps the previous one (ends at {})", f.offset, last.1);
+        *last = (f.index, f.offset + f.wire_len as u64);
+        let content = iwarp_mpa::fpdu::fpdu_len(f.ulpdu_len);
+        assert_eq!(f.pad, iwarp_mpa::fpdu::pad_len(f.ulpdu_len));
+        assert_eq!(f.wire_len, content + 4 * f.markers.len(), "markers are inside the FPDU");
+        assert_eq!(f.ulpdu.as_ref().map(Vec::len), Some(f.ulpdu_len), "the kept ULPDU is the ULPDU");
+        assert_eq!(f.ddp.is_some(), f.ulpdu_len >= 2);
+        if f.segment.is_some() {
+            assert!(f.ddp.is_some() && !matches!(f.crc, CrcVerdict::Bad { .. }));
+        }
+        self.summary.fpdus += 1;
+    }
+
+    fn violation(&mut self, v: &Violation) {
+        assert_eq!(
+            Some(v.conn),
+            self.current.map(|(id, _)| id),
+            "a violation of the connection just reported"
+        );
+        self.summary.violations += 1;
+    }
+
+    fn note(&mut self, _: &Note) {
+        self.summary.notes += 1;
+    }
+}
+
+/// Fuzz entry point (fuzz/fuzz_targets/dissect.rs): dissects `bytes` as a capture file (capture
+/// parsing, TCP reassembly, MPA, DDP and RDMAP decoding, ULPDUs kept) and checks the records
+/// as they stream out: connections numbered in order, each FPDU after its connection's record,
+/// FPDU indices increasing and FPDUs not overlapping within a direction, lengths, pad and
+/// markers consistent, and counts that match the [`Summary`]. Panics only on a bug; returns
+/// the summary (`None` when the bytes are not a capture).
+#[doc(hidden)]
+pub fn fuzz_dissect(bytes: &[u8]) -> Option<Summary> {
+    let mut check = FuzzCheck::default();
+    let summary = dissect_to(bytes, &Options { keep_ulpdu: true }, &mut check).ok()?;
+    let seen =
+        (check.summary.connections, check.summary.fpdus, check.summary.violations, check.summary.notes);
+    assert_eq!(seen, (summary.connections, summary.fpdus, summary.violations, summary.notes));
+    assert_eq!(summary.violation_counts.values().sum::<usize>(), summary.violations);
+    Some(summary)
+}
