@@ -36,8 +36,9 @@ command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 # cargo-fuzz needs nightly features; RUSTC_BOOTSTRAP=1 enables them on the stable toolchain.
 export RUSTC_BOOTSTRAP=1
 cd fuzz
-if ! cargo fuzz list | grep -qx "$target"; then
-  echo "no fuzz target '$target'; targets: $(cargo fuzz list | tr '\n' ' ')" >&2
+targets=$(cargo fuzz list)
+if ! grep -qx -- "$target" <<<"$targets"; then
+  echo "no fuzz target '$target'; targets: $(tr '\n' ' ' <<<"$targets")" >&2
   exit 2
 fi
 flags=(--release --sanitizer "${FUZZ_SANITIZER:-none}" --debug-assertions)

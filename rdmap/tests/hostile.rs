@@ -532,7 +532,7 @@ fn completion(o: &fuzz::Outcome, wr_id: u64) -> Completion {
 
 /// Each seed of the `qp_receive` target reaches the path it is named after: the victim
 /// (iwarp_rdmap::fuzz, the code the target runs) places, completes and answers as the seed
-/// asks. Writes the seeds with IWARP_WRITE_SEEDS=1.
+/// asks; the committed corpus holds them all. Writes the seeds with IWARP_WRITE_SEEDS=1.
 #[test]
 fn fuzz_seeds() {
     let stags = fuzz::stags();
@@ -656,12 +656,22 @@ fn fuzz_seeds() {
     );
     assert_eq!(o.state, QpState::Error);
 
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/qp_receive");
     if std::env::var("IWARP_WRITE_SEEDS").as_deref() == Ok("1") {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/qp_receive");
         std::fs::create_dir_all(dir).unwrap();
         for (name, bytes) in &seeds {
             std::fs::write(format!("{dir}/seed-{name}"), bytes).unwrap();
         }
+    }
+    // The committed corpus holds every seed (under any name: `cargo fuzz cmin` renames them),
+    // so the target starts from inputs that reach each of these paths.
+    let corpus: Vec<Vec<u8>> =
+        std::fs::read_dir(dir).unwrap().map(|e| std::fs::read(e.unwrap().path()).unwrap()).collect();
+    for (name, bytes) in &seeds {
+        assert!(
+            corpus.contains(bytes),
+            "seed {name} is missing from fuzz/corpus/qp_receive (IWARP_WRITE_SEEDS=1 writes it)"
+        );
     }
 }
 
