@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that the workspace crates depend on each other only as design.md says.
+"""Checks that the workspace crates depend on each other only as docs/architecture.md says.
 
 mpa and ddp depend on no workspace crate, rdmap only on mpa and ddp, netdev on none of the
 protocol crates; the root package may use them all. Normal and build dependencies count;

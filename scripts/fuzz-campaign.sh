@@ -4,21 +4,25 @@
 #   scripts/fuzz-campaign.sh TARGET SECONDS
 #
 # Fuzzes TARGET (one of `cd fuzz && cargo fuzz list`) for SECONDS from its committed corpus
-# (fuzz/corpus/TARGET), then merges the inputs that add coverage back into that corpus
-# (libFuzzer -merge=1: only inputs with new features are copied), and prints the executions,
-# the exec rate and the peak RSS. A crash leaves its input in fuzz/artifacts/TARGET/ and makes
-# the script exit 1; reproduce it with `cargo fuzz run TARGET fuzz/artifacts/TARGET/crash-...`
-# (with the same build flags as below).
+# (the TARGET directory under fuzz/corpus), then merges the inputs that add coverage back into
+# that corpus (libFuzzer -merge=1: only inputs with new features are copied; commit them, and
+# run `cargo fuzz cmin` now and then), and prints the executions, the exec rate and the peak
+# RSS. A crash leaves its input in the fuzz workspace's artifacts directory (artifacts/TARGET)
+# and makes the script exit 1; reproduce it with `cargo fuzz run TARGET artifacts/TARGET/...`
+# in the fuzz workspace, with the same build flags as below.
 #
 # Bounded and clean: libFuzzer stops itself after SECONDS (-max_total_time), `timeout` stops it
-# SECONDS + 300 s later whatever happens, and on exit (also Ctrl-C) the script kills the
-# fuzzer's process group and removes its scratch corpus under fuzz/target/campaign/.
+# SECONDS + 300 s later whatever happens, and on exit (also Ctrl-C or a TERM) the script kills
+# the fuzzer's process group and removes its scratch corpus (under target/campaign in the fuzz
+# workspace, next to the run's log).
 #
-# Build flags: no sanitizer (`-s none`) and debug assertions (`-a`). The stack's crates
-# forbid unsafe code, so AddressSanitizer finds nothing that Rust's own checks miss, while it
-# costs about 5x in exec rate and 400-500 MB of RSS (its quarantine and shadow memory); debug
-# assertions add integer-overflow checks, which do find arithmetic bugs on hostile input.
-# FUZZ_SANITIZER=address restores AddressSanitizer. Extra libFuzzer flags can follow in
+# Build flags: no sanitizer (`-s none`) and debug assertions (`-a`). The only unsafe code of
+# the protocol crates is the DMA module (ddp/src/dma.rs), which scripts/asan.sh checks under
+# AddressSanitizer (its tests and short ASan runs of ddp_placement and qp_receive); everything
+# else is safe Rust, where ASan finds nothing that Rust's own checks miss while it costs about
+# 5x in exec rate and 400-500 MB of RSS (its quarantine and shadow memory). Debug assertions
+# add integer-overflow checks, which do find arithmetic bugs on hostile input.
+# FUZZ_SANITIZER=address runs a campaign under ASan. Extra libFuzzer flags can follow in
 # FUZZ_ARGS (e.g. FUZZ_ARGS="-max_len=1024").
 #
 # On a shared machine run it at low priority: nice -n 19 scripts/fuzz-campaign.sh TARGET 600
@@ -79,7 +83,7 @@ rate=$(stat average_exec_per_sec)
 rss=$(stat peak_rss_mb)
 if [ "$status" -ne 0 ]; then
   tail -n 40 "$log" >&2
-  echo "fuzz $target: FAILED (status $status) after ${execs:-?} executions; input in fuzz/artifacts/$target/" >&2
+  echo "fuzz $target: FAILED (status $status) after ${execs:-?} executions; input in $PWD/artifacts/$target" >&2
   exit 1
 fi
 

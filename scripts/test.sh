@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: formatting, lints, docs, the dependency-direction check, every
-# test, a short fuzz smoke run of every fuzz target, and the siw interop suite (qemu guest; needs
-# root). Installs what it needs.
+# The project's test command: formatting, lints, docs, the dependency-direction check, the
+# check that every cited path exists, every test, a short fuzz smoke run of every fuzz target,
+# the registered-memory code under AddressSanitizer, and the siw interop suite (qemu guest;
+# needs root, see docs/interop.md). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
+export IWARP_REQUIRE_ALL=1
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
 step() { printf '\n==> %s\n' "$*"; }
@@ -15,8 +18,11 @@ command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 step "cargo fmt --check"
 cargo fmt --all --check
 
-step "dependency directions (design.md)"
+step "dependency directions (docs/architecture.md#dependency-rules)"
 python3 scripts/check-deps.py
+
+step "cited paths exist (comments, scripts, docs/)"
+python3 scripts/check-doc-refs.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -28,8 +34,14 @@ step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
+step "random fault schedules through real devices (10^4, optimized build)"
+cargo test --release --locked -p iwarp-tests --test faults -- --nocapture
+
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
+
+step "AddressSanitizer: DMA module, memory tests, deregistration race, placement fuzz targets"
+bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
 
 step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-suite.sh)"
 # Fails with a message when qemu cannot be installed or a namespace/tap cannot be created.

@@ -104,9 +104,23 @@ impl CompletionQueue {
         }
     }
 
-    /// Waits asynchronously for the next completion.
+    /// Waits asynchronously for the next completion (any runtime: the future is woken by
+    /// the engine's push, with one registration per wait however often it is polled).
     pub fn next(&self) -> NextCompletion<'_> {
-        NextCompletion { cq: self }
+        NextCompletion { cq: self, wait: AsyncWait::default() }
+    }
+
+    /// The completions as an async stream (`futures_core::Stream`), owning a handle of the
+    /// queue so it can move into a task.
+    ///
+    /// ```
+    /// # use iwarp::{Device, DeviceConfig};
+    /// let device = Device::open(DeviceConfig::default());
+    /// let completions = device.create_cq(16).stream();
+    /// # drop(completions);
+    /// ```
+    pub fn stream(&self) -> CompletionStream {
+        CompletionStream { cq: self.clone(), wait: AsyncWait::default() }
     }
 
     /// Arms the queue: the next completion (only a solicited one, with `solicited_only`)
@@ -141,29 +155,87 @@ impl CompletionQueue {
     }
 }
 
+/// One async wait's registration with a completion queue (and, inline, with the engine's
+/// driver thread).
+#[derive(Debug, Default)]
+struct AsyncWait {
+    id: Option<u64>,
+    counted: bool,
+}
+
+impl AsyncWait {
+    /// The next completion, or `Pending` with the task registered to be woken.
+    fn poll(&mut self, cq: &CompletionQueue, cx: &mut Context<'_>) -> Poll<WorkCompletion> {
+        if let Some(wc) = cq.poll() {
+            self.end(cq);
+            return Poll::Ready(wc);
+        }
+        self.id = Some(cq.shared.register_task(self.id, cx.waker()));
+        if !self.counted {
+            self.counted = true;
+            cq.dev.async_wait_started();
+        }
+        // Re-check after registering: a push in between is not missed.
+        match cq.shared.ring.pop() {
+            Some(wc) => {
+                self.end(cq);
+                Poll::Ready(wc)
+            }
+            None => Poll::Pending,
+        }
+    }
+
+    fn end(&mut self, cq: &CompletionQueue) {
+        if let Some(id) = self.id.take() {
+            cq.shared.unregister_task(id);
+        }
+        if std::mem::take(&mut self.counted) {
+            cq.dev.async_wait_ended();
+        }
+    }
+}
+
 /// The future of [`CompletionQueue::next`].
 #[derive(Debug)]
 pub struct NextCompletion<'a> {
     cq: &'a CompletionQueue,
+    wait: AsyncWait,
 }
 
 impl Future for NextCompletion<'_> {
     type Output = WorkCompletion;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<WorkCompletion> {
-        if let Some(wc) = self.cq.poll() {
-            return Poll::Ready(wc);
-        }
-        self.cq.shared.add_waiter(Waiter::Task(cx.waker().clone()));
-        match self.cq.shared.ring.pop() {
-            Some(wc) => Poll::Ready(wc),
-            None => {
-                if self.cq.dev.inline() {
-                    // Nobody else drives an inline device: ask to be polled again.
-                    cx.waker().wake_by_ref();
-                }
-                Poll::Pending
-            }
-        }
+        let this = self.get_mut();
+        this.wait.poll(this.cq, cx)
+    }
+}
+
+impl Drop for NextCompletion<'_> {
+    fn drop(&mut self) {
+        self.wait.end(self.cq);
+    }
+}
+
+/// The completions of a queue as an async stream ([`CompletionQueue::stream`]); it never
+/// ends.
+#[derive(Debug)]
+pub struct CompletionStream {
+    cq: CompletionQueue,
+    wait: AsyncWait,
+}
+
+impl futures_core::Stream for CompletionStream {
+    type Item = WorkCompletion;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WorkCompletion>> {
+        let this = self.get_mut();
+        this.wait.poll(&this.cq, cx).map(Some)
+    }
+}
+
+impl Drop for CompletionStream {
+    fn drop(&mut self) {
+        self.wait.end(&self.cq);
     }
 }

@@ -66,12 +66,10 @@ impl Device {
     /// Ethernet interface): every engine pass polls it before and after running the
     /// connections, and an idle engine (adaptive, event mode) sleeps no longer than the
     /// stack's next timer and wakes when a frame arrives. Inline mode polls it in
-    /// [`Device::progress`]. Attaching a stack twice is harmless; [`Device::connect_smol`] and
-    /// [`Device::listen_smol`] attach theirs.
+    /// [`Device::progress`]. Attaching a stack twice is harmless; [`Device::connect`] and
+    /// [`Device::listen_with`] attach the stack of a [`crate::Transport::Smol`].
     pub fn attach_stack(&self, stack: &iwarp_netdev::SmolStack) {
-        if self.engine.core().attach_stack(stack) {
-            self.engine.ring();
-        }
+        self.engine.attach_stack(stack);
     }
 
     /// Connections the engine is running.

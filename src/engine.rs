@@ -3,7 +3,8 @@
 //! The engine owns the connections (links and their queue pairs), the tagged buffer table and
 //! the userspace TCP/IP stacks, and runs them from one thread ([`PollMode::Inline`]: from the
 //! application's calls). It is readiness driven: every link with a file descriptor is
-//! registered with a `mio` poll (edge-triggered, readable and writable), posting work queues
+//! registered with the engine's epoll (src/readiness.rs: edge-triggered, readable and
+//! writable), posting work queues
 //! the queue pair's key on the doorbell, and a pass visits only the connections that are
 //! ready (readable, writable with bytes to send, with posted work, or left with work by the
 //! previous pass), so its cost grows with traffic, not with the number of connections. Links
@@ -28,8 +29,8 @@ use std::time::{Duration, Instant};
 use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, SmolStack};
 use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
-use iwarp_rdmap::table_memory::TableMemory;
 
 use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
@@ -59,11 +60,23 @@ pub struct DeviceConfig {
     pub max_regions: u32,
     /// How long the adaptive mode spins after the last work before it sleeps.
     pub spin: Duration,
+    /// Connections the device runs at once, at most: connecting or accepting beyond it fails
+    /// with [`crate::CmError::TooManyConnections`].
+    pub max_connections: usize,
+    /// How long a finished connection (terminated or disconnected) may wait for its last
+    /// bytes to leave (a peer that stopped reading) before the engine drops it.
+    pub linger: Duration,
 }
 
 impl Default for DeviceConfig {
     fn default() -> DeviceConfig {
-        DeviceConfig { poll_mode: PollMode::Adaptive, max_regions: 4096, spin: Duration::from_micros(50) }
+        DeviceConfig {
+            poll_mode: PollMode::Adaptive,
+            max_regions: 4096,
+            spin: Duration::from_micros(50),
+            max_connections: 65536,
+            linger: Duration::from_secs(10),
+        }
     }
 }
 
@@ -114,6 +127,11 @@ const RX_READS_PER_PASS: usize = 8;
 const TX_BATCHES_PER_PASS: usize = 2;
 /// Transmit buffers kept for reuse once no connection needs them.
 const TX_POOL: usize = 8;
+/// When an initiator that has sent FPDUs but heard nothing back nudges its peer (after its
+/// first FPDU): a zero-length RDMA Write makes a peer that left the first FPDUs unread in its
+/// socket (siw 6.1, docs/siw-quirks.md) read them.
+const NUDGES: [Duration; 3] =
+    [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250)];
 /// How long a sleep may last while some link has no readiness events (it is polled).
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
@@ -127,10 +145,19 @@ pub(crate) struct Engine {
     stop: AtomicBool,
     /// Threads waiting for the core's lock on the slow path.
     waiting: AtomicUsize,
+    /// A pass waits for the core's lock: the application's copies into and out of regions
+    /// (`MemoryRegion::read`, ...) let it go first, so that polling a region cannot starve the
+    /// engine.
+    pass_waiting: AtomicBool,
     /// The readiness poll (absent only if the system refused one: links are then polled).
     poll: Option<Arc<Poll>>,
     /// Inline mode's event buffer.
     inline_events: Mutex<Events>,
+    /// Inline mode: async tasks waiting for a completion, and the thread that drives the
+    /// engine for them meanwhile (an inline device has no engine thread of its own, and an
+    /// executor does not poll a pending future again by itself).
+    async_waiters: AtomicUsize,
+    async_driver: Mutex<Option<JoinHandle<()>>>,
     counters: Counters,
 }
 
@@ -144,13 +171,16 @@ impl Engine {
     pub(crate) fn start(config: DeviceConfig) -> (Arc<Engine>, Option<JoinHandle<()>>) {
         let poll = Poll::new().ok().map(Arc::new);
         let engine = Arc::new(Engine {
-            core: Mutex::new(EngineCore::new(config.max_regions, poll.clone())),
+            core: Mutex::new(EngineCore::new(config.max_regions, config.linger, poll.clone())),
             config,
             doorbell: Doorbell::default(),
             stop: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            pass_waiting: AtomicBool::new(false),
             poll: poll.clone(),
             inline_events: Mutex::new(Events::with_capacity(1024)),
+            async_waiters: AtomicUsize::new(0),
+            async_driver: Mutex::new(None),
             counters: Counters::default(),
         });
         if let Some(p) = poll {
@@ -171,7 +201,8 @@ impl Engine {
     /// Stops the engine thread (if any) and flushes every connection's work.
     pub(crate) fn stop(&self, thread: Option<JoinHandle<()>>) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = thread {
+        let driver = lock(&self.async_driver).take();
+        for t in thread.into_iter().chain(driver) {
             self.doorbell.wake();
             t.thread().unpark();
             let _ = t.join();
@@ -189,8 +220,25 @@ impl Engine {
         guard
     }
 
+    /// The engine's state, for the application's copies into and out of its regions: like
+    /// [`Engine::core`], but a pass that is waiting for the lock goes first (a thread polling a
+    /// region in a loop would otherwise keep the engine from the lock).
+    pub(crate) fn core_for_copy(&self) -> MutexGuard<'_, EngineCore> {
+        while self.pass_waiting.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        self.core()
+    }
+
     pub(crate) fn inline(&self) -> bool {
         self.config.poll_mode == PollMode::Inline
+    }
+
+    /// Attaches a smoltcp stack (once); see [`crate::Device::attach_stack`].
+    pub(crate) fn attach_stack(&self, stack: &SmolStack) {
+        if self.core().attach_stack(stack) {
+            self.ring();
+        }
     }
 
     /// Rings the doorbell: wakes a parked engine.
@@ -224,7 +272,7 @@ impl Engine {
         match self.core.try_lock() {
             Ok(mut core) => {
                 let (_, visits) = core.progress(None, &self.doorbell);
-                let more = core.has_ready();
+                let more = core.has_ready() || core.take_new_earliest();
                 drop(core);
                 bump(&self.counters.passes, 1);
                 bump(&self.counters.visits, visits);
@@ -235,6 +283,34 @@ impl Engine {
             }
             // The engine (or another poster) is in a pass: it finds the work, or was woken.
             Err(_) => self.doorbell.wake(),
+        }
+    }
+
+    /// An async task started waiting for a completion. Inline, a thread drives the engine
+    /// while any task waits (started the first time one does).
+    pub(crate) fn async_wait_started(self: &Arc<Engine>) {
+        if !self.inline() {
+            return;
+        }
+        self.async_waiters.fetch_add(1, Ordering::AcqRel);
+        let mut driver = lock(&self.async_driver);
+        match &*driver {
+            Some(t) => t.thread().unpark(),
+            None => {
+                let e = Arc::clone(self);
+                *driver = std::thread::Builder::new()
+                    .name("iwarp-async".into())
+                    .spawn(move || async_driver(&e))
+                    .ok();
+            }
+        }
+    }
+
+    /// An async task stopped waiting (its completion came, or its future was dropped).
+    pub(crate) fn async_wait_ended(&self) {
+        if self.inline() {
+            let _ =
+                self.async_waiters.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
         }
     }
 
@@ -284,12 +360,20 @@ impl Engine {
     /// One pass over the ready connections, given the readiness events collected for it.
     fn pass(&self, events: Option<&Events>) -> bool {
         // Let a slow-path caller that is waiting for the lock have it first.
+        self.pass_waiting.store(true, Ordering::Release);
         while self.waiting.load(Ordering::Acquire) > 0 {
             std::thread::yield_now();
         }
         let mut core = lock(&self.core);
+        self.pass_waiting.store(false, Ordering::Release);
         let (work, visits) = core.progress(events, &self.doorbell);
+        // A timer set while the engine thread sleeps (this pass runs on another thread):
+        // wake it to sleep no longer than the timer.
+        let rearm = core.take_new_earliest() && self.doorbell.parked();
         drop(core);
+        if rearm {
+            self.doorbell.wake();
+        }
         bump(&self.counters.passes, 1);
         bump(&self.counters.visits, visits);
         work
@@ -298,12 +382,10 @@ impl Engine {
     /// How long an idle engine may sleep: without limit when every link has readiness
     /// events and no stack has a timer pending.
     fn nap(&self) -> Option<Duration> {
-        let core = lock(&self.core);
+        let mut core = lock(&self.core);
         let polled = (!core.polled.is_empty() || core.poll.is_none()).then_some(POLLED_NAP);
-        match (polled, core.stack_delay()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let timer = core.next_timer().map(|t| t.saturating_duration_since(Instant::now()));
+        [polled, core.stack_delay(), timer].into_iter().flatten().min()
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
@@ -322,6 +404,20 @@ impl Engine {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Inline mode's driver for async waiters: while any task waits, sleeps in the readiness poll
+/// (no longer than the engine's next timer) and runs the pass that wakes the tasks.
+fn async_driver(e: &Engine) {
+    let mut events = Events::with_capacity(256);
+    while !e.stop.load(Ordering::Acquire) {
+        if e.async_waiters.load(Ordering::Acquire) == 0 {
+            std::thread::park_timeout(Duration::from_millis(100));
+            continue;
+        }
+        let nap = e.nap().map_or(Duration::from_millis(50), |n| n.min(Duration::from_millis(50)));
+        e.collect_and_pass(&mut events, Some(nap));
+    }
 }
 
 fn engine_loop(e: &Engine) {
@@ -414,6 +510,18 @@ struct ConnSlot {
     writable: bool,
     /// The key is in the ready list.
     queued: bool,
+    /// This end sent the MPA Request.
+    initiator: bool,
+    /// Bytes have arrived from the peer since the connection started.
+    heard: bool,
+    /// When the next nudge is due (initiators that have sent but heard nothing), and how many
+    /// have gone out.
+    nudge_at: Option<Instant>,
+    nudges: usize,
+    /// When the queue pair was first seen finished (Error): the linger starts.
+    finished_at: Option<Instant>,
+    /// The connection's timer in the engine's heap, if any.
+    timer_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for ConnSlot {
@@ -431,6 +539,8 @@ struct Visit {
     again: bool,
     /// The connection is finished and fully reported: drop it.
     done: bool,
+    /// Visit the connection again at this time (a nudge, the end of a linger).
+    timer: Option<Instant>,
 }
 
 /// Everything the engine owns.
@@ -444,6 +554,14 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// Connection timers (nudges, lingers): when, and whose key. A timer whose connection is
+    /// gone or was rescheduled just causes a visit.
+    timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
+    /// How long a finished connection may wait for its last bytes to leave.
+    linger: Duration,
+    /// A pass set a timer earlier than any before: a sleeping engine thread must recompute
+    /// how long it sleeps (see [`EngineCore::take_new_earliest`]).
+    new_earliest: bool,
     /// Links without readiness events: visited every pass.
     polled: Vec<usize>,
     /// Userspace TCP/IP stacks whose links the connections use, polled every pass.
@@ -456,13 +574,16 @@ pub(crate) struct EngineCore {
 }
 
 impl EngineCore {
-    fn new(max_regions: u32, poll: Option<Arc<Poll>>) -> EngineCore {
+    fn new(max_regions: u32, linger: Duration, poll: Option<Arc<Poll>>) -> EngineCore {
         EngineCore {
             table: TaggedBufferTable::new(max_regions),
             poll,
             slots: Vec::new(),
             free_keys: Vec::new(),
             ready: Vec::new(),
+            timers: std::collections::BinaryHeap::new(),
+            linger,
+            new_earliest: false,
             polled: Vec::new(),
             stacks: Vec::new(),
             rx: vec![0; RX_CHUNK],
@@ -487,7 +608,7 @@ impl EngineCore {
     }
 
     pub(crate) fn connections(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.slots.len() - self.free_keys.len()
     }
 
     /// Adds a smoltcp stack to the ones polled every pass (once: a stack already attached is
@@ -580,6 +701,12 @@ impl EngineCore {
             readable: true,
             writable: true,
             queued: false,
+            initiator: shared.params.role == iwarp_mpa::Role::Initiator,
+            heard: false,
+            nudge_at: None,
+            nudges: 0,
+            finished_at: None,
+            timer_at: None,
         });
         self.schedule(key);
         shared
@@ -603,6 +730,23 @@ impl EngineCore {
                 let _ = p.add(fd, key as Token, true);
             }
         }
+    }
+
+    /// The earliest live timer; drops the ones no connection waits for any more.
+    fn next_timer(&mut self) -> Option<Instant> {
+        while let Some(&std::cmp::Reverse((at, key))) = self.timers.peek() {
+            let live = matches!(self.slots.get(key), Some(Some(slot)) if slot.timer_at == Some(at));
+            if live {
+                return Some(at);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    /// Whether a pass set a new earliest timer since the last call.
+    fn take_new_earliest(&mut self) -> bool {
+        std::mem::take(&mut self.new_earliest)
     }
 
     /// Whether some connection waits for the next pass.
@@ -663,17 +807,46 @@ impl EngineCore {
             let key = self.polled[i];
             self.schedule(key);
         }
+        if !self.timers.is_empty() {
+            let now = Instant::now();
+            while let Some(&std::cmp::Reverse((at, key))) = self.timers.peek() {
+                if at > now {
+                    break;
+                }
+                self.timers.pop();
+                if let Some(Some(slot)) = self.slots.get_mut(key)
+                    && slot.timer_at == Some(at)
+                {
+                    slot.timer_at = None;
+                }
+                self.schedule(key);
+            }
+        }
         let batch = std::mem::take(&mut self.ready);
         let mut visits = 0;
         for &key in &batch {
             let Some(Some(slot)) = self.slots.get_mut(key) else { continue };
             slot.queued = false;
             visits += 1;
-            let v = visit(slot, &mut self.table, &mut self.rx, &mut self.tx_pool);
+            let v = visit(slot, &mut self.table, &mut self.rx, &mut self.tx_pool, self.linger);
             work |= v.work;
             if v.done {
                 self.remove(key);
-            } else if v.again {
+                continue;
+            }
+            // One timer per connection in the heap: a later one waits for the earlier; one
+            // the connection no longer needs is left to go stale.
+            if v.timer.is_none() {
+                slot.timer_at = None;
+            }
+            if let Some(at) = v.timer
+                && slot.timer_at.is_none_or(|t| at < t)
+            {
+                slot.timer_at = Some(at);
+                self.new_earliest |= self.timers.peek().is_none_or(|t| at < t.0.0);
+                self.timers.push(std::cmp::Reverse((at, key)));
+            }
+            if v.again {
                 self.schedule(key);
             }
         }
@@ -757,6 +930,7 @@ fn visit(
     table: &mut TaggedBufferTable,
     rx: &mut [u8],
     pool: &mut Vec<Vec<u8>>,
+    linger: Duration,
 ) -> Visit {
     let span = slot.span.clone();
     let _entered = span.enter();
@@ -814,6 +988,7 @@ fn visit(
                 }
                 Ok(n) => {
                     v.work = true;
+                    slot.heard = true;
                     slot.conn.handle_bytes(&mut mem, &rx[..n]);
                     // A short read emptied the socket; more data raises a new event.
                     if n < rx.len() && slot.has_source {
@@ -835,6 +1010,8 @@ fn visit(
     // Output: frame what the queue pair has (many FPDUs per buffer) and write it in one
     // system call, until the link takes no more (then wait to be writable) or the budget is
     // spent.
+    // Whether the queue pair had nothing more to frame (no message half sent).
+    let mut idle = false;
     if !slot.link_down && slot.writable {
         let mut batches = 0;
         loop {
@@ -856,7 +1033,11 @@ fn visit(
                 slot.tx_len = slot.conn.poll_transmit_into(&mut mem, &mut slot.tx);
                 if slot.tx_len == 0 {
                     give_back(pool, &mut slot.tx);
+                    idle = true;
                     break;
+                }
+                if slot.initiator && !slot.heard && slot.nudge_at.is_none() && slot.nudges == 0 {
+                    slot.nudge_at = Some(Instant::now() + NUDGES[0]);
                 }
             }
             match slot.link.send_vectored(&[IoSlice::new(&slot.tx[slot.tx_off..slot.tx_len])]) {
@@ -884,6 +1065,37 @@ fn visit(
         slot.tx_off = 0;
         slot.tx_len = 0;
     }
+    let now = Instant::now();
+    if slot.heard {
+        slot.nudge_at = None;
+    } else if let Some(at) = slot.nudge_at {
+        if at > now {
+            v.timer = Some(at);
+        } else if idle && drained && slot.conn.qp_ref().state() == QpState::Rts {
+            let mut nudge = Vec::new();
+            slot.conn.nudge(&mut nudge);
+            tracing::debug!(
+                n = slot.nudges,
+                "nothing heard from the peer: nudging it with a zero-length Write"
+            );
+            match slot.link.send(&nudge) {
+                // A nudge the link does not take whole would cut the stream: it goes out
+                // whole or not at all (the link is idle, so it takes a few bytes).
+                Ok(n) if n == nudge.len() => {}
+                Ok(0) => {}
+                Ok(_) | Err(_) => {
+                    slot.link_down = true;
+                    slot.conn.handle_llp_lost();
+                }
+            }
+            slot.nudges += 1;
+            slot.nudge_at = NUDGES.get(slot.nudges).map(|d| now + *d);
+            v.timer = slot.nudge_at;
+        } else {
+            // Busy sending: look again a little later.
+            v.timer = Some(now + NUDGES[0]);
+        }
+    }
     // A queue pair that is done closes its side of the stream once its last bytes (a
     // Terminate, say) are out.
     let state = slot.conn.qp_ref().state();
@@ -897,7 +1109,21 @@ fn visit(
     slot.shared.send_cq.drain_backlog();
     slot.shared.recv_cq.drain_backlog();
     slot.shared.set_state(state);
-    // Finished: nothing more can be sent (the link is gone, or shut after the last byte).
-    v.done = state == QpState::Error && (slot.link_down || (slot.write_shut && drained));
+    // Finished: nothing more can be sent (the link is gone, or shut after the last byte), or
+    // the last bytes have waited for a peer that stopped reading for the whole linger.
+    if state == QpState::Error {
+        let since = *slot.finished_at.get_or_insert(now);
+        let lingered = now.saturating_duration_since(since) >= linger;
+        v.done = slot.link_down || (slot.write_shut && drained) || lingered;
+        if lingered && !slot.link_down && !drained {
+            tracing::debug!(
+                unsent = slot.tx_len - slot.tx_off,
+                "the peer stopped reading: dropping the connection"
+            );
+        }
+        if !v.done {
+            v.timer = Some(v.timer.map_or(since + linger, |t| t.min(since + linger)));
+        }
+    }
     v
 }

@@ -64,16 +64,24 @@ mod qp;
 mod readiness;
 mod shared;
 
-pub use cm::{CmError, ConnectOptions, ConnectRequest, Connected, Listener, SmolCmListener};
-pub use cq::{CompletionQueue, NextCompletion};
+pub use cm::{
+    CmError, CmFuture, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport,
+};
+pub use cq::{CompletionQueue, CompletionStream, NextCompletion};
 pub use device::Device;
 pub use engine::{DeviceConfig, EngineStats, PollMode};
 pub use iwarp_ddp::STag;
+pub use iwarp_ddp::dma::{Buffer, ForeignMemory, PageBuffer, RegionMemory, RegionView};
 pub use iwarp_ddp::stag_table::Access;
 pub use iwarp_rdmap::memory::{Sge, Sgl};
 pub use iwarp_rdmap::qp::{
     PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
-pub use mr::{MemoryRegion, ProtectionDomain, RegisterError};
+pub use mr::{MemoryRegion, MemoryWindow, ProtectionDomain, RegisterError};
 pub use qp::{PostListError, QueuePair};
 pub use shared::WorkCompletion;
+
+/// The README's code blocks, run as doctests so that they keep compiling.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -69,26 +69,47 @@ impl std::error::Error for PostListError {}
 /// assert_eq!(got, [1, 7]);
 /// assert_eq!(&inbox.to_vec()[..4], b"ping");
 /// ```
+///
+/// Handles are cheap clones of one queue pair; when the last one is dropped the connection is
+/// disconnected (its outstanding work flushed, the stream closed), as destroying a verbs
+/// queue pair does.
 #[derive(Debug, Clone)]
 pub struct QueuePair {
-    pub(crate) shared: Arc<QpShared>,
-    pub(crate) dev: Arc<Engine>,
+    handle: Arc<Handle>,
+}
+
+/// What the clones of a [`QueuePair`] share; dropping it disconnects.
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<QpShared>,
+    dev: Arc<Engine>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.request_disconnect();
+        self.dev.posted(&self.shared);
+    }
 }
 
 impl QueuePair {
+    pub(crate) fn new(shared: Arc<QpShared>, dev: Arc<Engine>) -> QueuePair {
+        QueuePair { handle: Arc::new(Handle { shared, dev }) }
+    }
+
     /// The queue pair's number (in every [`crate::WorkCompletion`] of it).
     pub fn qp_num(&self) -> u32 {
-        self.shared.qp_num
+        self.handle.shared.qp_num
     }
 
     /// What MPA negotiated for the connection (CRC, markers, IRD/ORD, RTR).
     pub fn conn_params(&self) -> ConnParams {
-        self.shared.params
+        self.handle.shared.params
     }
 
     /// The queue pair's settings.
     pub fn config(&self) -> QpConfig {
-        self.shared.config
+        self.handle.shared.config
     }
 
     /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
@@ -104,18 +125,18 @@ impl QueuePair {
         let mut posted = 0;
         let mut result = Ok(());
         for wr in wrs {
-            let checked = wr
-                .validate(&self.shared.config)
-                .and_then(|()| if self.shared.reserve_sq(1) { Ok(()) } else { Err(PostError::QueueFull) });
+            let checked = wr.validate(&self.handle.shared.config).and_then(|()| {
+                if self.handle.shared.reserve_sq(1) { Ok(()) } else { Err(PostError::QueueFull) }
+            });
             if let Err(error) = checked {
                 result = Err(PostListError { posted, error });
                 break;
             }
-            self.shared.sq.push(wr);
+            self.handle.shared.sq.push(wr);
             posted += 1;
         }
         if posted > 0 {
-            self.dev.posted(&self.shared);
+            self.handle.dev.posted(&self.handle.shared);
         }
         result
     }
@@ -131,36 +152,37 @@ impl QueuePair {
         let mut posted = 0;
         let mut result = Ok(());
         for wr in wrs {
-            let checked = if self.shared.uses_srq {
+            let checked = if self.handle.shared.uses_srq {
                 Err(PostError::UsesSrq)
             } else {
-                wr.validate()
-                    .and_then(|()| if self.shared.reserve_rq() { Ok(()) } else { Err(PostError::QueueFull) })
+                wr.validate().and_then(|()| {
+                    if self.handle.shared.reserve_rq() { Ok(()) } else { Err(PostError::QueueFull) }
+                })
             };
             if let Err(error) = checked {
                 result = Err(PostListError { posted, error });
                 break;
             }
-            self.shared.rq.push(wr);
+            self.handle.shared.rq.push(wr);
             posted += 1;
         }
         if posted > 0 {
-            self.dev.posted(&self.shared);
+            self.handle.dev.posted(&self.handle.shared);
         }
         result
     }
 
     /// The queue pair's state as the engine last saw it.
     pub fn state(&self) -> QpState {
-        self.shared.state()
+        self.handle.shared.state()
     }
 
     /// The next event (a Terminate sent or received, the connection lost).
     pub fn poll_event(&self) -> Option<QpEvent> {
-        if self.dev.inline() {
-            self.dev.progress();
+        if self.handle.dev.inline() {
+            self.handle.dev.progress();
         }
-        self.shared.pop_event()
+        self.handle.shared.pop_event()
     }
 
     /// Waits up to `timeout` for the next event.
@@ -179,7 +201,7 @@ impl QueuePair {
 
     /// Closes the connection: outstanding work requests are flushed and the stream is shut.
     pub fn disconnect(&self) {
-        self.shared.request_disconnect();
-        self.dev.posted(&self.shared);
+        self.handle.shared.request_disconnect();
+        self.handle.dev.posted(&self.handle.shared);
     }
 }

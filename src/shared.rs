@@ -75,7 +75,9 @@ const NOTIFIED: u8 = 3;
 #[derive(Debug)]
 pub(crate) enum Waiter {
     Thread(Thread),
-    Task(Waker),
+    /// An async task, under the registration number its future keeps (one entry per wait:
+    /// polling again replaces the waker instead of adding one).
+    Task(u64, Waker),
     /// A thread sleeping in the queue's own readiness poll, woken through its doorbell.
     Poll(Arc<Poll>),
 }
@@ -93,6 +95,8 @@ pub(crate) struct CqShared {
     waiters: Mutex<Vec<Waiter>>,
     /// Whether `waiters` may hold anyone (so a push without waiters takes no lock).
     has_waiters: AtomicBool,
+    /// The next task registration number.
+    next_task: std::sync::atomic::AtomicU64,
     /// A readiness poll of this queue's own, made on the first blocking wait that uses it:
     /// the descriptors of the queue pairs that complete here, and a doorbell for the
     /// engine's signal. A waiting thread sleeps in it while the engine sleeps, so the input
@@ -111,6 +115,7 @@ impl CqShared {
             notify: AtomicU8::new(ARMED_NONE),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
+            next_task: std::sync::atomic::AtomicU64::new(0),
             watch: OnceLock::new(),
             watching: Mutex::new(()),
         }
@@ -161,7 +166,7 @@ impl CqShared {
             for w in waiters.drain(..) {
                 match w {
                     Waiter::Thread(t) => t.unpark(),
-                    Waiter::Task(w) => w.wake(),
+                    Waiter::Task(_, w) => w.wake(),
                     Waiter::Poll(p) => p.wake(),
                 }
             }
@@ -188,6 +193,30 @@ impl CqShared {
         lock(&self.waiters).push(w);
         self.has_waiters.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+    }
+
+    /// Registers (or refreshes) the task waiter `id`, handing out an id on the first call;
+    /// it is woken by the next signal. Returns the id.
+    pub(crate) fn register_task(&self, id: Option<u64>, waker: &Waker) -> u64 {
+        let mut waiters = lock(&self.waiters);
+        let id = id.unwrap_or_else(|| self.next_task.fetch_add(1, Ordering::Relaxed));
+        match waiters.iter_mut().find_map(|w| match w {
+            Waiter::Task(i, w) if *i == id => Some(w),
+            _ => None,
+        }) {
+            Some(w) if w.will_wake(waker) => {}
+            Some(w) => w.clone_from(waker),
+            None => waiters.push(Waiter::Task(id, waker.clone())),
+        }
+        drop(waiters);
+        self.has_waiters.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        id
+    }
+
+    /// Drops the task waiter `id` (its future is gone).
+    pub(crate) fn unregister_task(&self, id: u64) {
+        lock(&self.waiters).retain(|w| !matches!(w, Waiter::Task(i, _) if *i == id));
     }
 
     /// Engine side: moves backlogged completions into the ring as room appears.
@@ -297,6 +326,18 @@ fn state_of(c: u8) -> QpState {
     }
 }
 
+/// A count of live connections (a listener's), shared with each connection it counts: a
+/// connection holds one unit from its start until what the engine and the application keep
+/// of it is gone.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnCount(Arc<AtomicUsize>);
+
+impl ConnCount {
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// What the application's handle and the engine share for one queue pair.
 #[derive(Debug)]
 pub(crate) struct QpShared {
@@ -326,6 +367,16 @@ pub(crate) struct QpShared {
     /// The engine has dropped the connection: nothing drains the rings any more, so whoever
     /// finds work in them flushes it.
     retired: AtomicBool,
+    /// The count this connection is one of (a listener's), if any.
+    count: Option<ConnCount>,
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        if let Some(c) = &self.count {
+            c.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl QpShared {
@@ -336,7 +387,11 @@ impl QpShared {
         params: ConnParams,
         cqs: (Arc<CqShared>, Arc<CqShared>),
         uses_srq: bool,
+        count: Option<ConnCount>,
     ) -> QpShared {
+        if let Some(c) = &count {
+            c.0.fetch_add(1, Ordering::AcqRel);
+        }
         QpShared {
             qp_num,
             key,
@@ -354,6 +409,7 @@ impl QpShared {
             sq_in_use: AtomicUsize::new(0),
             rq_in_use: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
+            count,
         }
     }
 

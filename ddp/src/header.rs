@@ -658,7 +658,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The first ULPDU of an 8 KiB RDMA Write (testdata/siw/siw-write-bw.pcap, perftest
+    /// The first ULPDU of an 8 KiB RDMA Write (tests/data/siw/siw-write-bw.pcap, perftest
     /// ib_write_bw): header `81 40`, STag 0xb7021900, TO 0x560981e24000, then the first 16
     /// bytes of its 1428-byte payload (the ULPDU is 1442 bytes on the wire).
     static WRITE_FIRST: [u8; 30] = [
@@ -671,13 +671,13 @@ mod tests {
     static WRITE_LAST_HEADER: [u8; 14] =
         [0xc1, 0x40, 0xb7, 0x02, 0x19, 0x00, 0x00, 0x00, 0x56, 0x09, 0x81, 0xe2, 0x5b, 0xe4];
 
-    /// A complete 18-byte ULPDU from the same capture (the perftest peer's 4-byte Write).
+    /// A complete 18-byte ULPDU from tests/data/siw/siw-send-bw.pcap (a 4-byte credit Write).
     static WRITE_SMALL: [u8; 18] = [
         0xc1, 0x40, 0x66, 0x04, 0x2c, 0x00, 0x00, 0x00, 0x55, 0xcb, 0x8f, 0xc5, 0x7d, 0x74, 0x02, 0x00, 0x00,
         0x00,
     ];
 
-    /// The first ULPDU of an 8 KiB Send (testdata/siw/siw-send-bw.pcap): `01 43` (untagged,
+    /// The first ULPDU of an 8 KiB Send (tests/data/siw/siw-send-bw.pcap): `01 43` (untagged,
     /// RDMAP Send), word 0, QN 0, MSN 1, MO 0, then the first 12 payload bytes.
     static SEND_FIRST: [u8; 30] = [
         0x01, 0x43, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00,
@@ -833,14 +833,16 @@ mod tests {
             t[0] = (t[0] & !control::VERSION) | version;
             let e = SegmentRepr::parse(&t).unwrap_err();
             assert_eq!(e, HeaderError::BadDdpVersion { version, tagged: true });
-            // protocol-notes.md: layer 1 DDP, type 1 tagged buffer, 0x04 invalid DDP version.
+            // docs/protocol-notes.md#terminate-codes: layer 1 DDP, type 1 tagged buffer, 0x04
+            // invalid DDP version.
             assert_eq!(e.terminate_code(), Some(TerminateCode::ddp(1, 0x04)));
 
             let mut u = SEND_FIRST;
             u[0] = (u[0] & !control::VERSION) | version;
             let e = SegmentRepr::parse(&u).unwrap_err();
             assert_eq!(e, HeaderError::BadDdpVersion { version, tagged: false });
-            // protocol-notes.md: layer 1 DDP, type 2 untagged buffer, 0x06 invalid DDP version.
+            // docs/protocol-notes.md#terminate-codes: layer 1 DDP, type 2 untagged buffer, 0x06
+            // invalid DDP version.
             assert_eq!(e.terminate_code(), Some(TerminateCode::ddp(2, 0x06)));
         }
         // The version is checked before the length: a 2-byte bad-version segment says so.

@@ -4,7 +4,7 @@
 //! MPA derives it from the path EMSS. Every segment but the last carries
 //! `MULPDU - header length` payload bytes; the last one has L set. A zero-length message is one
 //! segment, with L set and an empty payload (siw's peer-to-peer RTR, a zero-length tagged
-//! Write, is one; see testdata/siw/siw-rping-p2p.pcap).
+//! Write, is one; see tests/data/siw/siw-rping-p2p.pcap).
 //!
 //! - Tagged: every segment carries the message's STag; the TO advances by the payload bytes
 //!   already sent.

@@ -1,12 +1,12 @@
 //! The tagged buffer table: STag index -> registered region or memory window, and the checks
 //! every tagged placement passes (RFC 5040 section 6.4 / RFC 5041 section 7.2).
 //!
-//! Each region entry holds its memory, an [`Arc<RegionMemory>`](RegionMemory) shared with the
-//! application's handle (register takes one); a window uses its parent region's. The table
-//! itself never reads or writes that memory: [`crate::placement`] does, after the checks.
-//! Because the table and the application share ownership, and an in-flight placement holds
-//! its own clone ([`TaggedBufferTable::region_memory`]), deregistering a region during a
-//! placement cannot free the memory under the engine.
+//! Each region entry owns its memory ([`RegionMemory`], the application's buffer while it is
+//! registered: [`crate::dma`]); a window uses its parent region's. Deregistration gives the
+//! memory back. The table itself never reads or writes that memory: [`crate::placement`]
+//! does, after the checks, borrowing it from the table. A placement borrows the table, and
+//! deregistration needs it mutably, so no deregistration can free memory under a placement:
+//! the borrow checker proves it (the engine holds the table behind one lock per pass).
 //!
 //! [`TaggedBufferTable::check`] turns
 //! `(STag, PD, access, TO, length)` into a [`Placement`] (which region, at which byte offset)
@@ -23,6 +23,11 @@
 //! Invalidation takes effect at once: a check after [`TaggedBufferTable::invalidate`] fails
 //! with `InvalidStag`; it never succeeds.
 //!
+//! Memory windows are type 2 windows: allocated unbound and invalid
+//! ([`TaggedBufferTable::allocate_window`]), bound to a region with a key of the consumer's
+//! choosing ([`TaggedBufferTable::bind_window_at`]), and unbound again by invalidation, after
+//! which they may be bound anew.
+//!
 //! Index 0 is never allocated, so an STag with index 0 (STag 0 included, which some RNICs
 //! reject for tagged traffic) is always invalid. Free indices are kept on an intrusive free
 //! list: register and deregister are O(1), and so is lookup (a vector index). Each index keeps
@@ -30,12 +35,10 @@
 //! STag of a deregistered region does not match the next region at the same index (until the
 //! 8-bit key wraps, as on an RNIC).
 
-use core::fmt;
-use std::sync::Arc;
-
+use crate::dma::RegionMemory;
 use crate::header::{STag, TaggedOffset};
-use crate::memory::RegionMemory;
 use crate::terminate::{TerminateCode, ddp_type, rdmap_type};
+use core::fmt;
 
 /// Access rights of a region or window: a small set of four flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -136,9 +139,10 @@ pub enum EntryKind {
         /// How many memory windows are bound to it (it cannot be deregistered while any is).
         windows: u32,
     },
-    /// A memory window bound to a region.
+    /// A memory window.
     Window {
-        /// The table index of the region it is bound to.
+        /// The table index of the region it is bound to; 0 while it is bound to none
+        /// (allocated, or invalidated).
         parent: u32,
     },
 }
@@ -278,6 +282,8 @@ pub enum TableError {
     PdMismatch(STag),
     /// A window's range is not inside its region.
     OutOfBounds,
+    /// The window is bound to no region (allocated, or invalidated): bind it anew.
+    Unbound(STag),
     /// A window asks for rights its region does not grant.
     AccessNotSubset,
     /// The region's length exceeds the memory given for it.
@@ -301,6 +307,7 @@ impl fmt::Display for TableError {
             TableError::WindowsBound(s) => write!(f, "region {s} still has memory windows bound"),
             TableError::PdMismatch(s) => write!(f, "STag {s} is in another protection domain"),
             TableError::OutOfBounds => f.write_str("memory window outside its region"),
+            TableError::Unbound(s) => write!(f, "memory window {s} is bound to no region"),
             TableError::AccessNotSubset => f.write_str("memory window rights exceed its region's"),
             TableError::MemoryTooShort { len, memory_len } => {
                 write!(f, "region of {len} bytes given memory of {memory_len} bytes")
@@ -322,13 +329,13 @@ enum Slot {
 }
 
 /// The tagged buffer table. See the module documentation.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TaggedBufferTable {
     /// `slots[i]` is index `i`; slot 0 is a permanent placeholder, never handed out.
     slots: Vec<Slot>,
     /// `memories[i]` is the memory of the region at index `i` (`None` for free slots, windows,
     /// and regions allocated invalid and not yet fast-registered). Same length as `slots`.
-    memories: Vec<Option<Arc<RegionMemory>>>,
+    memories: Vec<Option<RegionMemory>>,
     free_head: Option<u32>,
     /// The largest number of slots (index 0 included), at most 2^24.
     capacity: u32,
@@ -367,6 +374,15 @@ impl TaggedBufferTable {
         }
     }
 
+    /// The entry at table index `index`, whatever its key.
+    pub fn get_index(&self, index: u32) -> Option<&Entry> {
+        match self.slot(index)? {
+            Slot::Used(e) => Some(e),
+            Slot::Free { .. } => None,
+        }
+    }
+
+    #[inline]
     fn slot(&self, index: u32) -> Option<&Slot> {
         if index == 0 {
             return None;
@@ -417,14 +433,13 @@ impl TaggedBufferTable {
         Ok(stag)
     }
 
-    /// Returns the index to the free list.
-    fn release(&mut self, index: u32, last_key: u8) {
-        if let Some(slot) = usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i)) {
-            *slot = Slot::Free { next_free: self.free_head, last_key };
-            self.free_head = Some(index);
-            self.set_memory(index, None);
-            self.used -= 1;
-        }
+    /// Returns the index to the free list, and the memory it held.
+    fn release(&mut self, index: u32, last_key: u8) -> Option<RegionMemory> {
+        let slot = usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i))?;
+        *slot = Slot::Free { next_free: self.free_head, last_key };
+        self.free_head = Some(index);
+        self.used -= 1;
+        self.set_memory(index, None)
     }
 
     fn new_entry(
@@ -448,74 +463,107 @@ impl TaggedBufferTable {
         })
     }
 
-    fn set_memory(&mut self, index: u32, memory: Option<Arc<RegionMemory>>) {
-        if let Some(m) = usize::try_from(index).ok().and_then(|i| self.memories.get_mut(i)) {
-            *m = memory;
-        }
+    /// Stores `memory` as index `index`'s; returns what was there.
+    fn set_memory(&mut self, index: u32, memory: Option<RegionMemory>) -> Option<RegionMemory> {
+        let m = usize::try_from(index).ok().and_then(|i| self.memories.get_mut(i))?;
+        core::mem::replace(m, memory)
     }
 
-    fn memory_fits(spec: &RegionSpec, memory: &RegionMemory) -> Result<(), TableError> {
-        let too_short = TableError::MemoryTooShort { len: spec.len, memory_len: memory.len() };
+    fn memory_fits(spec: &RegionSpec, memory_len: usize) -> Result<(), TableError> {
         match usize::try_from(spec.len) {
-            Ok(len) if len <= memory.len() => Ok(()),
-            _ => Err(too_short),
+            Ok(len) if len <= memory_len => Ok(()),
+            _ => Err(TableError::MemoryTooShort { len: spec.len, memory_len }),
         }
     }
 
     /// Registers a memory region over `memory` (the region's byte 0 is the memory's byte 0;
-    /// `spec.len` may not exceed `memory.len()`); returns its (valid) STag. The table keeps a
-    /// clone of the [`Arc`]; the caller keeps its own as the application's handle.
+    /// `spec.len` may not exceed `memory.len()`); returns its (valid) STag. The table owns the
+    /// memory until [`TaggedBufferTable::deregister`] gives it back; a refused registration
+    /// gives it back at once, with the reason.
     pub fn register(
         &mut self,
         pd: ProtectionDomainId,
         spec: RegionSpec,
-        memory: Arc<RegionMemory>,
-    ) -> Result<STag, TableError> {
-        Self::memory_fits(&spec, &memory)?;
-        let entry = Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 })?;
-        let stag = self.allocate(entry)?;
-        self.set_memory(stag.index(), Some(memory));
-        Ok(stag)
+        memory: RegionMemory,
+    ) -> Result<STag, (TableError, RegionMemory)> {
+        let entry = Self::memory_fits(&spec, memory.len())
+            .and_then(|()| Self::new_entry(spec, pd, true, EntryKind::Region { windows: 0 }));
+        self.allocate_region(entry, memory)
+    }
+
+    /// Stores a new region entry with its memory, or gives the memory back with the reason.
+    fn allocate_region(
+        &mut self,
+        entry: Result<Entry, TableError>,
+        memory: RegionMemory,
+    ) -> Result<STag, (TableError, RegionMemory)> {
+        match entry.and_then(|entry| self.allocate(entry)) {
+            Ok(stag) => {
+                self.set_memory(stag.index(), Some(memory));
+                Ok(stag)
+            }
+            Err(e) => Err((e, memory)),
+        }
+    }
+
+    /// The table index of the region whose memory `stag` uses (for a window: its parent's; 0
+    /// for an unbound window), if the key matches, valid or not.
+    fn memory_index(&self, stag: STag) -> Option<u32> {
+        match self.get(stag)?.kind {
+            EntryKind::Region { .. } => Some(stag.index()),
+            EntryKind::Window { parent } => Some(parent),
+        }
     }
 
     /// The memory of the region or window `stag` names (for a window: its parent region's),
     /// if the key matches, valid or not.
-    pub fn memory(&self, stag: STag) -> Option<&Arc<RegionMemory>> {
-        let index = match self.get(stag)?.kind {
-            EntryKind::Region { .. } => stag.index(),
-            EntryKind::Window { parent } => parent,
-        };
-        self.region_memory(index)
+    pub fn memory(&self, stag: STag) -> Option<&RegionMemory> {
+        self.region_memory(self.memory_index(stag)?)
     }
 
-    /// The memory of the region at table index `index` ([`Placement::region_index`]). Clone
-    /// the [`Arc`] to keep it alive across a placement done without borrowing the table.
-    pub fn region_memory(&self, index: u32) -> Option<&Arc<RegionMemory>> {
+    /// [`TaggedBufferTable::memory`], mutably: the application's own copies into its region.
+    pub fn memory_mut(&mut self, stag: STag) -> Option<&mut RegionMemory> {
+        self.region_memory_mut(self.memory_index(stag)?)
+    }
+
+    /// The memory of the region at table index `index` ([`Placement::region_index`]).
+    #[inline]
+    pub fn region_memory(&self, index: u32) -> Option<&RegionMemory> {
         if index == 0 {
             return None;
         }
         self.memories.get(usize::try_from(index).ok()?)?.as_ref()
     }
 
-    /// Allocates an invalid region STag for later [`TaggedBufferTable::fast_register`] (verbs
-    /// `ibv_alloc_mr`): no range, no rights, until fast-registered.
-    pub fn allocate_invalid(&mut self, pd: ProtectionDomainId) -> Result<STag, TableError> {
-        let spec =
-            RegionSpec { base_va: 0, len: 0, access: Access::NONE, addressing: Addressing::VirtualAddress };
-        let entry = Self::new_entry(spec, pd, false, EntryKind::Region { windows: 0 })?;
-        self.allocate(entry)
+    /// The memory of the region at table index `index`, mutably (placement writes into it).
+    #[inline]
+    pub fn region_memory_mut(&mut self, index: u32) -> Option<&mut RegionMemory> {
+        if index == 0 {
+            return None;
+        }
+        self.memories.get_mut(usize::try_from(index).ok()?)?.as_mut()
     }
 
-    /// Fast-register: an invalid region entry at `stag`'s index takes a new range, rights,
-    /// memory and the key of `stag` (the consumer picks the new key), and becomes valid.
-    /// `spec.len` may not exceed `memory.len()`.
-    pub fn fast_register(
+    /// Allocates an invalid region STag over `memory` for later
+    /// [`TaggedBufferTable::fast_register`] (verbs `ibv_alloc_mr`): no range, no rights, until
+    /// fast-registered. A refused allocation gives the memory back.
+    pub fn allocate_invalid(
         &mut self,
-        stag: STag,
-        spec: RegionSpec,
-        memory: Arc<RegionMemory>,
-    ) -> Result<(), TableError> {
+        pd: ProtectionDomainId,
+        memory: RegionMemory,
+    ) -> Result<STag, (TableError, RegionMemory)> {
+        let spec =
+            RegionSpec { base_va: 0, len: 0, access: Access::NONE, addressing: Addressing::VirtualAddress };
+        self.allocate_region(Self::new_entry(spec, pd, false, EntryKind::Region { windows: 0 }), memory)
+    }
+
+    /// Fast-register: an invalid region entry at `stag`'s index takes a new range and rights
+    /// over its memory and the key of `stag` (the consumer picks the new key), and becomes
+    /// valid. `spec.len` may not exceed the memory's length. Also how a region invalidated by
+    /// a local invalidate or a peer's Send with Invalidate is made valid again.
+    pub fn fast_register(&mut self, stag: STag, spec: RegionSpec) -> Result<(), TableError> {
         let index = stag.index();
+        let memory_len = self.region_memory(index).map_or(0, RegionMemory::len);
         let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
         let Some(Slot::Used(e)) = slot else {
             return Err(TableError::NoSuchStag(stag));
@@ -529,60 +577,108 @@ impl TaggedBufferTable {
         if spec.base_va.checked_add(spec.len).is_none() {
             return Err(TableError::RangeWraps);
         }
-        Self::memory_fits(&spec, &memory)?;
+        Self::memory_fits(&spec, memory_len)?;
         e.base_va = spec.base_va;
         e.len = spec.len;
         e.access = spec.access;
         e.addressing = spec.addressing;
         e.key = stag.key();
         e.valid = true;
-        self.set_memory(index, Some(memory));
         Ok(())
     }
 
-    /// Deregisters a region, or deallocates a window; the index goes back to the free list.
-    /// A region with windows bound is refused ([`TableError::WindowsBound`]).
-    pub fn deregister(&mut self, stag: STag) -> Result<Entry, TableError> {
+    /// Deregisters a region, or deallocates a window; the index goes back to the free list and
+    /// a region's memory comes back. A region with windows bound is refused
+    /// ([`TableError::WindowsBound`]).
+    pub fn deregister(&mut self, stag: STag) -> Result<(Entry, Option<RegionMemory>), TableError> {
         let entry = *self.entry_mut(stag)?;
         match entry.kind {
             EntryKind::Region { windows } if windows > 0 => return Err(TableError::WindowsBound(stag)),
             EntryKind::Region { .. } => {}
-            EntryKind::Window { parent } => {
-                let parent_slot = usize::try_from(parent).ok().and_then(|i| self.slots.get_mut(i));
-                if let Some(Slot::Used(Entry { kind: EntryKind::Region { windows }, .. })) = parent_slot {
-                    *windows = windows.saturating_sub(1);
+            EntryKind::Window { parent } => self.unbind_from(parent),
+        }
+        let memory = self.release(stag.index(), entry.key);
+        Ok((entry, memory))
+    }
+
+    /// Deregisters a region even with windows bound: they are invalidated and unbound first
+    /// (what dropping the application's handle does; the memory must not outlive the
+    /// registration inside the table).
+    pub fn deregister_unbinding(&mut self, stag: STag) -> Result<(Entry, Option<RegionMemory>), TableError> {
+        let index = stag.index();
+        if let Some(Entry { kind: EntryKind::Region { windows }, .. }) = self.get(stag).copied()
+            && windows > 0
+        {
+            for slot in &mut self.slots {
+                if let Slot::Used(w) = slot
+                    && w.kind == (EntryKind::Window { parent: index })
+                {
+                    w.valid = false;
+                    w.kind = EntryKind::Window { parent: 0 };
                 }
             }
+            if let Ok(Entry { kind: EntryKind::Region { windows }, .. }) = self.entry_mut(stag) {
+                *windows = 0;
+            }
         }
-        self.release(stag.index(), entry.key);
-        Ok(entry)
+        self.deregister(stag)
+    }
+
+    /// Takes one window off region `parent`'s count.
+    fn unbind_from(&mut self, parent: u32) {
+        let parent_slot =
+            usize::try_from(parent).ok().filter(|_| parent != 0).and_then(|i| self.slots.get_mut(i));
+        if let Some(Slot::Used(Entry { kind: EntryKind::Region { windows }, .. })) = parent_slot {
+            *windows = windows.saturating_sub(1);
+        }
     }
 
     /// Invalidates the STag (local invalidate, or a Send with Invalidate already checked by
-    /// the caller): every later [`TaggedBufferTable::check`] fails with `InvalidStag`.
+    /// the caller): every later [`TaggedBufferTable::check`] fails with `InvalidStag`. A window
+    /// is unbound from its region too (a type 2 window: it may be bound anew).
     pub fn invalidate(&mut self, stag: STag) -> Result<(), TableError> {
-        self.entry_mut(stag)?.valid = false;
+        let e = self.entry_mut(stag)?;
+        e.valid = false;
+        if let EntryKind::Window { parent } = e.kind {
+            e.kind = EntryKind::Window { parent: 0 };
+            self.unbind_from(parent);
+        }
         Ok(())
     }
 
     /// Gives the entry a new key and makes it valid again; returns the new STag. The old STag
-    /// stops matching at once.
+    /// stops matching at once. An unbound window is refused ([`TableError::Unbound`]): bind
+    /// it instead.
     pub fn rekey(&mut self, stag: STag, new_key: u8) -> Result<STag, TableError> {
         let e = self.entry_mut(stag)?;
+        if e.kind == (EntryKind::Window { parent: 0 }) {
+            return Err(TableError::Unbound(stag));
+        }
         e.key = new_key;
         e.valid = true;
         STag::from_parts(stag.index(), new_key).ok_or(TableError::NoSuchStag(stag))
     }
 
-    /// Binds a memory window to the valid region `region` in the same protection domain. The
-    /// window's range must lie inside the region's and its rights must be a subset of the
-    /// region's. Returns the window's (valid) STag.
-    pub fn bind_window(
+    /// Allocates a memory window in `pd`, bound to nothing and invalid (verbs `ibv_alloc_mw`,
+    /// type 2); [`TaggedBufferTable::bind_window_at`] binds it.
+    pub fn allocate_window(&mut self, pd: ProtectionDomainId) -> Result<STag, TableError> {
+        let spec =
+            RegionSpec { base_va: 0, len: 0, access: Access::NONE, addressing: Addressing::VirtualAddress };
+        let entry = Self::new_entry(spec, pd, false, EntryKind::Window { parent: 0 })?;
+        self.allocate(entry)
+    }
+
+    /// Binds the invalid window at `window`'s index to the valid region `region`, with the key
+    /// of `window` (the consumer picks it), from a queue pair in `pd` (the window's and the
+    /// region's protection domain). The window's range must lie inside the region's and its
+    /// rights must be a subset of the region's. The window becomes valid.
+    pub fn bind_window_at(
         &mut self,
+        window: STag,
         region: STag,
         pd: ProtectionDomainId,
         spec: RegionSpec,
-    ) -> Result<STag, TableError> {
+    ) -> Result<(), TableError> {
         let parent = *self.entry_mut(region)?;
         if !matches!(parent.kind, EntryKind::Region { .. }) {
             return Err(TableError::WrongKind(region));
@@ -602,16 +698,58 @@ impl TaggedBufferTable {
         if !parent.access.contains(spec.access) {
             return Err(TableError::AccessNotSubset);
         }
-        let entry = Self::new_entry(spec, pd, true, EntryKind::Window { parent: region.index() })?;
-        let stag = self.allocate(entry)?;
+        let index = window.index();
+        let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
+        let Some(Slot::Used(w)) = slot else {
+            return Err(TableError::NoSuchStag(window));
+        };
+        let EntryKind::Window { parent: old_parent } = w.kind else {
+            return Err(TableError::WrongKind(window));
+        };
+        if w.valid {
+            return Err(TableError::StillValid(window));
+        }
+        if w.pd != pd {
+            return Err(TableError::PdMismatch(window));
+        }
+        *w = Entry {
+            base_va: spec.base_va,
+            len: spec.len,
+            access: spec.access,
+            pd,
+            key: window.key(),
+            valid: true,
+            addressing: spec.addressing,
+            kind: EntryKind::Window { parent: region.index() },
+        };
+        self.unbind_from(old_parent);
         if let Ok(Entry { kind: EntryKind::Region { windows }, .. }) = self.entry_mut(region) {
             *windows = windows.saturating_add(1);
         }
-        Ok(stag)
+        Ok(())
+    }
+
+    /// Allocates a window and binds it to `region` at once (the same checks as
+    /// [`TaggedBufferTable::bind_window_at`]); returns the window's (valid) STag.
+    pub fn bind_window(
+        &mut self,
+        region: STag,
+        pd: ProtectionDomainId,
+        spec: RegionSpec,
+    ) -> Result<STag, TableError> {
+        let window = self.allocate_window(pd)?;
+        match self.bind_window_at(window, region, pd, spec) {
+            Ok(()) => Ok(window),
+            Err(e) => {
+                let _ = self.deregister(window);
+                Err(e)
+            }
+        }
     }
 
     /// Checks a tagged access of `len` bytes at `to` through `stag` from a stream in `pd`
     /// needing `needed` rights. See the module documentation for the order of the checks.
+    #[inline]
     pub fn check(
         &self,
         stag: STag,
@@ -673,7 +811,7 @@ mod tests {
     const BASE: u64 = 0x5609_81e2_4000;
     const RW: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::LOCAL_WRITE);
 
-    fn mem(len: u64) -> Arc<RegionMemory> {
+    fn mem(len: u64) -> RegionMemory {
         RegionMemory::zeroed(usize::try_from(len).unwrap())
     }
 
@@ -732,7 +870,7 @@ mod tests {
         assert_eq!(t.check(s, OTHER_PD, Access::REMOTE_ATOMIC, bad, 2), Err(AccessError::InvalidStag));
     }
 
-    /// protocol-notes.md, Terminate table: layer 1 DDP type 1 (tagged buffer) and layer 0
+    /// docs/protocol-notes.md#terminate-codes: layer 1 DDP type 1 (tagged buffer) and layer 0
     /// RDMAP type 1 (remote protection).
     #[test]
     fn terminate_codes_match_table() {
@@ -788,54 +926,89 @@ mod tests {
         assert_ne!(a.index(), 0);
         assert_ne!(a.index(), b.index());
         assert_eq!(t.len(), 2);
-        assert_eq!(t.register(PD, spec(0, 10, RW), mem(10)), Err(TableError::TableFull));
+        assert_eq!(t.register(PD, spec(0, 10, RW), mem(10)).map_err(|(e, _)| e), Err(TableError::TableFull));
         t.deregister(a).unwrap();
-        assert_eq!(t.deregister(a), Err(TableError::NoSuchStag(a)));
+        assert_eq!(t.deregister(a).map(|(e, _)| e), Err(TableError::NoSuchStag(a)));
         let c = t.register(PD, spec(0, 10, RW), mem(10)).unwrap();
         assert_eq!(c.index(), a.index());
         assert_ne!(c.key(), a.key());
         // The stale STag does not reach the new region.
         assert_eq!(t.check(a, PD, Access::REMOTE_READ, TaggedOffset(0), 1), Err(AccessError::InvalidStag));
         assert!(t.check(c, PD, Access::REMOTE_READ, TaggedOffset(0), 1).is_ok());
-        assert_eq!(t.register(PD, spec(u64::MAX, 2, RW), mem(2)), Err(TableError::RangeWraps));
+        let (e, back) = t.register(PD, spec(u64::MAX, 2, RW), mem(2)).unwrap_err();
+        assert_eq!((e, back.len()), (TableError::RangeWraps, 2), "a refused register gives the memory back");
         assert_eq!(t.len(), 2);
     }
 
     #[test]
-    fn memory_is_shared_and_follows_the_entry() {
+    fn memory_is_owned_by_the_entry_and_given_back() {
         let mut t = TaggedBufferTable::new(4);
-        let m = mem(64);
-        assert_eq!(
-            t.register(PD, spec(BASE, 65, RW), m.clone()),
-            Err(TableError::MemoryTooShort { len: 65, memory_len: 64 })
-        );
-        assert_eq!(Arc::strong_count(&m), 1, "a refused register keeps no clone");
-        let r = t.register(PD, spec(BASE, 32, RW), m.clone()).unwrap();
-        assert_eq!(Arc::strong_count(&m), 2);
-        assert!(Arc::ptr_eq(t.memory(r).unwrap(), &m));
-        assert!(Arc::ptr_eq(t.region_memory(r.index()).unwrap(), &m));
+        let (e, m) = t.register(PD, spec(BASE, 65, RW), RegionMemory::new(vec![1u8; 64])).unwrap_err();
+        assert_eq!(e, TableError::MemoryTooShort { len: 65, memory_len: 64 });
+        let r = t.register(PD, spec(BASE, 32, RW), m).unwrap();
+        assert_eq!(t.memory(r).map(RegionMemory::len), Some(64));
+        assert_eq!(t.region_memory(r.index()).map(RegionMemory::len), Some(64));
+        t.memory_mut(r).unwrap().write(0, b"still here").unwrap();
         let w = t.bind_window(r, PD, spec(BASE + 8, 8, Access::REMOTE_READ)).unwrap();
-        assert!(Arc::ptr_eq(t.memory(w).unwrap(), &m), "a window uses its region's memory");
-        assert_eq!(Arc::strong_count(&m), 2, "the window holds no clone of its own");
+        assert_eq!(&t.memory(w).unwrap().to_vec()[..10], b"still here", "a window uses its region's memory");
         assert!(t.memory(STag(r.0 ^ 1)).is_none());
         assert!(t.region_memory(0).is_none());
-        // An in-flight placement's clone outlives deregistration.
-        let in_flight = t.region_memory(r.index()).cloned().unwrap();
-        t.deregister(w).unwrap();
-        t.deregister(r).unwrap();
+        assert!(t.region_memory_mut(0).is_none());
+        let (_, none) = t.deregister(w).unwrap();
+        assert!(none.is_none(), "a window owns no memory");
+        let (entry, back) = t.deregister(r).unwrap();
+        assert_eq!(entry.len, 32);
         assert!(t.region_memory(r.index()).is_none());
-        in_flight.write(0, b"still here").unwrap();
-        drop(in_flight);
-        assert_eq!(Arc::strong_count(&m), 1);
-        assert_eq!(&m.to_vec()[..10], b"still here");
+        let v = back.unwrap().into_buffer().into_vec().unwrap();
+        assert_eq!((&v[..10], v.len()), (&b"still here"[..], 64));
         // Fast-register checks the memory's length too.
-        let s = t.allocate_invalid(PD).unwrap();
-        assert!(t.memory(s).is_none());
+        let s = t.allocate_invalid(PD, mem(8)).unwrap();
+        assert_eq!(t.memory(s).map(RegionMemory::len), Some(8));
         assert_eq!(
-            t.fast_register(s, spec(0, 9, RW), mem(8)),
+            t.fast_register(s, spec(0, 9, RW)),
             Err(TableError::MemoryTooShort { len: 9, memory_len: 8 })
         );
         assert!(TableError::MemoryTooShort { len: 9, memory_len: 8 }.to_string().contains("9 bytes"));
+    }
+
+    #[test]
+    fn type_2_windows_bind_invalidate_and_rebind() {
+        let (mut t, r) = table_with_region();
+        let w = t.allocate_window(PD).unwrap();
+        let ro = Access::REMOTE_READ;
+        assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag), "unbound");
+        assert_eq!(t.rekey(w, 1), Err(TableError::Unbound(w)));
+        let w1 = STag::from_parts(w.index(), 0x11).unwrap();
+        assert_eq!(
+            t.bind_window_at(w1, r, OTHER_PD, spec(BASE, 16, ro)),
+            Err(TableError::PdMismatch(r)),
+            "the region's domain is checked first"
+        );
+        assert_eq!(t.bind_window_at(r, r, PD, spec(BASE, 16, ro)), Err(TableError::WrongKind(r)));
+        t.bind_window_at(w1, r, PD, spec(BASE + 16, 16, ro)).unwrap();
+        assert_eq!(t.bind_window_at(w1, r, PD, spec(BASE, 16, ro)), Err(TableError::StillValid(w1)));
+        assert_eq!(
+            t.check(w1, PD, ro, TaggedOffset(BASE + 20), 12),
+            Ok(Placement { region_index: r.index(), offset_in_region: 20 })
+        );
+        assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE + 20), 1), Err(AccessError::InvalidStag), "old key");
+        assert_eq!(t.deregister(r).map(|(e, _)| e), Err(TableError::WindowsBound(r)));
+        // Invalidation unbinds: the region may go, the window may be bound again.
+        t.invalidate(w1).unwrap();
+        assert_eq!(t.check(w1, PD, ro, TaggedOffset(BASE + 20), 1), Err(AccessError::InvalidStag));
+        assert_eq!(t.get(r).unwrap().kind, EntryKind::Region { windows: 0 });
+        let w2 = STag::from_parts(w.index(), 0x12).unwrap();
+        t.bind_window_at(w2, r, PD, spec(BASE, 8, ro)).unwrap();
+        assert!(t.check(w2, PD, ro, TaggedOffset(BASE), 8).is_ok());
+        // Dropping the region's handle unbinds what is still bound.
+        assert_eq!(t.deregister(r).map(|(e, _)| e), Err(TableError::WindowsBound(r)));
+        let (_, memory) = t.deregister_unbinding(r).unwrap();
+        assert_eq!(memory.map(|m| m.len()), Some(8192));
+        assert_eq!(t.check(w2, PD, ro, TaggedOffset(BASE), 8), Err(AccessError::InvalidStag));
+        assert_eq!(t.get(w2).unwrap().kind, EntryKind::Window { parent: 0 });
+        t.deregister(w2).unwrap();
+        assert!(t.is_empty());
+        assert!(TableError::Unbound(w).to_string().contains("bound to no region"));
     }
 
     #[test]
@@ -883,7 +1056,7 @@ mod tests {
             Err(AccessError::AccessRights)
         );
         // The region cannot go while the window is bound; invalidating it kills the window too.
-        assert_eq!(t.deregister(r), Err(TableError::WindowsBound(r)));
+        assert_eq!(t.deregister(r).map(|(e, _)| e), Err(TableError::WindowsBound(r)));
         t.invalidate(r).unwrap();
         assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1), Err(AccessError::InvalidStag));
         assert_eq!(t.bind_window(r, PD, spec(BASE, 1, ro)), Err(TableError::NotValid(r)));
@@ -897,14 +1070,11 @@ mod tests {
     #[test]
     fn fast_register() {
         let mut t = TaggedBufferTable::new(4);
-        let s = t.allocate_invalid(PD).unwrap();
+        let s = t.allocate_invalid(PD, mem(0x100)).unwrap();
         assert_eq!(t.check(s, PD, Access::NONE, TaggedOffset(0), 0), Err(AccessError::InvalidStag));
         let new = STag::from_parts(s.index(), s.key().wrapping_add(1)).unwrap();
-        t.fast_register(new, spec(0x1000, 0x100, Access::REMOTE_WRITE), mem(0x100)).unwrap();
-        assert_eq!(
-            t.fast_register(new, spec(0x1000, 1, Access::NONE), mem(0x100)),
-            Err(TableError::StillValid(new))
-        );
+        t.fast_register(new, spec(0x1000, 0x100, Access::REMOTE_WRITE)).unwrap();
+        assert_eq!(t.fast_register(new, spec(0x1000, 1, Access::NONE)), Err(TableError::StillValid(new)));
         assert_eq!(
             t.check(new, PD, Access::REMOTE_WRITE, TaggedOffset(0x10ff), 1),
             Ok(Placement { region_index: s.index(), offset_in_region: 0xff })
@@ -914,26 +1084,29 @@ mod tests {
             Err(AccessError::InvalidStag)
         );
         t.invalidate(new).unwrap();
-        assert_eq!(
-            t.fast_register(new, spec(u64::MAX, 1, Access::NONE), mem(0x100)),
-            Err(TableError::RangeWraps)
-        );
+        assert_eq!(t.fast_register(new, spec(u64::MAX, 1, Access::NONE)), Err(TableError::RangeWraps));
         let w = {
-            t.fast_register(new, spec(0x1000, 0x100, Access::ALL), mem(0x100)).unwrap();
+            t.fast_register(new, spec(0x1000, 0x100, Access::ALL)).unwrap();
             t.bind_window(new, PD, spec(0x1080, 0x80, Access::REMOTE_READ)).unwrap()
         };
-        assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE), mem(0x100)), Err(TableError::WrongKind(w)));
+        assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE)), Err(TableError::WrongKind(w)));
         // Re-registering the region smaller leaves the window's old range outside it.
         t.invalidate(new).unwrap();
-        t.fast_register(new, spec(0x1000, 0x90, Access::ALL), mem(0x100)).unwrap();
+        t.fast_register(new, spec(0x1000, 0x90, Access::ALL)).unwrap();
         assert!(t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x10).is_ok());
         assert_eq!(
             t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x11),
             Err(AccessError::BaseOrBounds)
         );
         assert_eq!(
-            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE), mem(0x100)),
+            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE)),
             Err(TableError::NoSuchStag(STag(0x0300)))
+        );
+        // Past the memory's length: refused.
+        t.invalidate(new).unwrap();
+        assert_eq!(
+            t.fast_register(new, spec(0, 0x101, Access::ALL)),
+            Err(TableError::MemoryTooShort { len: 0x101, memory_len: 0x100 })
         );
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Every peer violation this crate detects maps to exactly one [`TerminateCode`], in one
 //! function per error type (`terminate_code`, `rdmap_terminate_code`), tested against the table
-//! in protocol-notes.md.
+//! in docs/protocol-notes.md#terminate-codes.
 
 use core::fmt;
 
@@ -96,8 +96,8 @@ impl TerminateCode {
     }
 
     /// Whether the triple is one RFC 5040 (and RFC 5044 for the LLP) defines, per the table
-    /// in protocol-notes.md. A received control word that decodes to an undefined triple was
-    /// probably written with siw's bit-field layout.
+    /// in docs/protocol-notes.md#terminate-codes. A received control word that decodes to an
+    /// undefined triple was probably written with siw's bit-field layout.
     pub fn is_defined(&self) -> bool {
         match (self.layer, self.error_type) {
             (TerminateLayer::Rdmap, 0) | (TerminateLayer::Ddp, 0) => self.code == 0,
@@ -112,7 +112,7 @@ impl TerminateCode {
 
     /// The first two bytes of the RFC 5040 Terminate control word: `layer:4 | type:4`, `code:8`
     /// (the RFC layout, layer in the high nibble; siw sends it the other way round, see
-    /// protocol-notes.md).
+    /// docs/protocol-notes.md#siws-bit-field-layout).
     pub fn to_bytes(self) -> [u8; 2] {
         [(self.layer.to_u8() << 4) | (self.error_type & 0x0f), self.code]
     }

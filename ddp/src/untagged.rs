@@ -23,16 +23,17 @@ use core::fmt;
 use std::collections::VecDeque;
 
 use crate::header::{Msn, QueueNumber, SegmentKind};
+use crate::stag_table::AccessError;
 use crate::terminate::{TerminateCode, ddp_type};
 
 /// The number of untagged queues (QN 0..=3).
 pub const QUEUE_COUNT: usize = 4;
 
-/// A peer error found by [`UntaggedQueues::accept`].
+/// An error found on an untagged segment: by [`UntaggedQueues::accept`] (the peer's), or while
+/// placing it into the posted buffer (local).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UntaggedError {
-    /// The segment is tagged (the caller routed it here by mistake): local misuse, no
-    /// Terminate code.
+    /// The segment is tagged (the caller routed it here by mistake): local misuse.
     NotUntagged,
     /// QN is not 0..=3.
     InvalidQn(QueueNumber),
@@ -66,21 +67,29 @@ pub enum UntaggedError {
         /// The posted buffer's length.
         buffer_len: u64,
     },
+    /// The posted buffer's own scatter list could not be written (an lkey that is not, or no
+    /// longer, valid for local write, or out of its region's bounds): a local error, not the
+    /// peer's, that still ends the stream since the message cannot be placed.
+    LocalBuffer(AccessError),
 }
 
 impl UntaggedError {
-    /// The Terminate code (RFC 5040 section 7 table: layer 1 DDP, type 2 untagged buffer), or
-    /// `None` for [`UntaggedError::NotUntagged`].
-    pub fn terminate_code(self) -> Option<TerminateCode> {
+    /// The Terminate code (RFC 5040 section 7 table, layer 1 DDP): type 2 untagged buffer for
+    /// the peer's errors; type 0 local catastrophic (code 0x00) for the local ones
+    /// ([`UntaggedError::LocalBuffer`], and [`UntaggedError::NotUntagged`], which a correct
+    /// caller never meets).
+    pub fn terminate_code(self) -> TerminateCode {
         let code = match self {
-            UntaggedError::NotUntagged => return None,
+            UntaggedError::NotUntagged | UntaggedError::LocalBuffer(_) => {
+                return TerminateCode::ddp(ddp_type::LOCAL_CATASTROPHIC, 0x00);
+            }
             UntaggedError::InvalidQn(_) => 0x01,
             UntaggedError::NoBuffer { .. } => 0x02,
             UntaggedError::MsnOutOfRange { .. } => 0x03,
             UntaggedError::InvalidMo { .. } => 0x04,
             UntaggedError::MessageTooLong { .. } => 0x05,
         };
-        Some(TerminateCode::ddp(ddp_type::UNTAGGED_BUFFER, code))
+        TerminateCode::ddp(ddp_type::UNTAGGED_BUFFER, code)
     }
 }
 
@@ -97,6 +106,7 @@ impl fmt::Display for UntaggedError {
             UntaggedError::MessageTooLong { end, buffer_len } => {
                 write!(f, "untagged message reaches byte {end}, posted buffer holds {buffer_len}")
             }
+            UntaggedError::LocalBuffer(e) => write!(f, "posted buffer not writable: {e}"),
         }
     }
 }
@@ -207,6 +217,14 @@ impl UntaggedQueues {
         self.queue(qn).map(|q| q.next_mo)
     }
 
+    /// Drops the front buffer posted on `qn` (its message failed, the stream ends): the
+    /// message in progress is forgotten, the expected MSN stays. Whether there was one.
+    pub fn discard_front(&mut self, qn: QueueNumber) -> bool {
+        let Some(q) = self.queue_mut(qn) else { return false };
+        q.next_mo = 0;
+        q.posted.pop_front().is_some()
+    }
+
     /// Checks one untagged segment (its header fields, L, and payload length) and records it.
     /// On error nothing changes; the stream must be terminated with the error's code.
     pub fn accept(
@@ -215,10 +233,23 @@ impl UntaggedQueues {
         last: bool,
         payload_len: usize,
     ) -> Result<UntaggedPlacement, UntaggedError> {
+        let p = self.check(kind, last, payload_len)?;
+        self.record(p, payload_len);
+        Ok(p)
+    }
+
+    /// The checks of [`UntaggedQueues::accept`], recording nothing: where the segment would
+    /// go. [`UntaggedQueues::record`] then records it (once the payload is placed).
+    pub fn check(
+        &self,
+        kind: SegmentKind,
+        last: bool,
+        payload_len: usize,
+    ) -> Result<UntaggedPlacement, UntaggedError> {
         let SegmentKind::Untagged { qn, msn, mo, .. } = kind else {
             return Err(UntaggedError::NotUntagged);
         };
-        let q = self.queue_mut(qn).ok_or(UntaggedError::InvalidQn(qn))?;
+        let q = self.queue(qn).ok_or(UntaggedError::InvalidQn(qn))?;
         if msn != q.expected {
             let ahead = msn.distance_from(q.expected);
             let posted = u32::try_from(q.posted.len()).unwrap_or(u32::MAX);
@@ -239,16 +270,21 @@ impl UntaggedQueues {
         if end > buffer_len {
             return Err(UntaggedError::MessageTooLong { end, buffer_len });
         }
-        let completed_len = if last {
+        Ok(UntaggedPlacement { qn, msn, offset: mo, completed_len: last.then_some(end) })
+    }
+
+    /// Records a segment [`UntaggedQueues::check`] accepted (`p`, for `payload_len` bytes): the
+    /// message's next MO advances, or on the last segment its buffer is consumed and the
+    /// queue expects the next MSN.
+    pub fn record(&mut self, p: UntaggedPlacement, payload_len: usize) {
+        let Some(q) = self.queue_mut(p.qn) else { return };
+        if p.completed_len.is_some() {
             q.posted.pop_front();
             q.expected = q.expected.next();
             q.next_mo = 0;
-            Some(end)
         } else {
-            q.next_mo = end;
-            None
-        };
-        Ok(UntaggedPlacement { qn, msn, offset: mo, completed_len })
+            q.next_mo = u64::from(p.offset).saturating_add(u64::try_from(payload_len).unwrap_or(u64::MAX));
+        }
     }
 }
 
@@ -330,8 +366,8 @@ mod tests {
         ];
         for (kind, len, err, code) in cases {
             assert_eq!(q.accept(kind, true, len), Err(err));
-            // protocol-notes.md: layer 1 DDP, type 2 untagged buffer.
-            let c = err.terminate_code().unwrap();
+            // docs/protocol-notes.md#terminate-codes: layer 1 DDP, type 2 untagged buffer.
+            let c = err.terminate_code();
             assert_eq!((c.layer.to_u8(), c.error_type, c.code), (1, 2, code), "{err}");
         }
         // Nothing changed: the expected message still goes through.
@@ -339,7 +375,17 @@ mod tests {
         assert_eq!(q.accept(seg(0, 1, 0), true, 100).unwrap().completed_len, Some(100));
         let tagged = SegmentKind::Tagged { stag: STag(1), to: TaggedOffset(0) };
         assert_eq!(q.accept(tagged, true, 0), Err(UntaggedError::NotUntagged));
-        assert_eq!(UntaggedError::NotUntagged.terminate_code(), None);
+        // The local errors: DDP local catastrophic.
+        for e in [UntaggedError::NotUntagged, UntaggedError::LocalBuffer(AccessError::InvalidStag)] {
+            let c = e.terminate_code();
+            assert_eq!((c.layer.to_u8(), c.error_type, c.code), (1, 0, 0), "{e}");
+        }
+        assert!(UntaggedError::LocalBuffer(AccessError::BaseOrBounds).to_string().contains("not writable"));
+        // Discarding the front buffer leaves the expected MSN.
+        assert!(q.discard_front(QueueNumber::Send));
+        assert!(!q.discard_front(QueueNumber::Send));
+        assert!(!q.discard_front(QueueNumber::Unknown(7)));
+        assert_eq!(q.expected_msn(QueueNumber::Send), Some(Msn(2)));
     }
 
     #[test]

@@ -58,7 +58,7 @@ struct MarkedWriter<'a> {
 impl MarkedWriter<'_> {
     /// Writes the marker due at the current position, if one is.
     fn marker_if_due(&mut self) {
-        if self.markers && self.pos % MARKER_INTERVAL == 0 {
+        if self.markers && self.pos.is_multiple_of(MARKER_INTERVAL) {
             let m = marker_bytes(self.pos, self.fpdu_start);
             self.out[self.off..self.off + MARKER_LEN].copy_from_slice(&m);
             self.off += MARKER_LEN;
@@ -420,7 +420,7 @@ impl Deframer {
             let mut off = ulpdu_start;
             let mut p = start + ulpdu_start as u64;
             while self.scratch.len() < len {
-                if p % MARKER_INTERVAL == 0 {
+                if p.is_multiple_of(MARKER_INTERVAL) {
                     off += MARKER_LEN;
                     p += MARKER_LEN as u64;
                 }

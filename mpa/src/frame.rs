@@ -580,7 +580,7 @@ impl fmt::Display for FrameRepr<'_> {
 mod tests {
     use super::*;
 
-    /// siw's rping client Request: rev 2, enhanced, IRD/ORD 1/1 (testdata/siw/siw-rping.pcap).
+    /// siw's rping client Request: rev 2, enhanced, IRD/ORD 1/1 (tests/data/siw/siw-rping.pcap).
     static SIW_RPING_REQUEST: [u8; 24] = [
         b'M', b'P', b'A', b' ', b'I', b'D', b' ', b'R', b'e', b'q', b' ', b'F', b'r', b'a', b'm', b'e', 0x10,
         0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01,

@@ -1,5 +1,5 @@
 //! Table-driven tests of MPA negotiation: both ends run through Request -> Reply on the wire
-//! bytes, and siw's frames from testdata/siw are answered and accepted.
+//! bytes, and siw's frames from tests/data/siw are answered and accepted.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
 
 use iwarp_mpa::{
@@ -320,7 +320,7 @@ fn invalid_policies() {
     }
 }
 
-// --- siw's frames, as captured in testdata/siw -------------------------------------------
+// --- siw's frames, as captured in tests/data/siw -----------------------------------------
 
 fn frame(kind: FrameKind, flags: u8, rev: u8, pd: &[u8]) -> Vec<u8> {
     let mut v = match kind {

@@ -14,7 +14,7 @@
 //! - [`CapturingLink`] and [`PcapWriter`]: a pcap capture of what crosses any link, with
 //!   Ethernet/IPv4/TCP framing synthesized so Wireshark/tshark can decode the iWARP traffic.
 //!
-//! This crate depends on none of the protocol crates (design.md, "Layers and crates").
+//! This crate depends on none of the protocol crates (docs/architecture.md#dependency-rules).
 
 mod mem;
 mod pcap;

@@ -239,6 +239,49 @@ impl MemFaults {
     pub fn is_cut(&self) -> bool {
         lock(&self.shared).cut
     }
+
+    /// Flips the bits of `mask` in the byte at `offset` of what is queued from end `from` to
+    /// its peer (a corrupted segment TCP's checksum missed). Returns whether that byte was
+    /// queued (nothing changes otherwise).
+    pub fn corrupt(&self, from: usize, offset: usize, mask: u8) -> bool {
+        let mut done = false;
+        self.update(|shared| {
+            if let Some(b) = shared.pipes[from & 1].bytes.get_mut(offset) {
+                *b ^= mask.max(1);
+                done = true;
+            }
+        });
+        done
+    }
+
+    /// Swaps the `len` bytes at `offset` of what is queued from end `from` with the `len`
+    /// bytes after them (segments delivered out of order). Returns whether both pieces were
+    /// queued (nothing changes otherwise).
+    pub fn reorder(&self, from: usize, offset: usize, len: usize) -> bool {
+        let mut done = false;
+        self.update(|shared| {
+            let q = &mut shared.pipes[from & 1].bytes;
+            let Some(end) = offset.checked_add(len.saturating_mul(2)) else { return };
+            if len == 0 || end > q.len() {
+                return;
+            }
+            let slice = q.make_contiguous();
+            slice[offset..end].rotate_left(len);
+            done = true;
+        });
+        done
+    }
+
+    /// Closes the writing side of end `from` (as its `shutdown_write` would): its peer reads
+    /// what is queued, then [`LinkError::Closed`].
+    pub fn close_write(&self, from: usize) {
+        self.update(|shared| shared.pipes[from & 1].write_closed = true);
+    }
+
+    /// Bytes queued from end `from` towards its peer.
+    pub fn queued(&self, from: usize) -> usize {
+        lock(&self.shared).pipes[from & 1].bytes.len()
+    }
 }
 
 #[cfg(test)]
@@ -247,6 +290,22 @@ mod tests {
 
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn corrupt_and_reorder_change_only_what_they_say() {
+        let (mut a, mut b) = MemLink::pair(64);
+        let faults = a.faults();
+        assert_eq!(a.send(b"0123456789").unwrap(), 10);
+        assert_eq!(faults.queued(0), 10);
+        assert!(faults.corrupt(0, 1, 0x01));
+        assert!(!faults.corrupt(0, 10, 0x01), "beyond what is queued");
+        assert!(faults.reorder(0, 2, 3));
+        assert!(!faults.reorder(0, 8, 2), "the second piece is not all queued");
+        let mut buf = [0u8; 16];
+        let n = b.recv(&mut buf).unwrap();
+        // '1' ^ 1 = '0'; "234" and "567" swapped.
+        assert_eq!(&buf[..n], b"0056723489");
+    }
 
     fn drain(link: &mut MemLink, max: usize) -> Vec<u8> {
         let mut out = Vec::new();

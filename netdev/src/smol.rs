@@ -75,6 +75,10 @@ pub struct SmolConfig {
     /// connections not yet accepted) at once. smoltcp answers a SYN that no listening socket
     /// takes with RST, so more simultaneous connection attempts than this are refused.
     pub backlog: usize,
+    /// How long a listening socket may stay half open (SYN received, the handshake's last
+    /// ACK missing) before it is reset and armed again: a SYN from an address that never
+    /// answers holds one backlog slot for at most this long.
+    pub handshake_timeout: std::time::Duration,
     /// Links poll the stack in [`Link::recv`] (when nothing is buffered) and after
     /// [`Link::send_vectored`], so an engine needs no separate stack poll (timers still want
     /// [`SmolStack::poll`] at [`SmolStack::poll_at`] when the links are idle).
@@ -104,6 +108,7 @@ impl SmolConfig {
             ack_delay: None,
             nagle: false,
             backlog: 4,
+            handshake_timeout: std::time::Duration::from_secs(3),
             auto_poll: true,
             max_rounds: 256,
             drop_chance: 0.0,
@@ -359,6 +364,21 @@ impl SmolStack {
         lock(&self.inner).device.name().to_owned()
     }
 
+    /// The TCP states of the stack's sockets (listening, connecting and connected ones), for
+    /// monitoring and tests.
+    pub fn tcp_states(&self) -> Vec<State> {
+        let inner = lock(&self.inner);
+        inner
+            .sockets
+            .iter()
+            .filter_map(|(_, socket)| match socket {
+                smoltcp::socket::Socket::Tcp(tcp) => Some(tcp.state()),
+                #[allow(unreachable_patterns)]
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The device's frame counters.
     pub fn device_stats(&self) -> DeviceStats {
         lock(&self.inner).device.stats
@@ -438,10 +458,14 @@ impl SmolStack {
     }
 }
 
-/// A new socket listening on `port`.
+/// A new socket listening on `port`, which gives up a handshake that stalls for the
+/// configured handshake timeout.
 fn arm(inner: &mut Inner, port: u16) -> io::Result<SocketHandle> {
     let handle = inner.new_socket();
-    if let Err(err) = inner.tcp(handle).listen(port) {
+    let timeout = SmolDuration::from_micros(micros(inner.config.handshake_timeout));
+    let socket = inner.tcp(handle);
+    socket.set_timeout(Some(timeout));
+    if let Err(err) = socket.listen(port) {
         inner.sockets.remove(handle);
         return Err(io::Error::other(format!("listening on TCP port {port}: {err}")));
     }
@@ -496,6 +520,8 @@ impl SmolListener {
                 }
                 _ => {
                     let socket = inner.tcp(handle);
+                    // Established: the handshake timeout no longer applies.
+                    socket.set_timeout(None);
                     let local = socket.local_endpoint().map(to_socket_addr);
                     let peer = socket.remote_endpoint().map(to_socket_addr);
                     self.backlog[slot] = arm(&mut inner, self.port)?;

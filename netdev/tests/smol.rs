@@ -195,6 +195,9 @@ fn wait_reset(link: &mut SmolLink, stacks: [&SmolStack; 2], limit: Duration) {
 
 #[test]
 fn raw_veth_transfer_8mib_both_ways() {
+    if !netns::privileged("raw_veth_transfer_8mib_both_ways") {
+        return;
+    }
     let ns = netns("xfer");
     ns.veth();
     ns.run_inner("inner_raw_transfer");
@@ -234,6 +237,9 @@ fn inner_raw_transfer() {
 
 #[test]
 fn raw_veth_connect_listen_close_reset() {
+    if !netns::privileged("raw_veth_connect_listen_close_reset") {
+        return;
+    }
     let ns = netns("cm");
     ns.veth();
     ns.run_inner("inner_raw_close_reset");
@@ -328,7 +334,81 @@ fn inner_raw_close_reset() {
 }
 
 #[test]
+fn raw_veth_half_open_connections_time_out() {
+    if !netns::privileged("raw_veth_half_open_connections_time_out") {
+        return;
+    }
+    let ns = netns("synflood");
+    ns.veth();
+    ns.run_inner("inner_raw_half_open");
+}
+
+#[test]
+#[ignore = "runs inside the namespace of raw_veth_half_open_connections_time_out"]
+fn inner_raw_half_open() {
+    if !inside() {
+        return;
+    }
+    let mut cfg = SmolConfig::new(IP_A, 24);
+    cfg.backlog = 2;
+    cfg.handshake_timeout = Duration::from_millis(300);
+    let server = SmolStack::raw("va", cfg).unwrap();
+    let mut listener = server.listen(PORT).unwrap();
+    // A host that sends SYNs and then never answers again: its stack is polled only until
+    // the SYNs are out, then left alone (its frames pile up unread).
+    let ghost = stack("vb", IP_B, 0.0);
+    let ghosts: Vec<SmolLink> =
+        (0..2).map(|_| ghost.connect(SocketAddr::from((IP_A, PORT))).unwrap()).collect();
+    let start = Instant::now();
+    loop {
+        ghost.poll_now();
+        server.poll_now();
+        assert!(listener.accept().unwrap().is_none());
+        if ghosts.iter().all(|g| g.state() == State::SynSent) && server_half_open(&server) == 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the ghost's SYNs did not arrive");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Both backlog slots are half open. A real client (another address on the same link)
+    // still gets in once the half-open slots time out and are armed again.
+    let real = stack("vb", Ipv4Addr::new(10, 77, 0, 3), 0.0);
+    let start = Instant::now();
+    let (client, accepted) = loop {
+        let client = real.connect(SocketAddr::from((IP_A, PORT))).unwrap();
+        let mut accepted = None;
+        while client.state() == State::SynSent || (client.is_established() && accepted.is_none()) {
+            real.poll_now();
+            server.poll_now();
+            if accepted.is_none() {
+                accepted = listener.accept().unwrap();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the listener stayed full of half-open sockets"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(a) = accepted {
+            break (client, a);
+        }
+        // Refused while the backlog was full: try again.
+    };
+    assert!(client.is_established());
+    assert_eq!(accepted.peer_addr(), client.local_addr());
+    drop(ghosts);
+}
+
+/// Half-open (SYN-RECEIVED) sockets of `stack`.
+fn server_half_open(stack: &SmolStack) -> usize {
+    stack.tcp_states().iter().filter(|s| **s == State::SynReceived).count()
+}
+
+#[test]
 fn raw_veth_transfer_with_one_percent_frame_loss() {
+    if !netns::privileged("raw_veth_transfer_with_one_percent_frame_loss") {
+        return;
+    }
     let ns = netns("loss");
     ns.veth();
     ns.run_inner("inner_raw_loss");
@@ -367,6 +447,9 @@ const TAP_SMOL: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
 
 #[test]
 fn tap_smoltcp_to_kernel_tcp() {
+    if !netns::privileged("tap_smoltcp_to_kernel_tcp") {
+        return;
+    }
     let ns = netns("tap");
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     ns.ip(&["addr", "add", "10.78.0.1/24", "dev", "tp0"]);
@@ -496,6 +579,9 @@ fn transfer_with_kernel(smol: &SmolStack, link: &mut SmolLink, send: &[u8], expe
 
 #[test]
 fn permission_errors_name_the_interface_and_cause() {
+    if !netns::privileged("permission_errors_name_the_interface_and_cause") {
+        return;
+    }
     let ns = netns("perm");
     ns.veth();
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);

@@ -18,11 +18,10 @@
 //!   (64): 12 bytes. Wireshark names operation code 0 "FetchAdd" and 2 "CmpSwap".
 //! - **Unverified (RFC text not read)**: code 1. Wireshark leaves it unnamed; our recollection
 //!   of RFC 7306 section 5 is that 0001b is an unconditional masked Swap, which fits the gap,
-//!   so it is decoded as [`AtomicOp::Swap`]. protocol-notes.md warns that one public
-//!   implementation uses 1 for compare-and-swap: that reading is rejected here because
-//!   Wireshark (a dissector written against the RFC) uses 2. The root crate's dissector
-//!   (`src/dissect/ddp.rs`) still says 1 = CompareSwap and 56 bytes; it should follow this
-//!   module.
+//!   so it is decoded as [`AtomicOp::Swap`]. One public implementation uses 1 for
+//!   compare-and-swap (docs/protocol-notes.md#rfc-7306-extensions): that reading is rejected
+//!   here because Wireshark (a dissector written against the RFC) uses 2. The root crate's
+//!   dissector (`src/dissect/ddp.rs`) decodes atomics with this module.
 //! - **Unverified (RFC text not read)**: the mask semantics in [`apply`]. They follow the
 //!   masked-atomics model RFC 7306 was written to carry (the same one as the InfiniBand
 //!   extended atomics): FetchAdd's Add Mask marks field boundaries (a 1 bit stops the carry
@@ -30,7 +29,8 @@
 //!   Swap replaces the bits set in the Swap Mask; CmpSwap swaps (with the Swap Mask) iff the
 //!   original and the Compare Data agree on the bits set in the Compare Mask.
 //! - Immediate Data (opcodes 0x8/0x9, see [`crate::wire::Opcode`]) carries exactly 8 bytes of
-//!   data (Wireshark and protocol-notes.md agree; RFC text not read).
+//!   data (Wireshark reads it so, docs/protocol-notes.md#rfc-7306-extensions; RFC text not
+//!   read).
 
 use core::fmt;
 

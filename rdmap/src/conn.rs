@@ -7,13 +7,13 @@
 //!
 //! Who speaks first (RFC 5044 section 7.1.2, RFC 6581): the responder sends nothing until the
 //! initiator's first FPDU has arrived (a responder that sends first breaks siw, see
-//! testdata/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
+//! tests/data/siw/siw-ucmatose.pcap); with peer-to-peer agreed, the initiator's first FPDU is
 //! the RTR message of the agreed type.
 
 use iwarp_ddp::{TerminateCode, TerminateLayer};
 use iwarp_mpa::{ConnParams, DeframeError, Deframed, Deframer, Framer, Role};
 
-use crate::memory::Memory;
+use crate::memory::TableMemory;
 use crate::qp::{QpConfig, QueuePair};
 
 /// One connection: the queue pair, the framer for what it sends and the deframer for what it
@@ -25,7 +25,11 @@ pub struct Connection {
     deframer: Deframer,
     /// An FPDU cut by the end of a received chunk, waiting for the rest.
     pending: Vec<u8>,
+    /// Staging for a segment the framer spreads markers over (allocated only when markers
+    /// are sent: without them segments are written in place).
     segment: Vec<u8>,
+    /// MULPDU: the largest segment.
+    mulpdu: usize,
     /// The responder waits for the initiator's first FPDU before sending.
     awaiting_peer: bool,
     /// The received stream could not be deframed: later bytes are dropped unread, so memory
@@ -53,7 +57,8 @@ impl Connection {
             framer: Framer::new(params.crc, params.markers_tx),
             deframer: Deframer::new(params.crc, params.markers_rx),
             pending: Vec::new(),
-            segment: vec![0; config.mulpdu],
+            segment: if params.markers_tx { vec![0; config.mulpdu] } else { Vec::new() },
+            mulpdu: config.mulpdu,
             awaiting_peer: params.must_wait_for_peer(),
             rx_failed: false,
         }
@@ -77,7 +82,7 @@ impl Connection {
     /// Takes received bytes (any chunking). FPDUs wholly inside `bytes` are deframed and
     /// placed straight from it; only an FPDU cut by the end of a chunk is staged, and only
     /// until its last byte arrives.
-    pub fn handle_bytes(&mut self, mem: &mut impl Memory, mut bytes: &[u8]) {
+    pub fn handle_bytes(&mut self, mem: &mut TableMemory<'_>, mut bytes: &[u8]) {
         while !self.rx_failed && !self.pending.is_empty() {
             // Complete the staged FPDU with just the bytes it still needs.
             let step = match self.deframer.deframe(&self.pending) {
@@ -143,15 +148,17 @@ impl Connection {
     pub fn max_fpdu_len(&self) -> usize {
         let markers = self.framer.markers();
         // The most markers fall into an FPDU that starts at a marker position (0 mod 512).
-        iwarp_mpa::fpdu::wire_len(0, self.segment.len(), markers)
+        iwarp_mpa::fpdu::wire_len(0, self.mulpdu, markers)
     }
 
     /// Frames what the queue pair has to send into `buf`, as many whole FPDUs as fit, and
     /// returns the bytes written. Without markers the queue pair writes each segment straight
     /// into `buf` and the framer adds length, pad and CRC around it: no copy, no staging. The
     /// caller keeps `buf` between calls (nothing here clears or zero-fills it).
-    pub fn poll_transmit_into(&mut self, mem: &mut impl Memory, buf: &mut [u8]) -> usize {
+    pub fn poll_transmit_into(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> usize {
         if self.awaiting_peer {
+            // Nothing goes out yet; memory work requests need no wire.
+            self.qp.run_memory_operations(mem);
             return 0;
         }
         let room = self.max_fpdu_len();
@@ -177,7 +184,7 @@ impl Connection {
 
     /// Frames what the queue pair has to send, up to about `limit` bytes, appending to `out`;
     /// returns the bytes appended (a convenience over [`Connection::poll_transmit_into`]).
-    pub fn poll_transmit(&mut self, mem: &mut impl Memory, out: &mut Vec<u8>, limit: usize) -> usize {
+    pub fn poll_transmit(&mut self, mem: &mut TableMemory<'_>, out: &mut Vec<u8>, limit: usize) -> usize {
         let start = out.len();
         let room = self.max_fpdu_len();
         while out.len() - start < limit {
@@ -212,6 +219,22 @@ impl Connection {
                 0
             }
         }
+    }
+
+    /// Frames a zero-length RDMA Write to STag 1 (the shape of RFC 6581's Write RTR, which
+    /// every peer takes without checking the STag) as the next FPDU of this side's stream,
+    /// bypassing the queue pair, and appends it to `out`; returns the bytes appended. It
+    /// places nothing and completes nothing: the engine sends it to make a peer that left
+    /// earlier FPDUs unread in its socket read again (see docs/siw-quirks.md). Call it only
+    /// between messages (when [`Connection::poll_transmit_into`] has nothing more).
+    pub fn nudge(&mut self, out: &mut Vec<u8>) -> usize {
+        let mut ulpdu = [0u8; iwarp_ddp::header::TAGGED_HEADER_LEN];
+        let mut seg = iwarp_ddp::header::Segment::new_unchecked(&mut ulpdu[..]);
+        seg.set_ddp_control(true, true);
+        seg.set_rdmap_control(crate::wire::Control::new(crate::wire::Opcode::Write).to_byte());
+        seg.set_stag(iwarp_ddp::STag(1));
+        seg.set_to(iwarp_ddp::TaggedOffset(0));
+        Self::frame_into(&mut self.framer, &ulpdu, out)
     }
 
     /// The lower layer closed or failed.

@@ -8,23 +8,23 @@
 //! invariant breaks:
 //! - no work request completes twice, and after the LLP is lost every one has completed
 //!   exactly once;
-//! - no byte changes outside the permitted ranges: the guard bytes after every region, the
-//!   part of the receive region that holds no receive buffer, the part of the local-only region
-//!   that is neither the Read sink nor the Atomic result.
+//! - no byte changes outside the permitted ranges: the guard bytes after every region inside
+//!   its memory and around the memory itself, the part of the receive region that holds no
+//!   receive buffer, the part of the local-only region that is neither the Read sink nor the
+//!   Atomic result.
 //!
 //! Under `cfg(fuzzing)` the deframer does not check CRCs (see mpa/src/codec.rs), so CRC
 //! variants reach the layers above.
 
+use iwarp_ddp::dma::{Buffer, GuardedBuffer};
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
-use iwarp_ddp::{RegionMemory, STag};
+use iwarp_ddp::{RegionMemory, STag, TableMemory};
 use iwarp_mpa::{CrcPolicy, FrameRepr, Policy};
-use std::sync::Arc;
 
 use crate::atomic::AtomicOp;
 use crate::conn::Connection;
 use crate::memory::Sge;
 use crate::qp::{Completion, QpConfig, QpState, QpStats, RecvWr, SendOp, SendWr};
-use crate::table_memory::TableMemory;
 
 /// Registered length of every region.
 pub const REGION_LEN: usize = 128;
@@ -32,6 +32,10 @@ pub const REGION_LEN: usize = 128;
 const MEMORY_LEN: usize = 192;
 /// What every memory byte holds before the run.
 pub const GUARD: u8 = 0xa5;
+/// The guard bytes around each region's memory (outside what the table can address at all).
+const OUTER: u8 = 0x5a;
+/// How many of them on each side.
+const OUTER_LEN: usize = 32;
 const PD: ProtectionDomainId = ProtectionDomainId(1);
 
 /// Region 0: remote write, local write, remote atomic; virtual addressing.
@@ -121,11 +125,10 @@ impl Variant {
     }
 }
 
-/// The victim's regions: their STags, base addresses and memories.
+/// The victim's regions: the table that owns their memories, and their STags.
 struct Regions {
     table: TaggedBufferTable,
     stags: [STag; 4],
-    memories: [Arc<RegionMemory>; 4],
 }
 
 /// The base address (or first tagged offset, for zero-based region 1) of region `i`.
@@ -144,15 +147,15 @@ fn regions() -> Regions {
         (Access::LOCAL_WRITE, Addressing::VirtualAddress),
     ];
     let mut table = TaggedBufferTable::new(16);
-    let memories = [0; 4].map(|_| RegionMemory::from_bytes(&[GUARD; MEMORY_LEN]));
     let mut stags = [STag(0); 4];
     for (i, ((access, addressing), stag)) in specs.into_iter().zip(&mut stags).enumerate() {
         let spec =
             RegionSpec { base_va: 0x10_0000 * (i as u64 + 1), len: REGION_LEN as u64, access, addressing };
-        let Ok(s) = table.register(PD, spec, Arc::clone(&memories[i])) else { panic!("register region {i}") };
+        let memory = RegionMemory::new(GuardedBuffer::new(OUTER_LEN, &[GUARD; MEMORY_LEN], OUTER_LEN, OUTER));
+        let Ok(s) = table.register(PD, spec, memory) else { panic!("register region {i}") };
         *stag = s;
     }
-    Regions { table, stags, memories }
+    Regions { table, stags }
 }
 
 /// The STags the victim's regions get (the same registrations in a fresh table), for seeds.
@@ -189,7 +192,7 @@ pub fn receive(data: &[u8]) -> Outcome {
     let Ok(params) = policy.accept_reply(&reply) else { panic!("accept reply") };
     let config = QpConfig { ord: 2, rfc7306: v.rfc7306, ..QpConfig::default() };
     let mut conn = Connection::new(&params, config);
-    let Regions { mut table, stags, memories } = regions();
+    let Regions { mut table, stags } = regions();
     let recv_va = first_to(RECV);
     for (i, &wr_id) in WR_RECV.iter().enumerate() {
         let sgl = Sge { lkey: stags[RECV], addr: recv_va + 32 * i as u64, len: 32 }.into();
@@ -261,7 +264,8 @@ pub fn receive(data: &[u8]) -> Outcome {
         count(c, &mut done);
     }
     assert!(done.iter().all(|&n| n == 1), "every work request completes exactly once: {posted:?} {done:?}");
-    let memories: Vec<Vec<u8>> = memories.iter().map(|m| m.to_vec()).collect();
+    let memories: Vec<Vec<u8>> =
+        stags.iter().map(|&s| table.memory(s).map(RegionMemory::to_vec).unwrap_or_default()).collect();
     for (i, bytes) in memories.iter().enumerate() {
         let unchanged_from = match i {
             RECV => RECV_BUFFERS,
@@ -274,6 +278,12 @@ pub fn receive(data: &[u8]) -> Outcome {
             "region {i}: byte {:?} changed outside the permitted range",
             bad.map(|b| b + unchanged_from)
         );
+    }
+    // Deregistered, each memory comes back with no byte around it changed.
+    for (i, &stag) in stags.iter().enumerate() {
+        let Ok((_, Some(memory))) = table.deregister(stag) else { panic!("region {i} gone") };
+        let Buffer::Guarded(g) = memory.into_buffer() else { panic!("not the guarded buffer") };
+        assert!(g.guards_hold(OUTER), "bytes around the memory of region {i} changed");
     }
     Outcome { completions, state, stats, transmitted, memories }
 }

@@ -5,10 +5,12 @@
 //!   Request/Response and Immediate Data bodies and the atomic semantics; [`terminate`]: the
 //!   whole Terminate message and which headers it copies for each error.
 //! - [`qp`]: the queue pair: send and receive queues, RDMA Write, Read and the Send variants,
-//!   ORD/IRD, completions in RFC 5040 order, Terminate on every peer violation and flushing of
-//!   every outstanding work request exactly once.
-//! - [`conn`]: a queue pair over MPA (bytes in, bytes out); [`memory`]: what a queue pair needs
-//!   from registered memory, and [`table_memory`] that over DDP's tagged buffer table.
+//!   the memory work requests (local invalidate, fast-register, window bind), ORD/IRD,
+//!   completions in RFC 5040 order, Terminate on every peer violation and flushing of every
+//!   outstanding work request exactly once. DDP places every segment and reads every local
+//!   buffer; the queue pair never touches memory itself.
+//! - [`conn`]: a queue pair over MPA (bytes in, bytes out); [`memory`]: how work requests name
+//!   local buffers.
 //!
 //! It is sans-IO: no sockets, no threads, no clock; time is passed in.
 #![forbid(unsafe_code)]
@@ -19,7 +21,6 @@ pub mod conn;
 pub mod fuzz;
 pub mod memory;
 pub mod qp;
-pub mod table_memory;
 pub mod terminate;
 pub mod wire;
 

@@ -41,7 +41,7 @@ use core::fmt;
 
 use iwarp_ddp::header::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN, control};
 use iwarp_ddp::terminate::{ddp_type, rdmap_type};
-use iwarp_ddp::{AccessError, HeaderError, HeaderRepr, STag, TerminateCode, TerminateLayer};
+use iwarp_ddp::{AccessError, HeaderError, HeaderRepr, STag, TerminateCode, TerminateLayer, UntaggedError};
 
 use crate::wire::{Opcode, READ_REQUEST_LEN, TERMINATE_CONTROL_LEN, TerminateHeader, Truncated};
 
@@ -262,15 +262,13 @@ impl TerminateMessage {
         let Some(ddp) = TerminatedDdpHeader::from_segment(seg) else { return msg.with_flags() };
         msg.ddp_header = Some(ddp);
         msg.ddp_segment_len = u16::try_from(seg.len()).ok();
-        if code.layer == TerminateLayer::Rdmap {
-            if let TerminatedDdpHeader::Untagged(h) = ddp {
-                let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
-                if is_read_request {
-                    msg.rdmap_header = seg
-                        .get(UNTAGGED_HEADER_LEN..)
-                        .and_then(|p| p.first_chunk::<READ_REQUEST_LEN>())
-                        .copied();
-                }
+        if code.layer == TerminateLayer::Rdmap
+            && let TerminatedDdpHeader::Untagged(h) = ddp
+        {
+            let is_read_request = Opcode::from_bits(h[1]) == Opcode::ReadRequest;
+            if is_read_request {
+                msg.rdmap_header =
+                    seg.get(UNTAGGED_HEADER_LEN..).and_then(|p| p.first_chunk::<READ_REQUEST_LEN>()).copied();
             }
         }
         msg.with_flags()
@@ -335,6 +333,19 @@ pub enum RdmapError {
         /// The 4-bit operation code.
         op: u32,
     },
+    /// A message with a fixed-size body (Read Request, Atomic Request or Response, Immediate
+    /// Data) that is not exactly that size, or not in one segment. Reported as DDP's "message
+    /// too long" (the DDP untagged buffer error for a message that does not fit the buffer
+    /// RDMAP posted for it), as siw reports an oversized one; unverified against the RFC text
+    /// for a short one.
+    BodyLength {
+        /// The message's opcode.
+        opcode: Opcode,
+        /// The bytes its segment carried.
+        len: usize,
+        /// The body's fixed length.
+        expected: usize,
+    },
     /// Something broke this stream only (resources, internal invariant).
     CatastrophicStream,
     /// Something broke the whole device.
@@ -344,7 +355,7 @@ pub enum RdmapError {
 }
 
 impl RdmapError {
-    /// The Terminate code (RFC 5040 section 7; the table in protocol-notes.md).
+    /// The Terminate code (RFC 5040 section 7; docs/protocol-notes.md#terminate-codes).
     pub fn terminate_code(&self) -> TerminateCode {
         let prot = rdmap_type::REMOTE_PROTECTION;
         let op = rdmap_type::REMOTE_OPERATION;
@@ -361,6 +372,11 @@ impl RdmapError {
             RdmapError::CannotInvalidate { .. } => TerminateCode::rdmap(op, 0x09),
             RdmapError::UnsupportedAtomicOp { .. } => TerminateCode::rdmap(op, 0xff),
             RdmapError::LocalCatastrophic => TerminateCode::rdmap(rdmap_type::LOCAL_CATASTROPHIC, 0x00),
+            RdmapError::BodyLength { len, expected, .. } => {
+                let end = u64::try_from(*len).unwrap_or(u64::MAX);
+                let buffer_len = u64::try_from(*expected).unwrap_or(u64::MAX);
+                UntaggedError::MessageTooLong { end, buffer_len }.terminate_code()
+            }
         }
     }
 }
@@ -382,6 +398,9 @@ impl fmt::Display for RdmapError {
             RdmapError::CatastrophicStream => f.write_str("catastrophic error, localized to the stream"),
             RdmapError::CatastrophicGlobal => f.write_str("catastrophic error, global"),
             RdmapError::LocalCatastrophic => f.write_str("local catastrophic error"),
+            RdmapError::BodyLength { opcode, len, expected } => {
+                write!(f, "{opcode} body of {len} bytes, expected {expected} in one segment")
+            }
         }
     }
 }
@@ -556,7 +575,7 @@ mod tests {
         assert_eq!(m.emit(&mut [0u8; 5]), Err(Truncated { needed: 6, got: 5 }));
     }
 
-    /// protocol-notes.md, Terminate table, layer 0 RDMAP rows.
+    /// docs/protocol-notes.md#terminate-codes, the layer 0 (RDMAP) rows.
     #[test]
     fn rdmap_error_codes_match_table() {
         let table: &[(RdmapError, u8, u8)] = &[

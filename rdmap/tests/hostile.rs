@@ -1,8 +1,11 @@
 //! A hostile peer against one victim queue pair: arbitrary ULPDUs (well-formed segments with
 //! random fields, and random bytes) and arbitrary byte streams. Placement is checked against a
 //! model (a shadow copy of every region, to which only Writes the model accepts are applied),
-//! guard bytes surround every registered window, every work request completes at most once
-//! (exactly once after the LLP is lost), and the victim sends at most one Terminate.
+//! guard bytes surround every registered window (and every region's memory: the harness
+//! registers windows of larger allocations, checked when the victim goes), every Read Response
+//! the victim sends carries exactly the model's bytes of the source range (nothing is read
+//! outside a registration), every work request completes at most once (exactly once after the
+//! LLP is lost), and the victim sends at most one Terminate.
 //!
 //! Also writes the seed corpus of the `qp_receive` fuzz target (IWARP_WRITE_SEEDS=1).
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
@@ -43,6 +46,11 @@ struct World {
     shadow: Vec<Vec<u8>>,
     /// Writes the model accepted (and the victim placed).
     accepted_writes: usize,
+    /// Read Requests the victim accepted, oldest first: sink STag, sink TO, the model's bytes
+    /// of the source range when it was accepted, and how many the responses carried so far.
+    reads: std::collections::VecDeque<(u32, u64, Vec<u8>, usize)>,
+    /// ULPDUs of `v.sent` already checked.
+    checked_sent: usize,
 }
 
 impl World {
@@ -76,7 +84,16 @@ impl World {
             signaled: false,
         });
         let shadow = v.regions.iter().map(|r| r.initial.clone()).collect();
-        World { attacker, v, crc, markers, shadow, accepted_writes: 0 }
+        World {
+            attacker,
+            v,
+            crc,
+            markers,
+            shadow,
+            accepted_writes: 0,
+            reads: Default::default(),
+            checked_sent: 0,
+        }
     }
 
     /// The region a Write to (stag, to, len) may change, and the offset, per the model.
@@ -90,6 +107,44 @@ impl World {
             return None;
         }
         Some((i, (to - r.first_to) as usize))
+    }
+
+    /// The region a Read Request for (stag, to, len) may read, and the offset, per the model.
+    fn model_read(&self, stag: STag, to: u64, len: usize) -> Option<(usize, usize)> {
+        let (i, r) = self.v.regions.iter().enumerate().find(|(_, r)| r.stag == stag)?;
+        if r.pd != common::VICTIM_PD || !r.access.contains(Access::REMOTE_READ) {
+            return None;
+        }
+        let end = to.checked_add(len as u64)?;
+        if to < r.first_to || end > r.first_to + r.len {
+            return None;
+        }
+        Some((i, (to - r.first_to) as usize))
+    }
+
+    /// Checks the Read Responses the victim sent since the last check against the requests it
+    /// accepted: in order, to the request's sink, with the model's bytes.
+    fn check_read_responses(&mut self) {
+        let sent = deframe_all(&self.v.sent, self.crc, self.markers);
+        for u in &sent[self.checked_sent..] {
+            let Ok(seg) = SegmentRepr::parse(u) else { continue };
+            if Control::from_byte(seg.header.rdmap_control).opcode != Opcode::ReadResponse {
+                continue;
+            }
+            let SegmentKind::Tagged { stag, to } = seg.header.kind else { panic!("untagged Read Response") };
+            let Some((sink, sink_to, bytes, got)) = self.reads.front_mut() else {
+                panic!("a Read Response for no accepted Read Request")
+            };
+            assert_eq!((stag.0, to.0), (*sink, *sink_to + *got as u64), "Read Response to the wrong sink");
+            let expect = &bytes[*got..*got + seg.payload.len()];
+            assert_eq!(seg.payload, expect, "Read Response bytes differ from the source's model");
+            *got += seg.payload.len();
+            if seg.header.last {
+                assert_eq!(*got, bytes.len(), "Read Response shorter than the request");
+                self.reads.pop_front();
+            }
+        }
+        self.checked_sent = sent.len();
     }
 
     /// Delivers one crafted ULPDU (framed by the attacker) in `chunks`-sized pieces and checks
@@ -143,14 +198,34 @@ impl World {
         if was_rts && self.v.local_terminates() == before && self.v.state() != QpState::Rts {
             stats.peer_terminated = true;
         }
+        // A Read Request the victim accepted (it stayed in RTS) must be one the model allows;
+        // its response must carry the model's bytes.
+        if let (Some(seg), Some(ctrl)) = (&seg, ctrl)
+            && was_rts
+            && self.v.state() == QpState::Rts
+            && ctrl.opcode == Opcode::ReadRequest
+            && let Ok(req) = ReadRequest::parse(seg.payload)
+        {
+            let size = req.size as usize;
+            match self.model_read(STag(req.source_stag), req.source_to, size) {
+                Some((i, off)) => {
+                    let bytes = self.shadow[i][off..off + size].to_vec();
+                    self.reads.push_back((req.sink_stag, req.sink_to, bytes, 0));
+                }
+                // Zero bytes are read from nowhere (the RFC 6581 Read RTR).
+                None if size == 0 => self.reads.push_back((req.sink_stag, req.sink_to, Vec::new(), 0)),
+                None => panic!("the victim accepted a Read Request the model refuses: {req:?}"),
+            }
+        }
         self.check_memory();
         self.v.transmit();
+        self.check_read_responses();
         self.check_completions_at_most_once();
     }
 
     fn check_memory(&self) {
         for (i, r) in self.v.regions.iter().enumerate() {
-            let now = r.bytes();
+            let now = r.bytes(&self.v.table);
             if i == RECV {
                 // Only inside posted receive buffers.
                 let inside = |k: usize| {
@@ -405,7 +480,7 @@ proptest! {
             w.check_completions_at_most_once();
         }
         for (i, r) in w.v.regions.iter().enumerate() {
-            let now = r.bytes();
+            let now = r.bytes(&w.v.table);
             let window = match i {
                 RW_VA | RW_ZB | RRW_ZB => 0..r.len as usize,
                 RECV => 0..328,
@@ -448,7 +523,7 @@ fn deframer_memory_stays_bounded_while_healthy() {
         }
         assert_eq!(w.v.state(), QpState::Rts);
         // The last Write (i = 1999) landed: the stream was deframed to its end.
-        assert_eq!(reg.bytes()[199..249], [1999u64 as u8; 50]);
+        assert_eq!(reg.bytes(&w.v.table)[199..249], [1999u64 as u8; 50]);
         // 997 is no multiple of the FPDU length: chunk boundaries cut FPDUs, which are staged.
         assert!(max > 0, "markers {markers}: nothing was ever staged");
         // Vec growth may double what one FPDU needs, and with markers the deframer keeps one
@@ -509,7 +584,7 @@ fn bytes_after_a_terminate_are_dropped() {
     }
     assert!(max > 0, "FPDUs cut by chunk boundaries are staged");
     assert!(max <= 2 * fpdu, "{max} bytes held after the Terminate");
-    assert!(reg.unchanged());
+    assert!(reg.unchanged(&w.v.table));
     w.finish(&tally);
 }
 
@@ -693,5 +768,52 @@ fn placement_safety_reaches_placement() {
         &mut tally,
     );
     assert_eq!(w.v.local_terminates(), 1);
+    w.finish(&tally);
+}
+
+#[test]
+fn read_responses_carry_the_models_bytes() {
+    // Reads the checks above rely on: a Write changes the model, Read Requests return the
+    // model's bytes (the region's own, never a guard byte around it), across segments.
+    let mut w = World::new(false, false);
+    let mut tally = Tally::default();
+    let rrw = w.v.regions[RRW_ZB].clone();
+    w.deliver(&tagged(Opcode::Write, rrw.stag, rrw.first_to + 8, &[0x3c; 20]), 7, &mut tally);
+    for (msn, (region, off, size)) in [(RRW_ZB, 0u64, 64u32), (RO_VA, 100, 28)].into_iter().enumerate() {
+        let r = &w.v.regions[region];
+        let rr = ReadRequest {
+            sink_stag: 0x77,
+            sink_to: 0x1000,
+            size,
+            source_stag: r.stag.0,
+            source_to: r.first_to + off,
+        };
+        w.deliver(
+            &untagged(Opcode::ReadRequest, 1, msn as u32 + 1, 0, true, 0, &rr.to_bytes()),
+            5,
+            &mut tally,
+        );
+    }
+    assert_eq!(w.v.state(), QpState::Rts);
+    assert!(w.reads.is_empty(), "every accepted Read was answered in full");
+    let responses = deframe_all(&w.v.sent, false, false)
+        .iter()
+        .filter(|u| {
+            SegmentRepr::parse(u)
+                .is_ok_and(|s| Control::from_byte(s.header.rdmap_control).opcode == Opcode::ReadResponse)
+        })
+        .count();
+    assert_eq!(responses, 2);
+    // Past the source region's end by one byte: refused, nothing sent from it.
+    let r = &w.v.regions[RO_VA];
+    let rr = ReadRequest {
+        sink_stag: 0x77,
+        sink_to: 0,
+        size: 29,
+        source_stag: r.stag.0,
+        source_to: r.first_to + 100,
+    };
+    w.deliver(&untagged(Opcode::ReadRequest, 1, 3, 0, true, 0, &rr.to_bytes()), 5, &mut tally);
+    assert_ne!(w.v.state(), QpState::Rts);
     w.finish(&tally);
 }

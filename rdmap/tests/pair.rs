@@ -6,10 +6,9 @@
 #![allow(clippy::cast_possible_truncation, reason = "test sizes and patterns are small")]
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
-use iwarp_ddp::{RegionMemory, STag, TerminateCode, TerminateLayer};
+use iwarp_ddp::{RegionMemory, STag, TableMemory, TerminateCode, TerminateLayer};
 use iwarp_mpa::{FrameRepr, Policy};
 use iwarp_rdmap::atomic::AtomicOp;
 use iwarp_rdmap::conn::Connection;
@@ -18,7 +17,6 @@ use iwarp_rdmap::qp::{
     Completion, PostError, QpConfig, QpEvent, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
     WcOpcode, WcStatus,
 };
-use iwarp_rdmap::table_memory::TableMemory;
 
 const MULPDU: usize = 1442;
 const TAGGED_ROOM: usize = MULPDU - 14;
@@ -32,6 +30,8 @@ struct Side {
     next_va: u64,
     completions: Vec<Completion>,
     events: Vec<QpEvent>,
+    /// Regions registered so far (picks the next one's kind of memory).
+    registered: usize,
 }
 
 /// A registered buffer.
@@ -40,7 +40,6 @@ struct Buf {
     stag: STag,
     va: u64,
     len: u32,
-    mem: Arc<RegionMemory>,
 }
 
 impl Buf {
@@ -50,10 +49,6 @@ impl Buf {
 
     fn sge_at(&self, off: u64, len: u32) -> Sge {
         Sge { lkey: self.stag, addr: self.va + off, len }
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        self.mem.to_vec()
     }
 }
 
@@ -66,18 +61,36 @@ impl Side {
             next_va: 0x7f00_0000_0000 + u64::from(pd) * 0x1000_0000,
             completions: Vec::new(),
             events: Vec::new(),
+            registered: 0,
         }
     }
 
+    /// Registers `len` bytes filled with `fill`, over each kind of memory in turn (a vector,
+    /// a boxed slice, a `BytesMut`, a page-aligned buffer).
     fn register(&mut self, len: usize, access: Access, fill: u8) -> Buf {
-        let mem = RegionMemory::zeroed(len);
-        mem.fill(0, len, fill).unwrap();
+        self.registered += 1;
+        let mem = match self.registered % 4 {
+            0 => RegionMemory::new(vec![fill; len]),
+            1 => RegionMemory::new(vec![fill; len].into_boxed_slice()),
+            2 => RegionMemory::new(bytes::BytesMut::from(&vec![fill; len][..])),
+            _ => RegionMemory::from_bytes(&vec![fill; len]),
+        };
         let va = self.next_va;
         self.next_va += (len as u64 + 4096) & !4095;
         let spec =
             RegionSpec { base_va: va, len: len as u64, access, addressing: Addressing::VirtualAddress };
-        let stag = self.table.register(self.pd, spec, mem.clone()).unwrap();
-        Buf { stag, va, len: u32::try_from(len).unwrap(), mem }
+        let stag = self.table.register(self.pd, spec, mem).unwrap();
+        Buf { stag, va, len: u32::try_from(len).unwrap() }
+    }
+
+    /// Copies `data` into `buf` at `off` (the application's copy into its own region).
+    fn write(&mut self, buf: &Buf, off: usize, data: &[u8]) -> Result<(), iwarp_ddp::OutOfBounds> {
+        self.table.memory_mut(buf.stag).unwrap().write(off, data)
+    }
+
+    /// What `buf` holds now.
+    fn bytes(&self, buf: &Buf) -> Vec<u8> {
+        self.table.memory(buf.stag).unwrap().to_vec()
     }
 
     fn collect(&mut self) {
@@ -255,7 +268,7 @@ fn write_every_size_and_mode() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
             let src = p.a.register(len.max(1), Access::NONE, 0);
-            src.mem.write(0, &pattern(len, 3)).unwrap();
+            p.a.write(&src, 0, &pattern(len, 3)).unwrap();
             let dst = p.b.register(len + 16, Access::REMOTE_WRITE, 0xee);
             p.a.post_send(SendWr {
                 wr_id: 7,
@@ -264,7 +277,7 @@ fn write_every_size_and_mode() {
                 signaled: true,
             });
             p.run();
-            let got = dst.bytes();
+            let got = p.b.bytes(&dst);
             assert_eq!(&got[8..8 + len], &pattern(len, 3)[..], "crc {crc} markers {markers} len {len}");
             assert!(got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0xee), "guard bytes");
             assert_eq!(p.a.completions.len(), 1);
@@ -282,7 +295,7 @@ fn read_every_size_and_mode() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
             let src = p.b.register(len.max(1), Access::REMOTE_READ, 0);
-            src.mem.write(0, &pattern(len, 9)).unwrap();
+            p.b.write(&src, 0, &pattern(len, 9)).unwrap();
             let sink = p.a.register(len.max(1), Access::LOCAL_WRITE, 0x55);
             p.a.post_send(SendWr {
                 wr_id: 11,
@@ -291,7 +304,11 @@ fn read_every_size_and_mode() {
                 signaled: true,
             });
             p.run();
-            assert_eq!(&sink.bytes()[..len], &pattern(len, 9)[..], "crc {crc} markers {markers} len {len}");
+            assert_eq!(
+                &p.a.bytes(&sink)[..len],
+                &pattern(len, 9)[..],
+                "crc {crc} markers {markers} len {len}"
+            );
             assert_eq!(p.a.completions.len(), 1, "{:?}", p.a.completions);
             ok(&p.a.completions[0], 11, WcOpcode::Read);
             assert!(p.b.completions.is_empty());
@@ -305,7 +322,7 @@ fn send_every_size_and_mode() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
             let src = p.a.register(len.max(1), Access::NONE, 0);
-            src.mem.write(0, &pattern(len, 1)).unwrap();
+            p.a.write(&src, 0, &pattern(len, 1)).unwrap();
             let dst = p.b.register(len + 5, Access::LOCAL_WRITE, 0xaa);
             p.b.post_recv(21, vec![dst.sge()]);
             p.a.post_send(SendWr {
@@ -315,8 +332,12 @@ fn send_every_size_and_mode() {
                 signaled: true,
             });
             p.run();
-            assert_eq!(&dst.bytes()[..len], &pattern(len, 1)[..], "crc {crc} markers {markers} len {len}");
-            assert!(dst.bytes()[len..].iter().all(|&b| b == 0xaa));
+            assert_eq!(
+                &p.b.bytes(&dst)[..len],
+                &pattern(len, 1)[..],
+                "crc {crc} markers {markers} len {len}"
+            );
+            assert!(p.b.bytes(&dst)[len..].iter().all(|&b| b == 0xaa));
             ok(&p.a.completions[0], 20, WcOpcode::Send);
             assert_eq!(p.b.completions.len(), 1);
             let c = p.b.completions[0];
@@ -331,7 +352,7 @@ fn send_every_size_and_mode() {
 fn scatter_gather_lists() {
     let mut p = Pair::new(true, false);
     let src = p.a.register(10_000, Access::NONE, 0);
-    src.mem.write(0, &pattern(10_000, 4)).unwrap();
+    p.a.write(&src, 0, &pattern(10_000, 4)).unwrap();
     let dst = p.b.register(10_000, Access::LOCAL_WRITE, 0);
     // Gather 3 pieces (7000 bytes) and scatter them over 2 pieces.
     let sgl = vec![src.sge_at(0, 100), src.sge_at(5000, 4900), src.sge_at(200, 2000)].into();
@@ -346,7 +367,7 @@ fn scatter_gather_lists() {
     let msg: Vec<u8> =
         [&pattern(10_000, 4)[..100], &pattern(10_000, 4)[5000..9900], &pattern(10_000, 4)[200..2200]]
             .concat();
-    let got = dst.bytes();
+    let got = p.b.bytes(&dst);
     assert_eq!(&got[9000..10_000], &msg[..1000]);
     assert_eq!(&got[..6000], &msg[1000..]);
     assert_eq!(p.b.completions[0].byte_len, 7000);
@@ -356,10 +377,10 @@ fn scatter_gather_lists() {
 fn interleaved_operations_complete_in_posting_order() {
     let mut p = Pair::new(false, false);
     let a_src = p.a.register(1 << 20, Access::NONE, 0);
-    a_src.mem.write(0, &pattern(1 << 20, 2)).unwrap();
+    p.a.write(&a_src, 0, &pattern(1 << 20, 2)).unwrap();
     let a_sink = p.a.register(1 << 20, Access::LOCAL_WRITE, 0);
     let b_win = p.b.register(1 << 20, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
-    b_win.mem.write(0, &pattern(1 << 20, 8)).unwrap();
+    p.b.write(&b_win, 0, &pattern(1 << 20, 8)).unwrap();
     let b_recv = p.b.register(1 << 20, Access::LOCAL_WRITE, 0);
     let b_src = p.b.register(4096, Access::NONE, 0);
     let a_recv = p.a.register(4096, Access::LOCAL_WRITE, 0);
@@ -403,7 +424,7 @@ fn interleaved_operations_complete_in_posting_order() {
     // A's three Sends (i = 1, 4, 7) each consumed one of B's receive buffers.
     assert_eq!(p.b.completions.iter().filter(|c| c.opcode == WcOpcode::Recv).count(), 3);
     // The Reads brought B's bytes.
-    let sink = a_sink.bytes();
+    let sink = p.a.bytes(&a_sink);
     for i in [0u64, 3, 6] {
         let at = (i * 100_000) as usize;
         let from = (i * 1000) as usize;
@@ -415,7 +436,7 @@ fn interleaved_operations_complete_in_posting_order() {
 fn ord_limits_outstanding_reads() {
     let mut p = Pair::with_ird_ord(false, false, 1);
     let src = p.b.register(64 * 1024, Access::REMOTE_READ, 0);
-    src.mem.write(0, &pattern(64 * 1024, 5)).unwrap();
+    p.b.write(&src, 0, &pattern(64 * 1024, 5)).unwrap();
     let sink = p.a.register(64 * 1024, Access::LOCAL_WRITE, 0);
     for i in 0..4u64 {
         p.a.post_send(SendWr {
@@ -428,7 +449,7 @@ fn ord_limits_outstanding_reads() {
     // With ORD 1 only one Read Request is in flight at a time: B never sees more than its IRD.
     p.run();
     assert_eq!(p.a.completions.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
-    assert_eq!(sink.bytes(), pattern(64 * 1024, 5));
+    assert_eq!(p.a.bytes(&sink), pattern(64 * 1024, 5));
     assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
 }
 
@@ -630,7 +651,7 @@ fn send_with_invalidate_revokes_the_stag() {
     p.a.post_send(write_to(target.stag, target.va, &src, 64));
     p.run();
     assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(TerminateCode::ddp(1, 0x00))));
-    assert!(target.bytes().iter().all(|&b| b == 0));
+    assert!(p.b.bytes(&target).iter().all(|&b| b == 0));
 }
 
 // --- faults in the byte stream ------------------------------------------------------------
@@ -776,7 +797,7 @@ fn extensions_are_an_api_error_unless_negotiated() {
 fn send_with_immediate() {
     let mut p = Pair::rfc7306();
     let src = p.a.register(100, Access::NONE, 0);
-    src.mem.write(0, &pattern(100, 2)).unwrap();
+    p.a.write(&src, 0, &pattern(100, 2)).unwrap();
     let recv = p.b.register(200, Access::LOCAL_WRITE, 0);
     p.b.post_recv(1, vec![recv.sge_at(0, 100)]);
     p.b.post_recv(2, vec![recv.sge_at(100, 100)]);
@@ -793,14 +814,14 @@ fn send_with_immediate() {
     );
     let b: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.opcode, c.byte_len, c.imm_data)).collect();
     assert_eq!(b, vec![(1, WcOpcode::Recv, 100, None), (2, WcOpcode::RecvImmediate, 0, Some(*b"12345678"))]);
-    assert_eq!(&recv.bytes()[..100], &pattern(100, 2)[..]);
+    assert_eq!(&p.b.bytes(&recv)[..100], &pattern(100, 2)[..]);
 }
 
 #[test]
 fn immediate_data_and_write_with_immediate() {
     let mut p = Pair::rfc7306();
     let src = p.a.register(5000, Access::NONE, 0);
-    src.mem.write(0, &pattern(5000, 6)).unwrap();
+    p.a.write(&src, 0, &pattern(5000, 6)).unwrap();
     let dst = p.b.register(5000, Access::REMOTE_WRITE, 0);
     let recv = p.b.register(64, Access::LOCAL_WRITE, 0x77);
     p.b.post_recv(1, vec![recv.sge()]);
@@ -837,8 +858,8 @@ fn immediate_data_and_write_with_immediate() {
         ]
     );
     // The Write landed before its Immediate Data completed; the receive buffer is untouched.
-    assert_eq!(dst.bytes(), pattern(5000, 6));
-    assert!(recv.bytes().iter().all(|&x| x == 0x77));
+    assert_eq!(p.b.bytes(&dst), pattern(5000, 6));
+    assert!(p.b.bytes(&recv).iter().all(|&x| x == 0x77));
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the Atomic Request's fields")]
@@ -868,10 +889,9 @@ fn atomic(
     }
 }
 
-fn word(buf: &Buf, off: usize) -> u64 {
-    let mut b = [0u8; 8];
-    buf.mem.read(off, &mut b).unwrap();
-    u64::from_ne_bytes(b)
+fn word(side: &Side, buf: &Buf, off: usize) -> u64 {
+    let b = side.bytes(buf);
+    u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
 }
 
 #[test]
@@ -879,7 +899,7 @@ fn atomics_fetch_add_swap_compare_swap() {
     let mut p = Pair::rfc7306();
     let target = p.b.register(64, Access::REMOTE_ATOMIC, 0);
     for (i, v) in [100u64, 0xffff_0000_0000_ffff, 42, 42].iter().enumerate() {
-        target.mem.write(i * 8, &v.to_ne_bytes()).unwrap();
+        p.b.write(&target, i * 8, &v.to_ne_bytes()).unwrap();
     }
     let sink = p.a.register(64, Access::LOCAL_WRITE, 0);
     p.a.post_send(atomic(&target, 0, AtomicOp::FetchAdd, 5, 0, 0, 0, sink.sge_at(0, 8)));
@@ -890,14 +910,8 @@ fn atomics_fetch_add_swap_compare_swap() {
     p.run();
     let ids: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
     assert_eq!(ids, [0, 8, 16, 24].map(|i| (i, WcOpcode::Atomic, WcStatus::Success)).to_vec());
-    assert_eq!(
-        [word(&target, 0), word(&target, 8), word(&target, 16), word(&target, 24)],
-        [105, 0xffff_0000_0000_1234, 7, 42]
-    );
-    assert_eq!(
-        [word(&sink, 0), word(&sink, 8), word(&sink, 16), word(&sink, 24)],
-        [100, 0xffff_0000_0000_ffff, 42, 42]
-    );
+    assert_eq!([0, 8, 16, 24].map(|off| word(&p.b, &target, off)), [105, 0xffff_0000_0000_1234, 7, 42]);
+    assert_eq!([0, 8, 16, 24].map(|off| word(&p.a, &sink, off)), [100, 0xffff_0000_0000_ffff, 42, 42]);
     assert_eq!(p.b.conn.qp_ref().state(), QpState::Rts);
 }
 
@@ -913,7 +927,7 @@ fn atomic_without_rights_or_unaligned_is_terminated() {
             panic!("{:?}", p.b.events)
         };
         assert_eq!((code.layer, code.error_type), (TerminateLayer::Rdmap, 1), "{code}");
-        assert!(target.bytes().iter().all(|&x| x == 0x11), "nothing changed");
+        assert!(p.b.bytes(&target).iter().all(|&x| x == 0x11), "nothing changed");
         assert_eq!(p.a.completions.len(), 1);
         assert_eq!(p.a.completions[0].status, WcStatus::WrFlushError);
     }
@@ -926,7 +940,7 @@ fn shared_receive_queue_feeds_the_queue_pair() {
     let srq = SharedReceiveQueue::new(16);
     let mut p = Pair::from_conns(connect_with(false, false, 4, false, Some(srq.clone())));
     let src = p.a.register(3000, Access::NONE, 0);
-    src.mem.write(0, &pattern(3000, 5)).unwrap();
+    p.a.write(&src, 0, &pattern(3000, 5)).unwrap();
     let recv = p.b.register(3 * 3000, Access::LOCAL_WRITE, 0);
     for i in 0..3u64 {
         srq.post_recv(RecvWr { wr_id: 40 + i, sgl: recv.sge_at(i * 3000, 3000).into() }).unwrap();
@@ -944,7 +958,7 @@ fn shared_receive_queue_feeds_the_queue_pair() {
     let got: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.byte_len)).collect();
     assert_eq!(got, vec![(40, 3000), (41, 2999)]);
     assert_eq!(srq.len(), 1, "one buffer left for whoever needs it");
-    assert_eq!(&recv.bytes()[3000..5999], &pattern(3000, 5)[..2999]);
+    assert_eq!(&p.b.bytes(&recv)[3000..5999], &pattern(3000, 5)[..2999]);
 }
 
 // --- who speaks first ---------------------------------------------------------------------

@@ -125,8 +125,8 @@ impl From<TerminateHeader> for TerminateReading {
 pub struct TerminateInfo {
     /// The control word read as RFC 5040 lays it out.
     pub rfc: TerminateReading,
-    /// The control word read with siw's bit-field layout (see protocol-notes.md), when the RFC
-    /// reading names an undefined code or the flag bits sit where siw puts them.
+    /// The control word read with siw's bit-field layout (docs/protocol-notes.md#siws-bit-field-layout),
+    /// when the RFC reading names an undefined code or the flag bits sit where siw puts them.
     pub siw: Option<TerminateReading>,
     /// Which reading the rest was decoded with: "rfc" or "siw".
     pub used: &'static str,

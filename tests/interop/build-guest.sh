@@ -9,7 +9,7 @@
 # package versions and the hash of this script, its patch and its init. Prints the image
 # directory (holding vmlinux, initrd.img, versions.txt) as the last line of stdout.
 #
-# Needs root (apt-get). See shared/interop-vm.md for why each piece is the way it is.
+# Needs root (apt-get). See docs/interop.md#the-guest-image for why each piece is the way it is.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -207,7 +207,7 @@ echo "root:x:0:0:root:/root:/bin/sh" > "$R/etc/passwd"
 echo "root:x:0:" > "$R/etc/group"
 printf '127.0.0.1 localhost\n' > "$R/etc/hosts"
 
-# modules: the ones the init loads (interop-vm.md order), their dependencies, and both siw builds
+# modules: the ones the init loads (docs/interop.md order), their dependencies, and both siw builds
 MODDIR="$K/lib/modules/$KREL"
 RM="$R/lib/modules/$KREL"
 RM="$R/usr/lib/modules/$KREL"
@@ -215,7 +215,7 @@ mkdir -p "$RM/kernel" "$RM/extra/siw-stock" "$RM/extra/siw-param"
 LOAD=(virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover
       net_failover virtio_net crc32c_generic libcrc32c configfs ib_core ib_uverbs iw_cm ib_cm
       rdma_cm rdma_ucm udp_tunnel ip6_udp_tunnel rdma_rxe)
-# load order: interop-vm.md's list, each module after its dependencies (modinfo depends)
+# load order: docs/interop.md's list, each module after its dependencies (modinfo depends)
 : > "$R/etc/iw-modules"
 declare -A loaded=()
 add_mod() {

@@ -2,12 +2,13 @@
 # Sourced by run-guest.sh and run-suite.sh: boot the interop guest with its NIC on a tap device
 # in a network namespace this script creates, run things on both sides, clean up by PID.
 #
-# Network rule (shared/interop-vm.md): traffic only inside the namespace created here
+# Network rule (docs/interop.md#network-rule): traffic only inside the namespace created here
 # (10.99.0.0/24 on the tap, host side .1, guest .2) and qemu's link.
 #
 # Usage:
 #   source lib.sh; iw_setup_ns              # namespace + tap, trap cleanup installed
 #   iw_boot OUTDIR [--siw stock|param] [--siwopts a=1,b=0] [--cmd 'guest shell'] [--pcap F]
+#           [--smp N] [--max SECS]
 #   iw_wait_marker REGEX SECS              # wait for a line on the guest's serial console
 #   iw_wait_exit SECS                      # wait for IWARP-GUEST-EXIT=N; sets IW_GUEST_RC
 #   iw_ns CMD...                           # run a command inside the namespace
@@ -81,7 +82,7 @@ iw_ns_bg() { # SECS FILE CMD...
 
 iw_boot() { # OUTDIR [options]
   local out="$1"; shift
-  local siw=stock siwopts="" cmd="" pcap="" max=300
+  local siw=stock siwopts="" cmd="" pcap="" max=300 smp=1
   while [ $# -gt 0 ]; do
     case "$1" in
       --siw) siw="$2"; shift 2 ;;
@@ -89,6 +90,7 @@ iw_boot() { # OUTDIR [options]
       --cmd) cmd="$2"; shift 2 ;;
       --pcap) pcap="$2"; shift 2 ;;
       --max) max="$2"; shift 2 ;;
+      --smp) smp="$2"; shift 2 ;;
       *) iw_die "iw_boot: unknown option $1" ;;
     esac
   done
@@ -106,7 +108,7 @@ iw_boot() { # OUTDIR [options]
   # qemu is exec'd by `ip netns exec` and `timeout`... keep qemu itself the PID we hold:
   # `ip netns exec` execs its command, so $! is qemu.
   ip netns exec "$IW_NS" qemu-system-x86_64 \
-    -M pc -accel tcg -cpu max -m 512M -smp 1 \
+    -M pc -accel tcg -cpu max -m 512M -smp "$smp" \
     -nographic -monitor none -serial "file:$IW_SERIAL" -no-reboot \
     -kernel "$IW_IMG/vmlinux" -initrd "$IW_IMG/initrd.img" -append "$append" \
     -netdev "tap,id=n0,ifname=$IW_TAP,script=no,downscript=no,vnet_hdr=off" \
@@ -136,7 +138,13 @@ iw_wait_marker() { # REGEX SECS
   return 1
 }
 
-# Waits for the guest's exit marker; sets IW_GUEST_RC (empty on timeout) and stops qemu.
+# Whether the guest's kernel crashed (an oops or BUG on its console).
+iw_guest_crashed() {
+  grep -aqE 'invalid opcode:|kernel BUG at|BUG: |Oops:|general protection fault' "$IW_SERIAL" 2>/dev/null
+}
+
+# Waits for the guest's exit marker; sets IW_GUEST_RC (empty on timeout, or when the guest's
+# kernel crashed) and stops qemu.
 iw_wait_exit() { # SECS
   local secs="$1" end=$((SECONDS + $1)) line
   local alive=1
@@ -147,6 +155,7 @@ iw_wait_exit() { # SECS
       break
     fi
     [ $alive = 0 ] && break
+    iw_guest_crashed && { iw_log "the guest's kernel crashed (see $IW_SERIAL)"; break; }
     kill -0 "$IW_QEMU_PID" 2>/dev/null || alive=0
     sleep 0.1
   done

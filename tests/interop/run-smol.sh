@@ -6,14 +6,13 @@
 # Each case boots the guest once; prints PASS/FAIL lines and exits non-zero on any failure.
 #
 # Environment: IWARP_BIN (default target/release/iwarp), IW_IMG (guest image; built if
-# unset), IWARP_INTEROP_FPDU_DELAY (ms before our first FPDU to siw, default 200).
+# unset). Our clients run with their defaults (no first-FPDU delay).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 [ -x "$BIN" ] || { echo "[interop-smol] FAILED: $BIN is not built" >&2; exit 1; }
 export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
-DELAY="${IWARP_INTEROP_FPDU_DELAY:-200}"
 SMOL="--transport smoltcp --iface vsB --ip 10.99.0.3/24"
 BRIDGE="ip link add vsA type veth peer name vsB && ip link add br0 type bridge \
  && ip link set iwtap0 master br0 && ip link set vsA master br0 && ip addr flush dev iwtap0 \
@@ -37,7 +36,7 @@ pings() {
 
 # a: our smoltcp client against siw's rping server; b: siw's client against our server.
 pings a-rping '^server ping data: rdma-ping-' \
-  "sleep 3 && $BIN rping $SMOL -c -a 10.99.0.2 -C 10 -V -S 64 --first-fpdu-delay $DELAY --timeout 60" \
+  "sleep 3 && $BIN rping $SMOL -c -a 10.99.0.2 -C 10 -V -S 64 --timeout 60" \
   'rping -s -a 10.99.0.2 -C 10 -v'
 pings b-rping '^ping data: rdma-ping-' \
   "$BIN rping $SMOL -s -a 10.99.0.3 --accept-timeout 60 --timeout 60" \
@@ -47,7 +46,7 @@ pings b-rping '^ping data: rdma-ping-' \
 # `ib_write_bw -R` server.
 rc=0
 boot c-write-bw \
-  "sleep 3 && $BIN perftest write 10.99.0.2 $SMOL -s 65536 -n 100 --first-fpdu-delay $DELAY --timeout 60" \
+  "sleep 3 && $BIN perftest write 10.99.0.2 $SMOL -s 65536 -n 100 --timeout 60" \
   'timeout 90 ib_write_bw -R -d siw0 -s 65536 -n 100' || rc=$?
 avg="$(grep -E '^ *65536 +100 ' "$log" | head -1 | awk '{print $4}')"
 if [ "$rc" = 0 ] && [ -n "$avg" ] && awk -v a="$avg" 'BEGIN { exit !(a > 0) }'; then

@@ -22,6 +22,33 @@ pub fn run_checked(what: &str, cmd: &mut Command) {
     );
 }
 
+/// Whether this process may make network namespaces, veth pairs, TAP devices and raw
+/// sockets (it runs as root). When it may not, a test that needs them is skipped with a line
+/// naming it and why, unless `IWARP_REQUIRE_ALL` is set (scripts/test.sh sets it): then the
+/// test fails, so the full test command never passes without them.
+pub fn privileged(test: &str) -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_owned();
+            // Real, effective, saved, filesystem: the effective one decides.
+            line.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false);
+    if root {
+        return true;
+    }
+    let why = "needs root (network namespaces, veth pairs, TAP devices, raw sockets)";
+    if std::env::var_os("IWARP_REQUIRE_ALL").is_some() {
+        panic!("{test} {why}, and IWARP_REQUIRE_ALL is set");
+    }
+    // Straight to the process's stderr, past the test harness's output capture, so the skip
+    // shows in a plain `cargo test` run.
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "skipped: {test} {why}; scripts/test.sh runs it as root");
+    false
+}
+
 /// A network namespace, deleted (with every interface in it) on drop.
 #[derive(Debug)]
 pub struct Netns {

@@ -22,116 +22,12 @@ use iwarp::ddp::TerminateCode;
 use iwarp::mpa::CrcPolicy;
 use iwarp::rdmap::atomic::AtomicOp;
 use iwarp::{
-    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode,
-    PostError, ProtectionDomain, QpEvent, QpState, QueuePair, RecvWr, RegisterError, STag, SendOp, SendWr,
-    Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, CmError, ConnectOptions, Device, MemoryRegion, PollMode, PostError, ProtectionDomain, QpEvent,
+    QpState, QueuePair, RecvWr, RegisterError, STag, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
-/// The longest any single wait in these tests may take.
-const T: Duration = Duration::from_secs(10);
-const MIB: usize = 1 << 20;
-
-fn localhost() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-fn open(mode: PollMode) -> Device {
-    Device::open(DeviceConfig { poll_mode: mode, ..DeviceConfig::default() })
-}
-
-/// Bytes that differ per size and seed, so that misplaced data shows.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 8) as u8)).collect()
-}
-
-/// One end of a connection: its protection domain, its (single) completion queue, its QP.
-struct End {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-}
-
-impl End {
-    /// The next completion, within [`T`].
-    fn wait(&self, what: &str) -> WorkCompletion {
-        self.cq.wait(T).unwrap_or_else(|| panic!("{what}: no completion within {T:?}"))
-    }
-
-    /// The next completion, which must succeed with `wr_id`.
-    fn expect_ok(&self, wr_id: u64, opcode: WcOpcode, what: &str) -> WorkCompletion {
-        let wc = self.wait(what);
-        assert_eq!((wc.wr_id, wc.status, wc.opcode), (wr_id, WcStatus::Success, opcode), "{what}: {wc:?}");
-        assert_eq!(wc.qp_num, self.qp.qp_num(), "{what}");
-        wc
-    }
-
-    fn recv(&self, wr_id: u64, sgl: Vec<Sge>) {
-        self.qp.post_recv(RecvWr { wr_id, sgl: sgl.into() }).unwrap();
-    }
-
-    fn send(&self, wr_id: u64, op: SendOp, sgl: Vec<Sge>) {
-        self.qp.post_send(SendWr { wr_id, op, sgl: sgl.into(), signaled: true }).unwrap();
-    }
-}
-
-fn send_op(solicited: bool) -> SendOp {
-    SendOp::Send { solicited, invalidate: None }
-}
-
-/// A connected pair, and the devices it runs on (dropped last).
-struct Pair {
-    client: End,
-    server: End,
-    /// The private data the server saw in the Request.
-    request_pd: Vec<u8>,
-    /// The private data the client saw in the Reply.
-    reply_pd: Vec<u8>,
-    _devs: Vec<Device>,
-}
-
-/// Connects a client on `cdev` to a server on `sdev` (one thread accepts).
-fn connect_on(
-    cdev: &Device,
-    sdev: &Device,
-    copts: &ConnectOptions,
-    sopts: &ConnectOptions,
-) -> (End, End, Vec<u8>, Vec<u8>) {
-    let listener = sdev.listen(localhost()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (spd, scq) = (sdev.alloc_pd(), sdev.create_cq(1024));
-    let server = {
-        let (spd, scq, sopts) = (spd.clone(), scq.clone(), sopts.clone());
-        thread::spawn(move || {
-            let req = listener.accept(T)?;
-            assert_eq!(req.peer_addr().ip(), addr.ip());
-            let seen = req.private_data().to_vec();
-            let qp = req.accept(&spd, &scq, &scq, &sopts)?;
-            Ok::<_, CmError>((qp, seen))
-        })
-    };
-    let (cpd, ccq) = (cdev.alloc_pd(), cdev.create_cq(1024));
-    let connected = cdev.connect(addr, &cpd, &ccq, &ccq, copts);
-    let (sqp, request_pd) = server.join().unwrap().expect("server accept");
-    let connected = connected.expect("client connect");
-    let client = End { pd: cpd, cq: ccq, qp: connected.qp };
-    let server = End { pd: spd, cq: scq, qp: sqp };
-    (client, server, request_pd, connected.private_data)
-}
-
-/// A pair on fresh devices in `mode`: two devices, except in inline mode, where one device
-/// (driven by whichever thread waits on a completion queue) runs both ends, and in busy mode,
-/// where one spinning engine thread serves both ends (two would leave the test nothing of a
-/// 2-core machine).
-fn pair(mode: PollMode, copts: &ConnectOptions, sopts: &ConnectOptions) -> Pair {
-    let one = matches!(mode, PollMode::Inline | PollMode::Busy);
-    let devs = if one { vec![open(mode)] } else { vec![open(mode), open(mode)] };
-    let (client, server, request_pd, reply_pd) = connect_on(&devs[0], devs.last().unwrap(), copts, sopts);
-    Pair { client, server, request_pd, reply_pd, _devs: devs }
-}
-
-fn default_pair(mode: PollMode) -> Pair {
-    pair(mode, &ConnectOptions::default(), &ConnectOptions::default())
-}
+mod common;
+use common::*;
 
 // --- data transfers ------------------------------------------------------------------------
 
@@ -520,31 +416,6 @@ fn connect_request_shows_peer_ird_ord() {
 }
 
 // --- faults ----------------------------------------------------------------------------------
-
-/// Collects completions from `cq` until `n` have come (each within [`T`]), then checks that no
-/// more come for a while (each work request completes exactly once).
-fn collect(cq: &CompletionQueue, n: usize, what: &str) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    while out.len() < n {
-        match cq.wait(T) {
-            Some(wc) => out.push(wc),
-            None => panic!("{what}: {} of {n} completions, then nothing: {out:?}", out.len()),
-        }
-    }
-    if let Some(extra) = cq.wait(Duration::from_millis(200)) {
-        panic!("{what}: an extra completion {extra:?} after {out:?}");
-    }
-    out
-}
-
-fn wait_state(qp: &QueuePair, state: QpState, what: &str) {
-    let deadline = Instant::now() + T;
-    while qp.state() != state {
-        assert!(Instant::now() < deadline, "{what}: still {:?}", qp.state());
-        let _ = qp.poll_event(); // drives an inline device; the event is read later
-        thread::sleep(Duration::from_millis(1));
-    }
-}
 
 #[test]
 fn peer_disconnect_flushes_everything_once() {
@@ -1023,20 +894,20 @@ fn deregistered_rkey_is_invalid() {
     let sdev = open(PollMode::Adaptive);
     let (client, server, _, _) =
         connect_on(&cdev, &sdev, &ConnectOptions::default(), &ConnectOptions::default());
-    let mr = server.pd.register(4096, Access::REMOTE_WRITE).unwrap();
+    let mr = server.pd.register_buffer(vec![0u8; 4096], Access::REMOTE_WRITE).unwrap();
     let (rkey, addr) = (mr.rkey(), mr.addr());
-    let memory = mr.memory().clone();
     // Works while registered.
     let src = client.pd.register_bytes(&[7; 16], Access::NONE).unwrap();
     client.send(1, SendOp::Write { remote_stag: rkey, remote_to: addr }, vec![src.sge_all()]);
     client.expect_ok(1, WcOpcode::Write, "registered");
     let deadline = Instant::now() + T;
-    while memory.to_vec()[..16] != [7; 16] {
+    while mr.to_vec()[..16] != [7; 16] {
         assert!(Instant::now() < deadline, "the first Write never landed");
         thread::sleep(Duration::from_millis(1));
     }
-    memory.write(0, &[0; 16]).unwrap();
-    drop(mr);
+    mr.write(0, &[0; 16]).unwrap();
+    // The application's vector comes back; the stack must never touch it again.
+    let memory = mr.deregister().unwrap().into_vec().unwrap();
     // A new region must not take over the old rkey.
     let newer = server.pd.register(4096, Access::REMOTE_WRITE).unwrap();
     assert_ne!(newer.rkey(), rkey);
@@ -1051,7 +922,7 @@ fn deregistered_rkey_is_invalid() {
         e => panic!("expected LocalTerminate, got {e:?}"),
     }
     wait_state(&client.qp, QpState::Error, "writer");
-    assert!(memory.to_vec().iter().all(|&b| b == 0), "a Write landed in deregistered memory");
+    assert!(memory.iter().all(|&b| b == 0), "a Write landed in deregistered memory");
     assert!(newer.to_vec().iter().all(|&b| b == 0), "a Write landed in the new region");
 }
 

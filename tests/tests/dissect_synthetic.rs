@@ -64,7 +64,7 @@ fn pcap(segs: &[Seg]) -> Vec<u8> {
 
 fn block(out: &mut Vec<u8>, kind: u32, body: &[u8]) {
     let mut body = body.to_vec();
-    while body.len() % 4 != 0 {
+    while !body.len().is_multiple_of(4) {
         body.push(0);
     }
     let total = u32::try_from(body.len() + 12).unwrap();

@@ -188,3 +188,89 @@ fn messages_on_every_connection_of_many() {
         assert_eq!(u64::from_le_bytes(got), i as u64, "connection {i}");
     }
 }
+
+/// The process's resident memory in bytes.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A thousand connected queue pairs on one engine per side: an idle connection costs little
+/// memory, and data moves on every one of them (a Write and a Send each, checked).
+#[test]
+fn a_thousand_queue_pairs() {
+    const N: usize = 1000;
+    // Both ends of every connection live in this process, plus the listener.
+    rlimit::increase_nofile_limit(4 * N as u64 + 256).unwrap();
+    let (client_dev, server_dev) = (open(PollMode::Adaptive), open(PollMode::Adaptive));
+    let (cpd, spd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
+    let (ccq, scq) = (client_dev.create_cq(4 * N), server_dev.create_cq(4 * N));
+    let listener = server_dev.listen("127.0.0.1:0".parse::<SocketAddr>().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opts = ConnectOptions { max_recv_wr: 2, max_send_wr: 4, ..ConnectOptions::default() };
+    let before = resident_bytes();
+    let accepting = {
+        let (spd, scq, opts) = (spd.clone(), scq.clone(), opts.clone());
+        thread::spawn(move || {
+            (0..N)
+                .map(|_| listener.accept(T).unwrap().accept(&spd, &scq, &scq, &opts).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    let clients: Vec<QueuePair> =
+        (0..N).map(|_| client_dev.connect(addr, &cpd, &ccq, &ccq, &opts).unwrap().qp).collect();
+    let servers = accepting.join().unwrap();
+    let per_end = resident_bytes().saturating_sub(before) / (2 * N as u64);
+    assert!(per_end <= 64 * 1024, "{per_end} bytes per idle connection end");
+    assert_eq!((client_dev.connections(), server_dev.connections()), (N, N));
+
+    // Every connection: a 4 KiB Write into its own slice of the server's region, then a Send
+    // carrying its index.
+    const W: usize = 4096;
+    let rights = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let target = spd.register(N * W, rights).unwrap();
+    let inbox = spd.register(N * 8, Access::LOCAL_WRITE).unwrap();
+    let source = cpd.register(N * W, Access::LOCAL_WRITE).unwrap();
+    for (i, qp) in servers.iter().enumerate() {
+        source.write(i * W, &vec![(i % 251) as u8; W]).unwrap();
+        source.write(i * W, &(i as u64).to_le_bytes()).unwrap();
+        qp.post_recv(RecvWr { wr_id: i as u64, sgl: inbox.sge(i * 8, 8).into() }).unwrap();
+    }
+    for (i, qp) in clients.iter().enumerate() {
+        let write = SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() + (i * W) as u64 };
+        let send = SendOp::Send { solicited: false, invalidate: None };
+        let wrs = [
+            SendWr {
+                wr_id: 2 * i as u64,
+                op: write,
+                sgl: source.sge(i * W, W as u32).into(),
+                signaled: true,
+            },
+            SendWr { wr_id: 2 * i as u64 + 1, op: send, sgl: source.sge(i * W, 8).into(), signaled: true },
+        ];
+        qp.post_send_list(wrs).unwrap();
+    }
+    let mut received = vec![false; N];
+    for _ in 0..N {
+        let wc = scq.wait(T).expect("a receive on the server");
+        assert_eq!((wc.status, wc.opcode, wc.byte_len), (WcStatus::Success, WcOpcode::Recv, 8), "{wc:?}");
+        let i = usize::try_from(wc.wr_id).unwrap();
+        assert!(!received[i], "receive {i} completed twice");
+        received[i] = true;
+    }
+    for _ in 0..2 * N {
+        let wc = ccq.wait(T).expect("a send completion on the client");
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+    // The Send follows the Write on each connection, so its Write has been placed.
+    let (mut placed, mut got) = (vec![0u8; N * W], vec![0u8; N * 8]);
+    target.read(0, &mut placed).unwrap();
+    inbox.read(0, &mut got).unwrap();
+    for i in 0..N {
+        assert_eq!(u64::from_le_bytes(got[i * 8..i * 8 + 8].try_into().unwrap()), i as u64, "Send on {i}");
+        let slice = &placed[i * W..(i + 1) * W];
+        assert_eq!(u64::from_le_bytes(slice[..8].try_into().unwrap()), i as u64, "Write on {i}");
+        assert!(slice[8..].iter().all(|&b| b == (i % 251) as u8), "Write on {i}");
+    }
+}

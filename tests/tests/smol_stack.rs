@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::netdev::{SmolConfig, SmolStack};
 use iwarp::{
-    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, PollMode, ProtectionDomain, QueuePair,
-    RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, ListenOptions, PollMode, ProtectionDomain,
+    QueuePair, RecvWr, SendOp, SendWr, Transport, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const INNER_ENV: &str = "IWARP_SMOL_STACK_NETNS";
@@ -96,7 +96,9 @@ fn connect(client_dev: &Device, client: Client<'_>, server_dev: &Device, server:
     let server_qp = std::thread::scope(|s| {
         let accepted = match server {
             Server::Smol(stack) => {
-                let mut listener = server_dev.listen_smol(stack, PORT).unwrap();
+                let lopts =
+                    ListenOptions { transport: Transport::Smol(stack.clone()), ..ListenOptions::default() };
+                let listener = server_dev.listen_with(SocketAddr::from((stack.ip(), PORT)), &lopts).unwrap();
                 let (spd, scq) = (&spd, &scq);
                 s.spawn(move || {
                     let req = listener.accept(T).unwrap();
@@ -114,7 +116,8 @@ fn connect(client_dev: &Device, client: Client<'_>, server_dev: &Device, server:
         };
         let connected = match client {
             Client::Smol(stack, remote) => {
-                client_dev.connect_smol(stack, remote, &cpd, &ccq, &ccq, &options(true)).unwrap()
+                let opts = ConnectOptions { transport: Transport::Smol(stack.clone()), ..options(true) };
+                client_dev.connect(remote, &cpd, &ccq, &ccq, &opts).unwrap()
             }
             Client::Kernel(remote) => client_dev.connect(remote, &cpd, &ccq, &ccq, &options(true)).unwrap(),
         };
@@ -222,6 +225,9 @@ fn veth_pair(drop_chance: f64, modes: (PollMode, PollMode)) {
 
 #[test]
 fn smol_veth_two_devices() {
+    if !netns::privileged("smol_veth_two_devices") {
+        return;
+    }
     let ns = netns("veth");
     ns.veth();
     ns.run_inner("inner_veth_two_devices");
@@ -238,6 +244,9 @@ fn inner_veth_two_devices() {
 
 #[test]
 fn smol_veth_busy_engine() {
+    if !netns::privileged("smol_veth_busy_engine") {
+        return;
+    }
     let ns = netns("modes");
     ns.veth();
     ns.run_inner("inner_veth_busy_modes");
@@ -254,6 +263,9 @@ fn inner_veth_busy_modes() {
 
 #[test]
 fn smol_veth_one_percent_loss() {
+    if !netns::privileged("smol_veth_one_percent_loss") {
+        return;
+    }
     let ns = netns("loss");
     ns.veth();
     ns.run_inner("inner_veth_loss");
@@ -273,6 +285,9 @@ const TAP_SMOL: Ipv4Addr = Ipv4Addr::new(10, 79, 1, 2);
 
 #[test]
 fn smol_tap_against_kernel_tcp() {
+    if !netns::privileged("smol_tap_against_kernel_tcp") {
+        return;
+    }
     let ns = netns("tap");
     ns.ip(&["tuntap", "add", "mode", "tap", "name", "tp0"]);
     ns.ip(&["addr", "add", "10.79.1.1/24", "dev", "tp0"]);

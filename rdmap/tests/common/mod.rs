@@ -4,16 +4,14 @@
 //! for raw DDP segments and a decoder for the Terminate the victim sends back.
 #![allow(dead_code, reason = "each test file uses part of the harness")]
 
-use std::sync::Arc;
-
+use iwarp_ddp::dma::{Buffer, GuardedBuffer};
 use iwarp_ddp::header::{HeaderRepr, SegmentKind};
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
-use iwarp_ddp::{Msn, QueueNumber, RegionMemory, STag, TaggedOffset};
+use iwarp_ddp::{Msn, QueueNumber, RegionMemory, STag, TableMemory, TaggedOffset};
 use iwarp_mpa::{ConnParams, Deframed, Deframer, FrameRepr, Policy};
 use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendWr};
-use iwarp_rdmap::table_memory::TableMemory;
 use iwarp_rdmap::{Control, Opcode, TerminateMessage};
 
 /// MULPDU of both sides.
@@ -70,7 +68,6 @@ pub(crate) struct Region {
     pub(crate) len: u64,
     pub(crate) access: Access,
     pub(crate) pd: u32,
-    pub(crate) mem: Arc<RegionMemory>,
     /// The memory's content at registration.
     pub(crate) initial: Vec<u8>,
 }
@@ -81,14 +78,20 @@ impl Region {
         Sge { lkey: self.stag, addr: self.first_to + off, len }
     }
 
-    pub(crate) fn bytes(&self) -> Vec<u8> {
-        self.mem.to_vec()
+    /// The region's memory now (the victim's table owns it).
+    pub(crate) fn bytes(&self, table: &TaggedBufferTable) -> Vec<u8> {
+        table.memory(self.stag).map(RegionMemory::to_vec).unwrap_or_default()
     }
 
-    pub(crate) fn unchanged(&self) -> bool {
-        self.bytes() == self.initial
+    pub(crate) fn unchanged(&self, table: &TaggedBufferTable) -> bool {
+        self.bytes(table) == self.initial
     }
 }
+
+/// Guard bytes before and after every region's memory.
+const GUARD_LEN: usize = 32;
+/// What the guard bytes hold.
+const GUARD: u8 = 0xe7;
 
 /// The victim: its connection, table, regions and everything it reported or sent.
 pub(crate) struct Victim {
@@ -100,6 +103,23 @@ pub(crate) struct Victim {
     pub(crate) events: Vec<QpEvent>,
     pub(crate) sent: Vec<u8>,
     next_va: u64,
+}
+
+impl Drop for Victim {
+    /// Deregisters every region and checks that no byte around its memory changed: whatever
+    /// the test did, the stack wrote nothing outside the memory it was given.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for r in &self.regions {
+            let Ok((_, Some(memory))) = self.table.deregister_unbinding(r.stag) else {
+                panic!("region {} is not registered any more", r.stag);
+            };
+            let Buffer::Guarded(g) = memory.into_buffer() else { panic!("not the guarded buffer") };
+            assert!(g.guards_hold(GUARD), "bytes around region {} changed", r.stag);
+        }
+    }
 }
 
 impl Victim {
@@ -129,16 +149,19 @@ impl Victim {
     ) -> usize {
         let initial: Vec<u8> =
             (0..mem_len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed) | 0x01).collect();
-        let mem = RegionMemory::from_bytes(&initial);
+        // The memory is a window of a larger allocation: guard bytes before and after it,
+        // checked when the victim goes (see Drop), on top of the unregistered bytes after
+        // `len` inside the memory.
+        let mem = RegionMemory::new(GuardedBuffer::new(GUARD_LEN, &initial, GUARD_LEN, GUARD));
         let base_va = self.next_va;
         self.next_va += 0x10_0000;
         let spec = RegionSpec { base_va, len, access, addressing };
-        let stag = self.table.register(ProtectionDomainId(pd), spec, mem.clone()).unwrap();
+        let stag = self.table.register(ProtectionDomainId(pd), spec, mem).unwrap();
         let first_to = match addressing {
             Addressing::VirtualAddress => base_va,
             Addressing::ZeroBased => 0,
         };
-        self.regions.push(Region { stag, first_to, len, access, pd, mem, initial });
+        self.regions.push(Region { stag, first_to, len, access, pd, initial });
         self.regions.len() - 1
     }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use iwarp::PollMode;
 use serde_json::{Value, json};
 
+mod plot;
 mod raw;
 mod rdma;
 mod smolraw;
@@ -87,6 +88,10 @@ pub(crate) struct Args {
     /// Print one JSON document with the configuration and every row instead of tables.
     #[arg(long)]
     json: bool,
+    /// Draw bandwidth and ping-pong latency against message size, this stack's next to raw
+    /// TCP's, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Record the iWARP connections (both ends) into this pcap file, readable by tshark and
     /// `iwarp dissect`. Capturing costs throughput; use it with short runs.
     #[arg(long, value_name = "FILE")]
@@ -272,24 +277,63 @@ impl Throughput {
     }
 }
 
+/// Round-trip times as they are measured, in a histogram of bounded size (3 significant
+/// digits from 1 ns to a minute), however long the run.
+pub(crate) struct Samples {
+    hist: Option<hdrhistogram::Histogram<u64>>,
+    n: usize,
+}
+
+impl Samples {
+    pub(crate) fn new() -> Samples {
+        Samples { hist: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 3).ok(), n: 0 }
+    }
+
+    /// Records one round trip.
+    pub(crate) fn push(&mut self, d: Duration) {
+        self.n += 1;
+        if let Some(h) = &mut self.hist {
+            h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
+        }
+    }
+
+    /// Round trips recorded.
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+}
+
 /// Round-trip times of a ping-pong.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Latency {
     p50_us: f64,
     p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
     samples: usize,
 }
 
 impl Latency {
-    fn from_samples(samples: Vec<Duration>) -> Latency {
-        let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-        us.sort_by(f64::total_cmp);
-        let pick = |p: usize| us.get((us.len().saturating_sub(1)) * p / 100).copied().unwrap_or(0.0);
-        Latency { p50_us: pick(50), p99_us: pick(99), samples: us.len() }
+    fn from_samples(samples: Samples) -> Latency {
+        let Some(h) = samples.hist else { return Latency { samples: samples.n, ..Latency::default() } };
+        let us = |ns: u64| ns as f64 / 1e3;
+        Latency {
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            max_us: us(h.max()),
+            samples: samples.n,
+        }
     }
 
     fn to_json(self) -> Value {
-        json!({ "p50_us": self.p50_us, "p99_us": self.p99_us, "samples": self.samples })
+        json!({
+            "p50_us": self.p50_us,
+            "p99_us": self.p99_us,
+            "p999_us": self.p999_us,
+            "max_us": self.max_us,
+            "samples": self.samples,
+        })
     }
 }
 
@@ -400,6 +444,13 @@ pub(crate) fn run(args: &Args) -> ExitCode {
     }
     match result {
         Ok(report) => {
+            if let Some(path) = &args.plot {
+                let title = config_line(args, &report).lines().next().unwrap_or_default().to_owned();
+                if let Err(e) = std::fs::write(path, plot::svg(&title, &ops(args), &report.rows)) {
+                    eprintln!("error: bench: cannot write {}: {e}", path.display());
+                    return ExitCode::from(EXIT_FAILED);
+                }
+            }
             let text = if args.json { json_report(args, &report) } else { text_report(args, &report) };
             let mut stdout = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth reporting.
@@ -451,16 +502,19 @@ fn raw_busy(args: &Args) -> bool {
 
 fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
+    // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
+    let total = sizes.len() + usize::from(!sizes.contains(&RATE_SIZE)) + ops.len() * sizes.len();
+    let done = std::cell::Cell::new(0usize);
     let progress = |line: String| {
         if !args.quiet {
-            eprintln!("bench: {line}");
+            done.set(done.get() + 1);
+            eprintln!("bench: [{}/{total}] {line}", done.get().min(total));
         }
     };
-    let rate_row = ops.contains(&Op::Send) && sizes.contains(&RATE_SIZE);
     // The baseline first, before the engine's thread starts (a busy one takes a core).
     let mut raw_rows = BTreeMap::new();
     let mut raw_sizes = sizes.clone();
-    if !rate_row {
+    if !sizes.contains(&RATE_SIZE) {
         raw_sizes.push(RATE_SIZE);
     }
     let mut kernel_rows = BTreeMap::new();
@@ -468,17 +522,19 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         let (stream, ping_pong) = match stacks {
             Some((client, server)) => {
                 let kernel = raw::stream(size, &budget)?;
-                progress(format!(
-                    "kernel TCP (127.0.0.1) {:>5}: {:8.3} GB/s",
-                    show_size(size),
-                    kernel.gbyte_s()
-                ));
+                if !args.quiet {
+                    eprintln!(
+                        "bench: kernel TCP (127.0.0.1) {:>5}: {:8.3} GB/s",
+                        show_size(size),
+                        kernel.gbyte_s()
+                    );
+                }
                 kernel_rows.insert(size, kernel);
                 let stream = smolraw::stream(client, server, size, &budget)?;
                 let ping_pong = if sizes.contains(&size) {
                     smolraw::ping_pong(client, server, size, &budget)?
                 } else {
-                    Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+                    Latency::default()
                 };
                 (stream, ping_pong)
             }
@@ -487,7 +543,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
                 let ping_pong = if sizes.contains(&size) {
                     raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
                 } else {
-                    Latency { p50_us: 0.0, p99_us: 0.0, samples: 0 }
+                    Latency::default()
                 };
                 (stream, ping_pong)
             }
@@ -560,7 +616,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
 /// 64, 256, 1K, 4K, 1M, 1.5K...
 fn show_size(size: usize) -> String {
     for (unit, name) in [(1usize << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
-        if size >= unit && size % unit == 0 {
+        if size >= unit && size.is_multiple_of(unit) {
             return format!("{}{name}", size / unit);
         }
     }
@@ -617,22 +673,25 @@ fn text_report(args: &Args, report: &Report) -> String {
         out.push('\n');
         out.push_str(&format!("{}\n", op.name()));
         out.push_str(&format!(
-            "{:>6} | {:>9} {:>9} {:>6} | {:>8} {:>6} | {:>17} {:>17} {:>6}\n",
+            "{:>6} | {:>9} {:>9} {:>6} | {:>8} {:>6} | {:>22} {:>22} {:>6}\n",
             "size",
             "iwarp GB/s",
             "raw GB/s",
             "ratio",
             "Mmsg/s",
             "ratio",
-            "iwarp p50/p99 us",
-            "raw p50/p99 us",
+            "iwarp p50/p99/p99.9 us",
+            "raw p50/p99/p99.9 us",
             "ratio"
         ));
         for r in report.rows.iter().filter(|r| r.op == op) {
-            let iw = format!("{:.1}/{:.1}", r.lat.p50_us, r.lat.p99_us);
-            let raw = format!("{:.1}/{:.1}", r.raw.ping_pong.p50_us, r.raw.ping_pong.p99_us);
+            let iw = format!("{:.1}/{:.1}/{:.1}", r.lat.p50_us, r.lat.p99_us, r.lat.p999_us);
+            let raw = format!(
+                "{:.1}/{:.1}/{:.1}",
+                r.raw.ping_pong.p50_us, r.raw.ping_pong.p99_us, r.raw.ping_pong.p999_us
+            );
             out.push_str(&format!(
-                "{:>6} | {:>10.3} {:>9.3} {:>6.2} | {:>8.3} {:>6.2} | {:>17} {:>17} {:>6.2}\n",
+                "{:>6} | {:>10.3} {:>9.3} {:>6.2} | {:>8.3} {:>6.2} | {:>22} {:>22} {:>6.2}\n",
                 show_size(r.size),
                 r.bw.gbyte_s(),
                 r.raw.stream.gbyte_s(),

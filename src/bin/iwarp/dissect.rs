@@ -97,18 +97,18 @@ struct Output<W: Write> {
 
 impl<W: Write> Output<W> {
     fn line(&mut self, s: &str) {
-        if self.failed.is_none() {
-            if let Err(e) = self.w.write_all(s.as_bytes()).and_then(|()| self.w.write_all(b"\n")) {
-                self.failed = Some(e);
-            }
+        if self.failed.is_none()
+            && let Err(e) = self.w.write_all(s.as_bytes()).and_then(|()| self.w.write_all(b"\n"))
+        {
+            self.failed = Some(e);
         }
     }
 
     fn flush(&mut self) {
-        if self.failed.is_none() {
-            if let Err(e) = self.w.flush() {
-                self.failed = Some(e);
-            }
+        if self.failed.is_none()
+            && let Err(e) = self.w.flush()
+        {
+            self.failed = Some(e);
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `iwarp perftest`: perftest's `ib_write_bw -R`, `ib_read_bw -R` and `ib_send_bw -R`, on the
-//! wire the same (perftest 4.5-0.17, internal version 6.06; see shared/perftest-notes.md).
+//! wire the same (perftest 4.5-0.17, internal version 6.06; see docs/perftest.md).
 //!
 //! Two rdma_cm (TCP + MPA) connections, both from the client to the server's port: the
 //! control connection carries perftest's lockstep Sends (version, cycle buffer, cache line,
@@ -71,8 +71,8 @@ pub(crate) enum Test {
 /// -R is implied (perftest over iWARP needs it) and -F is accepted for compatibility. Both
 /// sides must agree on -s, -n/-D and --report_gbits, as with perftest.
 ///
-/// Against Linux siw 6.1 a client should use --first-fpdu-delay 10: siw hooks up its receive
-/// path only after sending its MPA Reply.
+/// Against Linux siw 6.1 no flag is needed: siw may leave a first message that follows its MPA
+/// Reply at once unread, and the client nudges it (docs/siw-quirks.md).
 ///
 /// Exit status: 0 when the test ran, 1 on a failure (refused, rejected, a Terminate, a
 /// timeout, a peer that does not speak the protocol; one line on stderr names the cause), 2
@@ -131,7 +131,8 @@ pub(crate) struct Args {
     #[arg(long)]
     crc: bool,
     /// Client: milliseconds to wait between the MPA Reply and the first Send on each
-    /// connection; 10 helps against Linux siw 6.1.
+    /// connection (not needed against Linux siw 6.1: the client nudges a peer that leaves it
+    /// unread).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     first_fpdu_delay: u64,
     /// Server: the address to listen on [default: 0.0.0.0].
@@ -145,6 +146,11 @@ pub(crate) struct Args {
     /// Server: give up when no client connects within SECS (default: wait forever).
     #[arg(long, value_name = "SECS")]
     accept_timeout: Option<u64>,
+    /// Server: how long the client's run may last (the wait for its end-of-run record; in
+    /// duration mode -D plus --timeout is used when longer).
+    #[arg(long, value_name = "SECS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    run_timeout: u64,
     /// Record both connections into this pcap file (readable by tshark and `iwarp dissect`).
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
@@ -185,6 +191,9 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
     }
 }
+
+/// The largest cycle buffer a peer may make this side use (perftest sends its page size).
+const MAX_PEER_CYCLE: u32 = 16 << 20;
 
 // --- parameters -------------------------------------------------------------------------------
 
@@ -309,8 +318,8 @@ fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryR
 const DATA_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
 
 type Capture = Arc<Mutex<PcapWriter>>;
-use crate::transport::AnyListener;
 use iwarp::netdev::SmolStack;
+use iwarp::{ListenOptions, Listener};
 
 /// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
 fn open_stack(args: &Args) -> Result<Option<SmolStack>, Fail> {
@@ -342,10 +351,8 @@ fn connect_any(
     cq: &CompletionQueue,
     opts: &ConnectOptions,
 ) -> Result<iwarp::Connected, CmError> {
-    match stack {
-        Some(stack) => device.connect_smol(stack, addr, pd, cq, cq, opts),
-        None => device.connect(addr, pd, cq, cq, opts),
-    }
+    let opts = ConnectOptions { transport: crate::transport::transport(stack), ..opts.clone() };
+    device.connect(addr, pd, cq, cq, &opts)
 }
 
 fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
@@ -579,7 +586,9 @@ impl Ctrl {
         let mtu = wire::parse_mtu(&self.exchange(&wire::mtu_msg(MTU_ENUM), "MTU", t)?);
         self.exchange(&[0u8; wire::KEY_RECORD_LEN], "\"pre\" handshake", t)?;
         Ok(Agreed {
-            cycle: cycle.clamp(CYCLE_BUFFER, 1 << 30),
+            // The peer's cycle buffer sizes our data buffer: bounded, so a client cannot make
+            // a server hold more than MAX_PEER_CYCLE (perftest's own is a page).
+            cycle: cycle.clamp(CYCLE_BUFFER, MAX_PEER_CYCLE),
             cache_line: line.clamp(CACHE_LINE, 4096),
             mtu: mtu.map_or(MTU_ENUM, |m| m.min(MTU_ENUM)),
         })
@@ -984,7 +993,14 @@ fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
             && (posted + 1).saturating_sub(credit) < rx
         {
             let last = n != 0 && posted + 1 == n;
-            let signaled = (posted + 1) % cq_mod == 0 || last || (n == 0 && posted - completed + 1 >= tx);
+            // In duration mode the run may stop while the client waits for credits: the Send
+            // after which the credits run out is signaled too, so that the Sends outstanding
+            // then still end in a completion.
+            let credit_bound = n == 0 && (posted + 2).saturating_sub(credit) >= rx;
+            let signaled = (posted + 1) % cq_mod == 0
+                || last
+                || (n == 0 && posted - completed + 1 >= tx)
+                || credit_bound;
             let wr = SendWr {
                 wr_id: posted,
                 op: SendOp::Send { solicited: false, invalidate: None },
@@ -1062,6 +1078,8 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
     let mut last_progress = Instant::now();
     let slots = u64::try_from(d.credit_src.len() / 4).unwrap_or(1).max(1);
     let mut credit_seq = 0u64;
+    // Credit Writes posted and not completed yet.
+    let mut credits_out = 0u64;
     loop {
         if n != 0 && received >= n {
             break;
@@ -1085,6 +1103,7 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             return Err(wc_failure(&d.qp, &wc, "the client's Sends"));
         }
         if wc.opcode != WcOpcode::Recv {
+            credits_out = credits_out.saturating_sub(1);
             continue;
         }
         last_progress = Instant::now();
@@ -1099,7 +1118,7 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
             post_data_recv(d, p, wr)?;
             posted_recvs += 1;
         }
-        if (received % rx) % every == 0 {
+        if (received % rx).is_multiple_of(every) {
             // Each Write gets its own source word: a word still waiting to be sent must not
             // change under it.
             let count = u32::try_from(received).unwrap_or(u32::MAX);
@@ -1115,6 +1134,21 @@ fn run_send_server(p: &Params, d: &Data, peer: &KeyRecord, mut posted_recvs: u64
                 signaled: true,
             };
             d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
+            credits_out += 1;
+        }
+    }
+    // The last credit Writes go out before the connection is torn down (a disconnect flushes
+    // what is still queued).
+    let deadline = Instant::now() + p.timeout;
+    while credits_out > 0 && Instant::now() < deadline {
+        match d.cq.wait(Duration::from_millis(20)) {
+            Some(wc) if wc.opcode != WcOpcode::Recv => credits_out -= 1,
+            Some(_) => {}
+            None => {
+                if let Some(ev) = d.qp.poll_event() {
+                    return Err(format!("{} after the Sends", event_text(ev)));
+                }
+            }
         }
     }
     let elapsed = first.map_or(Duration::ZERO, |f| last - f).max(Duration::from_nanos(1));
@@ -1251,19 +1285,22 @@ fn server(args: &Args) -> Result<(), Fail> {
     };
     let capture = open_capture(args)?;
     let device = Device::open(DeviceConfig::default());
-    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+    // One client at a time: its control and data connections; more are rejected on the wire.
+    let lopts = ListenOptions { max_connections: 2, ..crate::transport::listen_options(stack.as_ref()) };
+    let listener = device
+        .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     println!();
     println!("************************************");
     println!("* Waiting for client to connect... *");
     println!("************************************");
-    let result = server_run(args, &p, &device, &mut listener, capture.as_ref());
+    let result = server_run(args, &p, &device, &listener, capture.as_ref());
     flush_capture(capture.as_ref());
     flush_stack_capture(stack.as_ref());
     result
 }
 
-fn accept_next(listener: &mut AnyListener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
+fn accept_next(listener: &Listener, deadline: Option<Instant>) -> Result<iwarp::ConnectRequest, Fail> {
     loop {
         let slice = match deadline {
             Some(d) => {
@@ -1287,7 +1324,7 @@ fn server_run(
     args: &Args,
     p: &Params,
     device: &Device,
-    listener: &mut AnyListener,
+    listener: &Listener,
     capture: Option<&Capture>,
 ) -> Result<(), Fail> {
     let pd = device.alloc_pd();
@@ -1303,7 +1340,7 @@ fn server_run(
         Fail::Run(format!("cannot accept the connection from {peer_addr}: {}", cm_message(&e)))
     })?;
     let mut ctrl = bufs.into_ctrl(qp, p.timeout, true);
-    let result = server_session(args, p, device, &pd, listener, &mut ctrl, capture);
+    let result = server_session(args, p, device, &pd, listener, &mut ctrl, capture, peer_addr.ip());
     close(&ctrl.qp);
     result.map_err(|f| match f {
         Fail::Run(m) => Fail::Run(format!("client {peer_addr}: {m}")),
@@ -1311,14 +1348,16 @@ fn server_run(
     })
 }
 
+#[expect(clippy::too_many_arguments, reason = "the server's session state, passed down once")]
 fn server_session(
     args: &Args,
     p: &Params,
     device: &Device,
     pd: &ProtectionDomain,
-    listener: &mut AnyListener,
+    listener: &Listener,
     ctrl: &mut Ctrl,
     capture: Option<&Capture>,
+    peer_ip: std::net::IpAddr,
 ) -> Result<(), Fail> {
     if p.test == Test::Write {
         std::thread::sleep(Duration::from_secs(1));
@@ -1326,7 +1365,17 @@ fn server_session(
     let agreed = ctrl.part_a()?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     print_banner(p, &agreed, &args.ib_dev, true);
-    let req = accept_next(listener, Some(Instant::now() + p.timeout))?;
+    // The data connection comes from the control connection's peer; anyone else is turned
+    // away while we wait for it.
+    let deadline = Instant::now() + p.timeout;
+    let req = loop {
+        let req = accept_next(listener, Some(deadline))?;
+        if req.peer_addr().ip() == peer_ip {
+            break req;
+        }
+        eprintln!("perftest: rejecting {} while waiting for {peer_ip}'s data connection", req.peer_addr());
+        let _ = req.reject(&[]);
+    };
     if let Some(ev) = ctrl.qp.poll_event() {
         return Err(Fail::Run(format!("{} before the data connection", event_text(ev))));
     }
@@ -1344,7 +1393,7 @@ fn server_session(
         .accept(pd, &bufs.cq, &bufs.cq, &opts)
         .map_err(|e| Fail::Run(format!("cannot accept the data connection: {}", cm_message(&e))))?;
     let data = bufs.into_data(qp);
-    let result = server_data(p, ctrl, &data, posted);
+    let result = server_data(p, ctrl, &data, posted, Duration::from_secs(args.run_timeout));
     if result.is_ok() {
         // The client closes the data connection first.
         wait_closed(&data.qp, Duration::from_secs(2));
@@ -1353,16 +1402,24 @@ fn server_session(
     result
 }
 
-fn server_data(p: &Params, ctrl: &mut Ctrl, data: &Data, posted: u64) -> Result<(), Fail> {
+fn server_data(
+    p: &Params,
+    ctrl: &mut Ctrl,
+    data: &Data,
+    posted: u64,
+    run_timeout: Duration,
+) -> Result<(), Fail> {
     let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
     let mine = data.record(p, psn);
     let peer = ctrl.keys(&mine)?;
     print_addresses(&mine, &peer);
     let t = Some(p.timeout);
+    // How long the client's run may take: --run-timeout, or its duration and a margin.
+    let run = Some(run_timeout.max(p.duration.map_or(Duration::ZERO, |d| d + p.timeout)));
     let report = match p.test {
         Test::Write | Test::Read => {
-            // The client runs; we wait for its K4 as long as the connection lives.
-            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", None)?;
+            // The client runs; we wait for its K4 as long as a run may last.
+            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", run)?;
             let mut fields: [Vec<u8>; 5] = Default::default();
             for (i, f) in fields.iter_mut().enumerate() {
                 // perftest's server answers with uninitialised memory; zeros here.
@@ -1376,7 +1433,7 @@ fn server_data(p: &Params, ctrl: &mut Ctrl, data: &Data, posted: u64) -> Result<
             run_send_server(p, data, &peer_data, posted)?
         }
     };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { None } else { t })?;
+    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { run } else { t })?;
     print_result(&report, p.gbits);
     Ok(())
 }

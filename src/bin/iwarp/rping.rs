@@ -1,6 +1,6 @@
 //! `iwarp rping`: the ping of rdmacm-utils' `rping`, on the wire the same, over this stack.
 //!
-//! Per ping (see shared/rping-notes.md): the client Sends the advertisement of its "start"
+//! Per ping (see docs/rping.md): the client Sends the advertisement of its "start"
 //! buffer, the server RDMA Reads it and Sends a go-ahead, the client Sends the advertisement
 //! of its "rdma" (sink) buffer, the server RDMA Writes the data there and Sends a second
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag
@@ -13,12 +13,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::transport::AnyListener;
-use iwarp::mpa::{CrcPolicy, Policy};
+use iwarp::mpa::{CrcPolicy, Policy, RtrTypes};
 use iwarp::{
     Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
     QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
+use iwarp::{ListenOptions, Listener};
 
 /// Exit status of a failed run (connection refused or rejected, Terminate, timeout, data
 /// mismatch). Bad flags exit with 2 (clap's usage error).
@@ -49,8 +49,8 @@ const LAST_LETTER: u8 = b'z';
 /// for every connection, concurrently, until killed), printing `server ping data: ...` with
 /// -v; it never sends before the client's first Send.
 ///
-/// Against Linux siw 6.1 a client should wait 5 to 10 ms before its first Send
-/// (--first-fpdu-delay 10): siw hooks up its receive path only after sending its MPA Reply.
+/// Against Linux siw 6.1 no flag is needed: siw may leave a first Send that follows its MPA
+/// Reply at once unread, and the client nudges it (docs/siw-quirks.md).
 ///
 /// Differences from rping: -S goes up to 16 MiB (rping: 65535), and the server grows its
 /// buffer to the size a client advertises (rping fails when the client's -S is larger); the
@@ -95,8 +95,8 @@ pub(crate) struct Args {
     /// Print what happens (connection, advertisements) on stderr.
     #[arg(short = 'd', long)]
     debug: bool,
-    /// Client: milliseconds to wait between the MPA Reply and the first Send; 5 to 10 helps
-    /// against Linux siw 6.1.
+    /// Client: milliseconds to wait between the MPA Reply and the first Send (not needed
+    /// against Linux siw 6.1: the client nudges a peer that leaves it unread).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     first_fpdu_delay: u64,
     /// Ask for MPA CRC32c (either side asking turns it on).
@@ -112,6 +112,10 @@ pub(crate) struct Args {
     /// `peer_to_peer=1`. A server always agrees when a client offers it.
     #[arg(long)]
     p2p: bool,
+    /// Client with --p2p: the RTR message types to offer, comma-separated (write, read,
+    /// send) [default: write,read].
+    #[arg(long, value_delimiter = ',', value_enum, requires = "p2p")]
+    rtr: Vec<Rtr>,
     /// Record this end's connections into a pcap file (tshark / `iwarp dissect` decode it).
     #[arg(long, value_name = "FILE")]
     pcap: Option<std::path::PathBuf>,
@@ -122,8 +126,53 @@ pub(crate) struct Args {
     /// Server: give up when no connection arrives within SECS (default: wait forever).
     #[arg(long, value_name = "SECS")]
     accept_timeout: Option<u64>,
+    /// Server: clients served at once, at most (-P); one more is rejected on the wire and the
+    /// server keeps serving.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_clients: u64,
+    /// Server: MiB of buffers all clients together may make it register (each client's
+    /// buffer grows to what it advertises, up to 16 MiB); a client beyond it is turned away.
+    #[arg(long, value_name = "MIB", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_memory: u64,
     #[command(flatten)]
     transport: crate::transport::TransportArgs,
+}
+
+/// An RFC 6581 ready-to-receive message type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Rtr {
+    /// A zero-length RDMA Write.
+    Write,
+    /// A zero-length RDMA Read.
+    Read,
+    /// A zero-length Send.
+    Send,
+}
+
+/// The server's budget of buffer memory, shared by its connections.
+#[derive(Debug)]
+struct Budget {
+    used: std::sync::atomic::AtomicU64,
+    limit: u64,
+}
+
+impl Budget {
+    /// Takes `n` bytes, or says there is no room.
+    fn take(&self, n: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        let _ = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
+    }
 }
 
 /// Runs the subcommand and returns the exit status.
@@ -250,6 +299,15 @@ fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
             markers_wanted: args.markers,
             revision: args.mpa_rev,
             peer_to_peer: args.p2p,
+            rtr: if args.rtr.is_empty() {
+                Policy::default().rtr
+            } else {
+                RtrTypes {
+                    write: args.rtr.contains(&Rtr::Write),
+                    read: args.rtr.contains(&Rtr::Read),
+                    send: args.rtr.contains(&Rtr::Send),
+                }
+            },
             ..Policy::default()
         },
         timeout: Duration::from_secs(args.timeout),
@@ -447,12 +505,13 @@ fn client(args: &Args) -> Result<(), Fail> {
     let start_mr = register(&pd, size, BUF_ACCESS)?;
     let rdma_mr = register(&pd, size, BUF_ACCESS)?;
     let capture = if stack.is_some() { None } else { open_capture(args)? };
-    let opts = connect_options(args, capture.as_ref());
-    let connected = match &stack {
-        Some(stack) => device.connect_smol(stack, addr, &pd, &cq, &cq, &opts),
-        None => device.connect(addr, &pd, &cq, &cq, &opts),
-    }
-    .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
+    let opts = ConnectOptions {
+        transport: crate::transport::transport(stack.as_ref()),
+        ..connect_options(args, capture.as_ref())
+    };
+    let connected = device
+        .connect(addr, &pd, &cq, &cq, &opts)
+        .map_err(|e| Fail::Run(format!("cannot connect to {addr}: {}", cm_message(&e))))?;
     let mut conn = Conn {
         qp: connected.qp,
         cq,
@@ -540,8 +599,14 @@ fn server(args: &Args) -> Result<(), Fail> {
         Some(stack) => SocketAddr::from((stack.ip(), args.port)),
         None => resolve(host, args.port)?,
     };
-    let device = Arc::new(Device::open(DeviceConfig::default()));
-    let mut listener = AnyListener::listen(&device, stack.as_ref(), bind)
+    // Three regions per client (two small, one that may grow), with room to spare.
+    let max_clients = usize::try_from(args.max_clients).unwrap_or(4096);
+    let regions = u32::try_from(4 * max_clients + 64).unwrap_or(u32::MAX).max(4096);
+    let device = Arc::new(Device::open(DeviceConfig { max_regions: regions, ..DeviceConfig::default() }));
+    let lopts =
+        ListenOptions { max_connections: max_clients, ..crate::transport::listen_options(stack.as_ref()) };
+    let listener = device
+        .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
     if args.debug {
         let shown = listener.local_addr().unwrap_or(bind);
@@ -549,6 +614,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     }
     let capture = if stack.is_some() { None } else { open_capture(args)? };
     let settings = Arc::new(ServerSettings {
+        budget: Budget { used: 0.into(), limit: args.max_memory << 20 },
         opts: connect_options(args, capture.as_ref()),
         size: usize_of(args.size),
         verbose: args.verbose,
@@ -557,13 +623,18 @@ fn server(args: &Args) -> Result<(), Fail> {
     });
     let accept_deadline = args.accept_timeout.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
-        let prepared = Prepared::new(&device, settings.size)?;
-        let req = accept_next(&mut listener, accept_deadline, args.debug)?;
+        let req = accept_next(&listener, accept_deadline, args.debug)?;
         let peer = req.peer_addr();
+        let Some(prepared) = Prepared::new(&device, &settings)? else {
+            eprintln!("rping: rejecting {peer}: the buffer memory budget (--max-memory) is spent");
+            let _ = req.reject(&[]);
+            continue;
+        };
         let served = match accept_and_post(req, prepared, &settings) {
             Ok(served) => served,
             Err(m) => {
                 eprintln!("rping: cannot accept the connection from {peer}: {m}");
+                settings.budget.give(settings.size as u64);
                 continue;
             }
         };
@@ -600,7 +671,7 @@ fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) 
 /// Waits for the next well-formed connection request; handshakes that fail are reported and
 /// skipped.
 fn accept_next(
-    listener: &mut AnyListener,
+    listener: &Listener,
     deadline: Option<Instant>,
     debug: bool,
 ) -> Result<iwarp::ConnectRequest, Fail> {
@@ -635,6 +706,7 @@ fn accept_next(
 /// What every server connection shares.
 #[derive(Debug)]
 struct ServerSettings {
+    budget: Budget,
     opts: ConnectOptions,
     size: usize,
     verbose: bool,
@@ -653,13 +725,24 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(device: &Arc<Device>, size: usize) -> Result<Prepared, Fail> {
-        let pd = device.alloc_pd();
-        let cq = device.create_cq(32);
-        let recv_mr = register(&pd, INFO_LEN, Access::LOCAL_WRITE)?;
-        let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
-        let rdma_mr = register(&pd, size, BUF_ACCESS)?;
-        Ok(Prepared { device: device.clone(), pd, cq, recv_mr, send_mr, rdma_mr })
+    /// A connection's resources, its buffer taken from the budget; `None` when the budget has
+    /// no room for it.
+    fn new(device: &Arc<Device>, s: &ServerSettings) -> Result<Option<Prepared>, Fail> {
+        if !s.budget.take(s.size as u64) {
+            return Ok(None);
+        }
+        let made = (|| {
+            let pd = device.alloc_pd();
+            let cq = device.create_cq(32);
+            let recv_mr = register(&pd, INFO_LEN, Access::LOCAL_WRITE)?;
+            let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
+            let rdma_mr = register(&pd, s.size, BUF_ACCESS)?;
+            Ok(Prepared { device: device.clone(), pd, cq, recv_mr, send_mr, rdma_mr })
+        })();
+        if made.is_err() {
+            s.budget.give(s.size as u64);
+        }
+        made.map(Some)
     }
 }
 
@@ -677,6 +760,7 @@ fn serve(served: Served, peer: SocketAddr, s: &ServerSettings) -> Result<(), Str
     let Served { _device, mut conn, pd, mut rdma_mr } = served;
     let result = serve_pings(&mut conn, &pd, &mut rdma_mr, peer, s);
     conn.close();
+    s.budget.give(rdma_mr.len() as u64);
     result
 }
 
@@ -717,7 +801,21 @@ fn serve_pings(
             return Err(format!("ping {k}: the client advertised {} bytes, more than {MAX_SIZE}", a.size));
         }
         if len > rdma_mr.len() {
-            *rdma_mr = register(pd, len, BUF_ACCESS).map_err(|f| format!("{f:?}"))?;
+            let more = (len - rdma_mr.len()) as u64;
+            if !s.budget.take(more) {
+                return Err(format!(
+                    "ping {k}: the client advertised {len} bytes; the server's buffer memory budget \
+                     (--max-memory {} MiB) has no room for them",
+                    s.budget.limit >> 20
+                ));
+            }
+            match register(pd, len, BUF_ACCESS) {
+                Ok(mr) => *rdma_mr = mr,
+                Err(f) => {
+                    s.budget.give(more);
+                    return Err(format!("{f:?}"));
+                }
+            }
         }
         let read = SendOp::Read { remote_stag: STag(a.rkey), remote_to: a.addr };
         let err = |e: Stop| match e {

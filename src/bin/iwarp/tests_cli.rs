@@ -398,10 +398,34 @@ fn bench_text_and_iters() {
     let o = iwarp(&["bench", "--ops", "send", "--sizes", "1K", "--iters", "50", "--poll", "event"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
-    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99 us", "64 B message rate"] {
+    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99/p99.9 us", "64 B message rate"] {
         assert!(s.contains(word), "{word}: {s}");
     }
-    assert!(stderr(&o).contains("bench: send"), "{}", stderr(&o));
+    // Progress lines count the measurements: the raw 1K and 64 B rows, then send 1K.
+    let err = stderr(&o);
+    assert!(err.contains("bench: [1/3] raw TCP"), "{err}");
+    assert!(err.contains("bench: [3/3] send"), "{err}");
+}
+
+#[test]
+fn bench_plot_draws_both_panels_and_every_op() {
+    let file = std::env::temp_dir().join(format!("iwarp-bench-{}.svg", std::process::id()));
+    let f = file.to_str().unwrap();
+    let o = iwarp(&["bench", "--sizes", "64,4k", "--iters", "20", "--quiet", "--plot", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_file(&file).ok();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    for word in
+        ["Bandwidth", "round trip", "write iwarp", "read iwarp", "send iwarp", "raw TCP", ">64<", ">4K<"]
+    {
+        assert!(svg.contains(word), "{word}");
+    }
+    // Per operation: this stack and raw TCP, in each of the two panels.
+    assert_eq!(svg.matches("<polyline").count(), 3 * 2 * 2);
+    let o = iwarp(&["bench", "--sizes", "64", "--iters", "5", "--quiet", "--plot", "/nonexistent-dir/x.svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot write /nonexistent-dir/x.svg"), "{}", stderr(&o));
 }
 
 #[test]
@@ -588,8 +612,49 @@ mod rping {
         assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
     }
 
+    /// A persistent server at its client limit rejects one more client on the wire and keeps
+    /// serving; once a client leaves, the next one is served.
+    #[test]
+    fn persistent_server_rejects_clients_beyond_its_limit() {
+        let server = Server::start(&["-P", "--max-clients", "1", "--timeout", "30"]);
+        // A client that connects and stays (the library's, holding its queue pair).
+        let dev = iwarp::Device::open(iwarp::DeviceConfig::default());
+        let (pd, cq) = (dev.alloc_pd(), dev.create_cq(8));
+        let addr = format!("127.0.0.1:{}", server.port).parse().unwrap();
+        let held = dev.connect(addr, &pd, &cq, &cq, &iwarp::ConnectOptions::default()).unwrap();
+        let o = client(server.port, &["-C", "1"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("rejected"), "{}", stderr(&o));
+        drop(held);
+        drop(dev);
+        // The slot frees when the held connection ends on the server.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let o = loop {
+            let o = client(server.port, &["-C", "2", "-V"]);
+            if o.status.code() == Some(0) || Instant::now() > deadline {
+                break o;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
+    /// A client that advertises more than the server's buffer memory budget fails alone; the
+    /// server keeps serving the others.
+    #[test]
+    fn persistent_server_bounds_client_memory() {
+        let server = Server::start(&["-P", "--max-memory", "1"]);
+        let o = client(server.port, &["-C", "1", "-S", "2097152"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        server.wait_line("memory budget");
+        let o = client(server.port, &["-C", "3", "-V", "-S", "4096"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        drop(server);
+    }
+
     /// `--pcap` records the client's connection, handshake included: it dissects like siw's
-    /// own rping capture (testdata/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
+    /// own rping capture (tests/data/siw/siw-rping-crc.pcap): 7 FPDUs per ping, all CRCs good.
     #[test]
     fn pcap_of_a_crc_run_dissects_like_siws() {
         let server = Server::start(&[]);
@@ -1084,7 +1149,8 @@ mod perftest {
         msgs.iter().filter(|m| m.dir == dir && m.opcode == "Send").map(|m| m.payload.clone()).collect()
     }
 
-    /// Payload sizes of the control Sends, client then server, per perftest-notes.md.
+    /// Payload sizes of the control Sends, client then server
+    /// (docs/perftest.md#the-control-connection).
     fn control_sizes(test: &str) -> Vec<usize> {
         let mut v = vec![16, 4, 4, 2, 56, 56, 56, 56, 56, 56];
         if test != "send" {
@@ -1340,6 +1406,9 @@ fn wait_bounded(mut child: std::process::Child, limit: std::time::Duration, what
 fn rping_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("rping_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("rping");
     let pcap = Temp::new("smol-rping.pcap", b"");
     let server = ns
@@ -1450,6 +1519,9 @@ fn smoltcp_flags_errors_are_one_clear_line() {
 
 #[test]
 fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
+    if !iwarp_tests::netns::privileged("bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp") {
+        return;
+    }
     let ns = SmolNetns::new("bench");
     let child = ns
         .iwarp(&[
@@ -1522,6 +1594,9 @@ fn bench_smoltcp_flag_errors() {
 fn perftest_over_smoltcp_on_a_veth_pair() {
     use std::process::Stdio;
     use std::time::Duration;
+    if !iwarp_tests::netns::privileged("perftest_over_smoltcp_on_a_veth_pair") {
+        return;
+    }
     let ns = SmolNetns::new("perf");
     for (i, test) in ["write", "read", "send"].into_iter().enumerate() {
         let port = (7410 + i).to_string();

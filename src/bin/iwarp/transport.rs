@@ -3,10 +3,9 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
 
 use iwarp::netdev::{SmolConfig, SmolStack};
-use iwarp::{CmError, ConnectRequest, Device, Listener, SmolCmListener};
+use iwarp::{CmError, Device, ListenOptions, Listener, Transport};
 
 /// Which TCP/IP runs under MPA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -141,43 +140,23 @@ pub(crate) fn capture(stack: &SmolStack, path: &Path) -> Result<(), String> {
     stack.capture(path).map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
-/// A listener on either transport.
-#[derive(Debug)]
-pub(crate) enum AnyListener {
-    /// Kernel TCP.
-    Kernel(Listener),
-    /// smoltcp.
-    Smol(SmolCmListener),
+/// The transport value for a stack (smoltcp) or none (the kernel's TCP).
+pub(crate) fn transport(stack: Option<&SmolStack>) -> Transport {
+    stack.map_or(Transport::Kernel, |s| Transport::Smol(s.clone()))
 }
 
-impl AnyListener {
-    /// Listens on `bind` (kernel) or on `bind`'s port of `stack` (smoltcp).
-    pub(crate) fn listen(
-        device: &Device,
-        stack: Option<&SmolStack>,
-        bind: SocketAddr,
-    ) -> Result<Self, CmError> {
-        Ok(match stack {
-            Some(stack) => AnyListener::Smol(device.listen_smol(stack, bind.port())?),
-            None => AnyListener::Kernel(device.listen(bind)?),
-        })
-    }
+/// Listen options on the kernel's TCP or `stack` (smoltcp), the defaults otherwise.
+pub(crate) fn listen_options(stack: Option<&SmolStack>) -> ListenOptions {
+    ListenOptions { transport: transport(stack), ..ListenOptions::default() }
+}
 
-    /// The address it listens on.
-    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        match self {
-            AnyListener::Kernel(l) => l.local_addr().ok(),
-            AnyListener::Smol(l) => Some(l.local_addr()),
-        }
-    }
-
-    /// The next connection request within `timeout`.
-    pub(crate) fn accept(&mut self, timeout: Duration) -> Result<ConnectRequest, CmError> {
-        match self {
-            AnyListener::Kernel(l) => l.accept(timeout),
-            AnyListener::Smol(l) => l.accept(timeout),
-        }
-    }
+/// Listens on `bind` (kernel) or on `bind`'s port of `stack` (smoltcp).
+pub(crate) fn listen(
+    device: &Device,
+    stack: Option<&SmolStack>,
+    bind: SocketAddr,
+) -> Result<Listener, CmError> {
+    device.listen_with(bind, &listen_options(stack))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{BenchError, Budget, Latency, Throughput};
+use super::{BenchError, Budget, Latency, Samples, Throughput};
 
 /// How long a socket may go without progress before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -92,7 +92,7 @@ pub(super) fn stream(size: usize, budget: &Budget) -> Result<Throughput, BenchEr
     loop {
         w.write_all(&prefix).and_then(|()| w.write_all(&payload)).map_err(io_err("write"))?;
         sent += 1;
-        if (sent % 32 == 0 || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
+        if (sent.is_multiple_of(32) || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
             break;
         }
     }
@@ -182,7 +182,7 @@ pub(super) fn ping_pong(
     prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
     let out = vec![0xa5u8; size];
     let mut back = vec![0u8; size];
-    let mut samples = Vec::new();
+    let mut samples = Samples::new();
     let start = Instant::now();
     loop {
         if !gap.is_zero() {

@@ -16,7 +16,7 @@ use iwarp::{
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{BenchError, Budget, Latency, Op, Throughput};
+use super::{BenchError, Budget, Latency, Op, Samples, Throughput};
 
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -68,6 +68,14 @@ impl Config {
     }
 }
 
+/// How the client, out of credits for Sends, sleeps until the server reposts buffers.
+#[derive(Debug)]
+struct CreditBell {
+    /// The client sleeps (or is about to): unpark it.
+    waiting: std::sync::atomic::AtomicBool,
+    client: std::thread::Thread,
+}
+
 /// One end's memory: a source and a destination buffer, `max_size` bytes each.
 struct Buffers {
     src: MemoryRegion,
@@ -108,8 +116,11 @@ struct Server {
     client_dst: (iwarp::STag, u64),
     /// Receives posted per pair.
     posted: Vec<usize>,
+    /// Receives completed per pair and not reposted yet.
+    consumed: Vec<usize>,
     /// Messages received per pair (read by the client for flow control).
     received: Arc<Vec<AtomicU64>>,
+    credits: Arc<CreditBell>,
     /// Send-queue work outstanding.
     sq_out: usize,
     /// The last ping-pong marker seen in the destination buffer.
@@ -138,6 +149,7 @@ pub(super) struct Bench {
     per_pair: usize,
     ords: Vec<usize>,
     received: Arc<Vec<AtomicU64>>,
+    credits: Arc<CreditBell>,
     commands: Sender<Serve>,
     acks: Receiver<Result<(), BenchError>>,
     server: Option<JoinHandle<()>>,
@@ -204,16 +216,16 @@ impl Bench {
             max_send_wr: per_pair + 64,
             max_recv_wr: rq_target + 64,
             capture: cfg.pcap.clone(),
+            transport: crate::transport::transport(cfg.smol.as_ref().map(|s| &s.0)),
             ..ConnectOptions::default()
         };
         let bind = match &cfg.smol {
             Some((_, server)) => std::net::SocketAddr::from((server.ip(), SMOL_PORT)),
             None => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let mut listener =
-            crate::transport::AnyListener::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
-                .map_err(cm_err("listen"))?;
-        let addr = listener.local_addr().ok_or_else(|| BenchError("listen: no local address".into()))?;
+        let listener = crate::transport::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
+            .map_err(cm_err("listen"))?;
+        let addr = listener.local_addr().map_err(|e| BenchError(format!("listen: {e}")))?;
         let rss_before = resident_bytes();
         let accepting = {
             // The client end records the connection; recording both ends would show it twice.
@@ -233,10 +245,7 @@ impl Bench {
         };
         let mut qps = Vec::with_capacity(cfg.qps);
         for _ in 0..cfg.qps {
-            let connected = match &cfg.smol {
-                Some((client, _)) => client_dev.connect_smol(client, addr, &pd, &cq, &cq, &opts),
-                None => client_dev.connect(addr, &pd, &cq, &cq, &opts),
-            };
+            let connected = client_dev.connect(addr, &pd, &cq, &cq, &opts);
             match connected {
                 Ok(c) => qps.push(c.qp),
                 Err(e) => {
@@ -259,13 +268,19 @@ impl Bench {
         let peer =
             (server_bufs.src.rkey(), server_bufs.src.addr(), server_bufs.dst.rkey(), server_bufs.dst.addr());
         let received: Arc<Vec<AtomicU64>> = Arc::new((0..cfg.qps).map(|_| AtomicU64::new(0)).collect());
+        let credits = Arc::new(CreditBell {
+            waiting: std::sync::atomic::AtomicBool::new(false),
+            client: std::thread::current(),
+        });
         let server = Server {
             posted: vec![0; server_qps.len()],
+            consumed: vec![0; server_qps.len()],
             qps: server_qps,
             cq: server_cq,
             bufs: server_bufs,
             client_dst: (bufs.dst.rkey(), bufs.dst.addr()),
             received: received.clone(),
+            credits: credits.clone(),
             sq_out: 0,
             mark: [0; 8],
             rq_target,
@@ -291,6 +306,7 @@ impl Bench {
             per_pair,
             ords,
             received,
+            credits,
             commands,
             acks,
             server: Some(server),
@@ -388,6 +404,8 @@ impl Bench {
         let mut stop = false;
         let start = Instant::now();
         let mut batch = Vec::new();
+        // Turns spent waiting for the server to receive.
+        let mut waits = 0u32;
         loop {
             // Post while some pair has room, a list per pair.
             while !stop {
@@ -427,7 +445,19 @@ impl Bench {
             let mut wc = if sq_out.iter().any(|&o| o > 0) {
                 Some(self.next(&what)?)
             } else {
-                std::thread::yield_now();
+                // Out of credits: sleep until the server reposts (it unparks this thread).
+                waits = waits.wrapping_add(1);
+                if self.cfg.busy() || waits < 64 {
+                    relax(waits);
+                } else {
+                    self.credits.waiting.store(true, Ordering::SeqCst);
+                    let got: u64 = (0..n).map(|i| self.received[i].load(Ordering::SeqCst) - base[i]).sum();
+                    if got == done {
+                        std::thread::park_timeout(SERVER_TICK);
+                    }
+                    self.credits.waiting.store(false, Ordering::SeqCst);
+                    waits = 0;
+                }
                 None
             };
             while let Some(c) = wc {
@@ -477,7 +507,7 @@ impl Bench {
             Op::Read => Serve::Idle,
         })?;
         self.top_up()?;
-        let mut samples = Vec::new();
+        let mut samples = Samples::new();
         let start = Instant::now();
         // Send completions of the ping-pong not reaped yet.
         let mut sq_out = 0usize;
@@ -565,13 +595,13 @@ impl Bench {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(1024) && Instant::now() >= deadline {
                 return Err(BenchError(format!(
                     "{what}: the Write was not placed within {} s",
                     STALL.as_secs()
                 )));
             }
-            relax(spins);
+            wait_for_memory(spins, self.cfg.busy());
         }
     }
 
@@ -618,7 +648,7 @@ fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
             return Some(wc);
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 && Instant::now() >= deadline {
+        if spins.is_multiple_of(1024) && Instant::now() >= deadline {
             return None;
         }
         relax(spins);
@@ -683,11 +713,11 @@ impl Server {
         while let Some(c) = self.cq.poll() {
             self.completed(&c, "server")?;
         }
-        Ok(())
+        self.repost()
     }
 
-    /// Accounts for one completion: a send done, or a message received (reposting its
-    /// buffer). Returns the pair of a receive.
+    /// Accounts for one completion: a send done, or a message received (its buffer is
+    /// reposted by the next [`Server::repost`]). Returns the pair of a receive.
     fn completed(&mut self, c: &WorkCompletion, what: &str) -> Result<Option<usize>, BenchError> {
         check(c, what)?;
         match split(c.wr_id) {
@@ -697,16 +727,33 @@ impl Server {
             }
             (i, TAG_RQ) if i < self.qps.len() => {
                 self.posted[i] -= 1;
-                self.received[i].fetch_add(1, Ordering::AcqRel);
-                let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
-                self.qps[i]
-                    .post_recv(RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() })
-                    .map_err(post_err("a receive"))?;
-                self.posted[i] += 1;
+                self.consumed[i] += 1;
                 Ok(Some(i))
             }
             _ => Err(unexpected(what, c)),
         }
+    }
+
+    /// Reposts the buffers of the messages received since the last call, a list per pair
+    /// (one doorbell each), then tells the client they are received.
+    fn repost(&mut self) -> Result<(), BenchError> {
+        let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
+        for i in 0..self.qps.len() {
+            let n = std::mem::take(&mut self.consumed[i]);
+            if n == 0 {
+                continue;
+            }
+            let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+            self.qps[i]
+                .post_recv_list(wrs)
+                .map_err(|e| BenchError(format!("server: reposting receives: {e}")))?;
+            self.posted[i] += n;
+            self.received[i].fetch_add(n as u64, Ordering::SeqCst);
+            if self.credits.waiting.swap(false, Ordering::SeqCst) {
+                self.credits.client.unpark();
+            }
+        }
+        Ok(())
     }
 
     /// Waits a little for a completion (at most [`SERVER_TICK`], so commands are seen).
@@ -721,7 +768,7 @@ impl Server {
                 return Some(wc);
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return None;
             }
             relax(spins);
@@ -739,10 +786,13 @@ impl Server {
                 Ok(())
             }
             Serve::Sink => {
-                if let Some(c) = self.wait() {
+                // Everything that is in, then the buffers back in one list.
+                let mut next = self.wait();
+                while let Some(c) = next {
                     self.completed(&c, "server receive")?;
+                    next = self.cq.poll();
                 }
-                Ok(())
+                self.repost()
             }
             Serve::SendPong(size) => {
                 // Answer every ping that is in, not only the first.
@@ -758,7 +808,7 @@ impl Server {
                     }
                     next = self.cq.poll();
                 }
-                Ok(())
+                self.repost()
             }
             Serve::WritePong(size) => self.write_pong(size),
         }
@@ -781,10 +831,10 @@ impl Server {
             }
             self.reap_sends()?;
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() >= deadline {
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return Ok(());
             }
-            relax(spins);
+            wait_for_memory(spins, self.busy);
         }
         self.bufs.src.write(at, &seen[..len]).map_err(|_| BenchError("marker out of bounds".into()))?;
         let (remote_stag, remote_to) = self.client_dst;
@@ -807,6 +857,20 @@ fn relax(spins: u32) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
+    }
+}
+
+/// One turn of waiting for a peer's Write to show in memory (RDMA Writes complete nothing at
+/// their target, so the target polls). With a busy or inline engine this thread spins as the
+/// engine does; otherwise an engine thread must run to place the Write, so after a few turns
+/// every turn gives the core away (on a small machine spinning here would starve it).
+fn wait_for_memory(spins: u32, busy: bool) {
+    if busy {
+        relax(spins);
+    } else if spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use iwarp::netdev::{Link, LinkError, SmolLink, SmolStack};
 
-use super::{BenchError, Budget, Latency, Throughput};
+use super::{BenchError, Budget, Latency, Samples, Throughput};
 
 /// The longest a transfer may stall before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -161,7 +161,7 @@ pub(super) fn ping_pong(
         .map_err(|e| BenchError(format!("cannot start a thread: {e}")))?;
     let msg = vec![0xa5u8; size];
     let mut back = vec![0u8; size];
-    let mut samples = Vec::new();
+    let mut samples = Samples::new();
     let start = Instant::now();
     loop {
         let t = Instant::now();

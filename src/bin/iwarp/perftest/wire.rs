@@ -1,7 +1,7 @@
 //! perftest's control-channel messages (v4.5-0.17, internal version 6.06), byte for byte.
 //!
 //! Every message is one Send of at most 56 bytes on the control connection; see
-//! shared/perftest-notes.md section 2. This module is plain data (std only) so that the CLI
+//! docs/perftest.md#the-control-connection. This module is plain data (std only) so that the CLI
 //! tests can include it and check it against the siw captures.
 
 /// The most any control message carries: the peer has one receive of this size posted.

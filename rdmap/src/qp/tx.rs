@@ -1,0 +1,401 @@
+//! The transmit path: work requests become messages, messages become MULPDU-sized DDP
+//! segments, and each segment's payload is gathered from its source (local buffers through
+//! DDP's [`TableMemory`], our region for a Read Response, or bytes the queue pair holds). Read
+//! Responses and the send queue take turns. The memory work requests (local invalidate,
+//! fast-register, bind) run here too, in send-queue order, when they reach its head.
+
+use iwarp_ddp::placement::Sge;
+use iwarp_ddp::stag_table::{Access, AccessError, Addressing, RegionSpec, TableError};
+use iwarp_ddp::{MessageTarget, Msn, QueueNumber, STag, Segmenter, TableMemory, TaggedOffset};
+use iwarp_mpa::RtrType;
+
+use super::error::Violation;
+use super::wr::{SendOp, SendWr, WcStatus};
+use super::{QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpState, QueuePair, RTR_SEQ};
+use crate::atomic::{AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN};
+use crate::memory::{Sgl, sgl_len};
+use crate::terminate::RdmapError;
+use crate::wire::{Control, Opcode, ReadRequest};
+
+/// The message being transmitted on one of the two transmit streams.
+#[derive(Debug)]
+pub(super) struct TxMessage {
+    pub(super) seq: Option<u64>,
+    pub(super) segments: Segmenter,
+    pub(super) source: Source,
+}
+
+#[derive(Debug)]
+pub(super) enum Source {
+    /// Bytes gathered from local buffers.
+    Local(Sgl),
+    /// A Read Response's bytes from our region `stag` at `to`.
+    Remote { stag: STag, to: u64 },
+    /// Bytes held by the queue pair (a Read Request body, a Terminate).
+    Inline(Vec<u8>),
+}
+
+/// A Read or Atomic Request in flight, holding an ORD slot until its response is in.
+#[derive(Debug)]
+pub(super) struct Outbound {
+    pub(super) seq: u64,
+    pub(super) kind: OutboundKind,
+}
+
+#[derive(Debug)]
+pub(super) enum OutboundKind {
+    Read { sink: STag, sink_to: u64, len: u64, received: u64 },
+    Atomic { request_id: u32, sink: Sge },
+}
+
+/// A response owed to the peer for one of its Read or Atomic Requests (an IRD slot).
+#[derive(Debug)]
+pub(super) enum Response {
+    Read(ReadRequest),
+    Atomic(AtomicResponse),
+}
+
+impl QueuePair {
+    /// Queues the RFC 6581 ready-to-receive message, which must be the initiator's first FPDU
+    /// when peer-to-peer mode was agreed: a zero-length RDMA Write to STag 1 (not 0, which
+    /// Chelsio rejects; siw does the same), a zero-length Read Request (its zero-length
+    /// response is absorbed here), or a zero-length Send.
+    pub fn queue_rtr(&mut self, rtr: RtrType) {
+        const RTR_STAG: STag = STag(1);
+        let message = match rtr {
+            RtrType::Write => {
+                let target = MessageTarget::Tagged { stag: RTR_STAG, to: TaggedOffset(0) };
+                self.message(None, target, Opcode::Write, 0, Source::Inline(Vec::new()))
+            }
+            RtrType::Read => {
+                let req = ReadRequest { sink_stag: 1, sink_to: 0, size: 0, source_stag: 1, source_to: 0 };
+                let kind = OutboundKind::Read { sink: RTR_STAG, sink_to: 0, len: 0, received: 0 };
+                self.outbound.push_back(Outbound { seq: RTR_SEQ, kind });
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(None, target, Opcode::ReadRequest, body.len(), Source::Inline(body))
+            }
+            RtrType::Send => {
+                let target = self.untagged(QN_SEND, 0);
+                self.message(None, target, Opcode::Send, 0, Source::Inline(Vec::new()))
+            }
+        };
+        if let Ok(m) = message {
+            // Ahead of anything the application posted.
+            self.tx_next = self.tx_cur.take();
+            self.tx_cur = Some(m);
+        }
+    }
+
+    /// Writes the next ULPDU (one DDP segment) to send into `buf`, which must hold at least
+    /// [`QpConfig::mulpdu`](super::QpConfig::mulpdu) bytes, and returns its length; `None` when
+    /// there is nothing to send. Read Responses and the send queue take turns, so neither
+    /// starves the other.
+    pub fn poll_transmit(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+        if buf.len() < self.config.mulpdu {
+            return None;
+        }
+        if let Some(mut t) = self.terminate.take() {
+            let n = self.emit_segment(mem, &mut t, buf).ok().flatten();
+            if n.is_none() || t.segments.len() != 0 {
+                self.terminate = Some(t);
+            } else {
+                self.state = QpState::Error;
+            }
+            return n;
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        for _ in 0..2 {
+            let response_turn = self.prefer_response;
+            self.prefer_response = !self.prefer_response;
+            let n = if response_turn { self.transmit_response(mem, buf) } else { self.transmit_sq(mem, buf) };
+            if n.is_some() {
+                return n;
+            }
+        }
+        None
+    }
+
+    fn transmit_response(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+        if self.resp_cur.is_none() {
+            let message = match self.resp_pending.pop_front()? {
+                Response::Read(req) => {
+                    let target =
+                        MessageTarget::Tagged { stag: STag(req.sink_stag), to: TaggedOffset(req.sink_to) };
+                    let len = usize::try_from(req.size).ok()?;
+                    let source = Source::Remote { stag: STag(req.source_stag), to: req.source_to };
+                    self.message(None, target, Opcode::ReadResponse, len, source)
+                }
+                Response::Atomic(resp) => {
+                    let msn = self.next_msn(QN_ATOMIC_RESPONSE);
+                    let target = MessageTarget::Untagged { rdmap_word: 0, qn: QN_ATOMIC_RESPONSE, msn };
+                    let body = resp.to_bytes().to_vec();
+                    self.message(None, target, Opcode::AtomicResponse, body.len(), Source::Inline(body))
+                }
+            };
+            self.resp_cur = Some(message.ok()?);
+        }
+        let mut t = self.resp_cur.take()?;
+        let n = match self.emit_segment(mem, &mut t, buf) {
+            Ok(n) => n,
+            Err(e) => {
+                // The source was checked when the Read Request arrived; it has been
+                // invalidated or deregistered since. The response cannot be completed: the
+                // stream ends with the protection error the source now fails with.
+                self.fail(Violation::Rdmap(RdmapError::Access(e)).terminate_code(), None);
+                return None;
+            }
+        };
+        if t.segments.len() == 0 {
+            // The response is out: its IRD slot takes the next Read or Atomic Request.
+            self.post_rdmap_buffer(QN_READ);
+        } else {
+            self.resp_cur = Some(t);
+        }
+        n
+    }
+
+    fn transmit_sq(&mut self, mem: &mut TableMemory<'_>, buf: &mut [u8]) -> Option<usize> {
+        if self.tx_cur.is_none() {
+            if let Some(next) = self.tx_next.take() {
+                self.tx_cur = Some(next);
+            } else {
+                self.run_memory_operations(mem);
+                let (seq, wr) = self.sq.front()?;
+                let (seq, uses_ord) = (*seq, wr.op.uses_ord());
+                if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
+                    return None; // ORD exhausted: the send queue waits for a response.
+                }
+                let (_, wr) = self.sq.pop_front()?;
+                match self.start_message(seq, wr) {
+                    Ok(m) => self.tx_cur = Some(m),
+                    Err(status) => {
+                        self.finish(seq, status);
+                        return None;
+                    }
+                }
+            }
+        }
+        let mut t = self.tx_cur.take()?;
+        match self.emit_segment(mem, &mut t, buf) {
+            Ok(Some(n)) => {
+                if t.segments.len() != 0 {
+                    self.tx_cur = Some(t);
+                } else if let Some(seq) = t.seq {
+                    // Send completion means "handed to the transport"; a Read or Atomic
+                    // completes when its response has been placed.
+                    if !self.outbound.iter().any(|o| o.seq == seq) {
+                        self.finish(seq, WcStatus::Success);
+                    }
+                }
+                Some(n)
+            }
+            Ok(None) | Err(_) => {
+                // A local buffer could not be read: the request fails, the QP goes to error.
+                let seq = t.seq.or_else(|| self.tx_next.as_ref().and_then(|m| m.seq));
+                if let Some(seq) = seq {
+                    self.finish(seq, WcStatus::LocalProtectionError);
+                }
+                self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                None
+            }
+        }
+    }
+
+    /// Runs the memory work requests at the head of the send queue, in order; each completes
+    /// at once. A refused one completes with [`WcStatus::LocalProtectionError`] and, as any
+    /// failed work request does in verbs, takes the queue pair to the error state.
+    /// [`QueuePair::poll_transmit`] runs them too; this is for a queue pair that may not send
+    /// yet (a responder waiting for the initiator's first FPDU), since they need no wire.
+    pub fn run_memory_operations(&mut self, mem: &mut TableMemory<'_>) {
+        if self.state != QpState::Rts || self.tx_cur.is_some() || self.tx_next.is_some() {
+            return;
+        }
+        while self.sq.front().is_some_and(|(_, wr)| wr.op.is_memory_operation()) {
+            let Some((seq, wr)) = self.sq.pop_front() else { return };
+            match Self::memory_operation(mem, wr.op) {
+                Ok(()) => self.finish(seq, WcStatus::Success),
+                Err(_) => {
+                    self.finish(seq, WcStatus::LocalProtectionError);
+                    self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn memory_operation(mem: &mut TableMemory<'_>, op: SendOp) -> Result<(), TableError> {
+        let spec = |base_va, len, access| RegionSpec {
+            base_va,
+            len,
+            access,
+            addressing: Addressing::VirtualAddress,
+        };
+        match op {
+            SendOp::LocalInvalidate { stag } => mem.invalidate_local(stag),
+            SendOp::FastRegister { stag, addr, len, access } => {
+                mem.fast_register(stag, spec(addr, len, access))
+            }
+            SendOp::BindWindow { window, region, addr, len, access } => {
+                mem.bind_window(window, region, spec(addr, len, access))
+            }
+            // Not memory operations: transmit_sq starts them as messages.
+            _ => Ok(()),
+        }
+    }
+
+    fn message(
+        &mut self,
+        seq: Option<u64>,
+        target: MessageTarget,
+        opcode: Opcode,
+        len: usize,
+        source: Source,
+    ) -> Result<TxMessage, WcStatus> {
+        let segments = Segmenter::new(target, Control::new(opcode).to_byte(), len, self.config.mulpdu)
+            .map_err(|_| WcStatus::LocalLengthError)?;
+        Ok(TxMessage { seq, segments, source })
+    }
+
+    fn untagged(&mut self, qn: QueueNumber, rdmap_word: u32) -> MessageTarget {
+        MessageTarget::Untagged { rdmap_word, qn, msn: self.next_msn(qn) }
+    }
+
+    fn immediate(
+        &mut self,
+        seq: Option<u64>,
+        data: [u8; IMMEDIATE_DATA_LEN],
+        solicited: bool,
+    ) -> Result<TxMessage, WcStatus> {
+        let opcode = if solicited { Opcode::ImmediateDataSe } else { Opcode::ImmediateData };
+        let target = self.untagged(QN_SEND, 0);
+        self.message(seq, target, opcode, IMMEDIATE_DATA_LEN, Source::Inline(data.to_vec()))
+    }
+
+    fn start_message(&mut self, seq: u64, wr: SendWr) -> Result<TxMessage, WcStatus> {
+        let len = usize::try_from(sgl_len(&wr.sgl)).map_err(|_| WcStatus::LocalLengthError)?;
+        match wr.op {
+            SendOp::Send { solicited, invalidate } => {
+                let opcode = match (solicited, invalidate.is_some()) {
+                    (false, false) => Opcode::Send,
+                    (true, false) => Opcode::SendSe,
+                    (false, true) => Opcode::SendInvalidate,
+                    (true, true) => Opcode::SendSeInvalidate,
+                };
+                let target = self.untagged(QN_SEND, invalidate.map_or(0, |s| s.0));
+                self.message(Some(seq), target, opcode, len, Source::Local(wr.sgl))
+            }
+            SendOp::Write { remote_stag, remote_to } => {
+                let target = MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) };
+                self.message(Some(seq), target, Opcode::Write, len, Source::Local(wr.sgl))
+            }
+            SendOp::WriteImmediate { remote_stag, remote_to, data, solicited } => {
+                // RFC 7306: an RDMA Write, then an Immediate Data message; the work request
+                // completes with the second.
+                let target = MessageTarget::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) };
+                let write = self.message(None, target, Opcode::Write, len, Source::Local(wr.sgl))?;
+                self.tx_next = Some(self.immediate(Some(seq), data, solicited)?);
+                Ok(write)
+            }
+            SendOp::SendImmediate { data, solicited } => {
+                // RFC 7306: a Send, then an Immediate Data message; the work request completes
+                // with the second.
+                let target = self.untagged(QN_SEND, 0);
+                let send = self.message(None, target, Opcode::Send, len, Source::Local(wr.sgl))?;
+                self.tx_next = Some(self.immediate(Some(seq), data, solicited)?);
+                Ok(send)
+            }
+            SendOp::ImmediateData { data, solicited } => self.immediate(Some(seq), data, solicited),
+            SendOp::Read { remote_stag, remote_to } => {
+                let sink = wr.sgl.first().copied().ok_or(WcStatus::LocalProtectionError)?;
+                let req = ReadRequest {
+                    sink_stag: sink.lkey.0,
+                    sink_to: sink.addr,
+                    size: sink.len,
+                    source_stag: remote_stag.0,
+                    source_to: remote_to,
+                };
+                let kind = OutboundKind::Read {
+                    sink: sink.lkey,
+                    sink_to: sink.addr,
+                    len: u64::from(sink.len),
+                    received: 0,
+                };
+                self.outbound.push_back(Outbound { seq, kind });
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(Some(seq), target, Opcode::ReadRequest, body.len(), Source::Inline(body))
+            }
+            SendOp::Atomic { remote_stag, remote_to, op, data, data_mask, compare, compare_mask } => {
+                let sink = wr.sgl.first().copied().ok_or(WcStatus::LocalProtectionError)?;
+                // The sequence number names the request; only its low 32 bits go on the wire,
+                // which is unique among the ORD (< 2^14) requests in flight.
+                let request_id = u32::try_from(seq & u64::from(u32::MAX)).unwrap_or(0);
+                let req = AtomicRequest {
+                    op,
+                    request_id,
+                    remote_stag,
+                    remote_to: TaggedOffset(remote_to),
+                    add_or_swap_data: data,
+                    add_or_swap_mask: data_mask,
+                    compare_data: compare,
+                    compare_mask,
+                };
+                self.outbound.push_back(Outbound { seq, kind: OutboundKind::Atomic { request_id, sink } });
+                // The DDP buffer for the Atomic Response on queue 3.
+                self.post_rdmap_buffer(QN_ATOMIC_RESPONSE);
+                let target = self.untagged(QN_READ, 0);
+                let body = req.to_bytes().to_vec();
+                self.message(Some(seq), target, Opcode::AtomicRequest, body.len(), Source::Inline(body))
+            }
+            // run_memory_operations took every memory operation at the head of the queue.
+            SendOp::LocalInvalidate { .. } | SendOp::FastRegister { .. } | SendOp::BindWindow { .. } => {
+                Err(WcStatus::LocalProtectionError)
+            }
+        }
+    }
+
+    pub(super) fn next_msn(&mut self, qn: QueueNumber) -> Msn {
+        let i = qn.index().unwrap_or(0);
+        let msn = self.tx_msn[i];
+        self.tx_msn[i] = msn.next();
+        msn
+    }
+
+    /// Emits the next segment of `t` into `buf`: header, then the payload read from its
+    /// source. `Ok(None)` if there is no segment left (or `buf` is too short); an error if the
+    /// source could not be read.
+    fn emit_segment(
+        &mut self,
+        mem: &TableMemory<'_>,
+        t: &mut TxMessage,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, AccessError> {
+        let Some((header, range)) = t.segments.next() else { return Ok(None) };
+        let hlen = header.header_len();
+        let total = hlen + range.len();
+        let Some(out) = buf.get_mut(..total) else { return Ok(None) };
+        let (hdr, payload) = out.split_at_mut(hlen);
+        if header.emit(hdr).is_err() {
+            return Ok(None);
+        }
+        let offset = range.start as u64;
+        match &t.source {
+            Source::Local(sgl) => mem.gather_sgl(sgl, offset, payload)?,
+            // A zero-length response reads nothing (the Read RTR names no real buffer).
+            Source::Remote { .. } if payload.is_empty() => {}
+            Source::Remote { stag, to } => {
+                let to = to.checked_add(offset).ok_or(AccessError::ToWrap)?;
+                mem.fetch_tagged(*stag, to, payload, Access::REMOTE_READ)?;
+            }
+            Source::Inline(bytes) => match bytes.get(range) {
+                Some(b) => payload.copy_from_slice(b),
+                None => return Ok(None),
+            },
+        }
+        self.stats.tx_segments += 1;
+        Ok(Some(total))
+    }
+}
