@@ -96,3 +96,47 @@ for path in sorted(glob.glob(os.path.join(root, "tests", "data", "siw", "*.pcap"
             off += 2 + ulen + (4 - (ulen + 2) % 4) % 4 + 4
         count += 1
 print(f"seeds from {count} MPA streams written under {out}")
+
+
+# `dissect`: each capture cut to its first packets (at most 8 KiB, so the fuzzer's inputs stay
+# small), and one converted to pcapng, so that both file formats are reached.
+def pcap_prefix(data, limit):
+    off = 24
+    endian = "<" if struct.unpack("<I", data[:4])[0] in (0xA1B2C3D4, 0xA1B23C4D) else ">"
+    while off + 16 <= len(data):
+        incl = struct.unpack(endian + "I", data[off + 8:off + 12])[0]
+        if off + 16 + incl > limit:
+            break
+        off += 16 + incl
+    return data[:off]
+
+
+def pcapng_of(data):
+    def block(kind, body):
+        body += b"\0" * (-len(body) % 4)
+        total = len(body) + 12
+        return struct.pack("<II", kind, total) + body + struct.pack("<I", total)
+
+    link = struct.unpack("<I", data[20:24])[0]
+    out = block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))
+    out += block(1, struct.pack("<HHI", link, 0, 65535))
+    off = 24
+    while off + 16 <= len(data):
+        sec, usec, incl, orig = struct.unpack("<IIII", data[off:off + 16])
+        ts = sec * 1000000 + usec
+        body = struct.pack("<IIIII", 0, ts >> 32, ts & 0xFFFFFFFF, incl, orig) + data[off + 16:off + 16 + incl]
+        out += block(6, body)
+        off += 16 + incl
+    return out
+
+
+dissect_seeds = 0
+for path in sorted(glob.glob(os.path.join(root, "tests", "data", "siw", "*.pcap"))):
+    data = open(path, "rb").read()
+    seed = pcap_prefix(data, 8192)
+    write("dissect", seed)
+    dissect_seeds += 1
+    if os.path.basename(path) == "siw-rping.pcap":
+        write("dissect", pcapng_of(pcap_prefix(data, 4096)))
+        dissect_seeds += 1
+print(f"{dissect_seeds} dissect seeds written under {out}")

@@ -2,4 +2,6 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| iwarp_rdmap::wire::fuzz_parse(data));
+fuzz_target!(|data: &[u8]| {
+    iwarp_rdmap::wire::fuzz_parse(data);
+});

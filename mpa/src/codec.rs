@@ -354,6 +354,12 @@ impl Deframer {
         Deframer { crc, markers, pos: 0, max_ulpdu: MAX_ULPDU, lenient: false, scratch: Vec::new() }
     }
 
+    /// Bytes allocated for ULPDUs that markers split (the largest such ULPDU seen so far):
+    /// the deframer's only buffer.
+    pub fn scratch_capacity(&self) -> usize {
+        self.scratch.capacity()
+    }
+
     /// Sets the stream position of the next FPDU.
     pub fn with_position(mut self, pos: u64) -> Deframer {
         self.pos = pos;
@@ -546,15 +552,35 @@ impl StreamDeframer {
     }
 }
 
+/// The chunk lengths [`fuzz_deframe`] cuts a stream into: 1 to 128 octets, a sequence fixed
+/// by `seed` (xorshift), so that the cuts fall at every position relative to the FPDUs
+/// without feeding most inputs one octet at a time (which made the fuzz target slow).
+fn fuzz_chunks(seed: u8, stream: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut x = u32::from(seed) | 0x100;
+    let mut rest = stream;
+    core::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let len = usize::from(x.to_le_bytes()[0] & 0x7f) + 1;
+        let (now, later) = rest.split_at(len.min(rest.len()));
+        rest = later;
+        Some(now)
+    })
+}
+
 /// Fuzz entry point (fuzz/fuzz_targets/mpa_deframe.rs): deframes `stream` whole and in
-/// chunks, with CRC, markers and the start position chosen by `sel`, and checks that both
-/// give the same ULPDUs and that every ULPDU respects the limits. Panics only on a bug.
+/// chunks, with CRC, markers, the start position and the chunk lengths chosen by `sel`, and
+/// checks that both give the same ULPDUs and that every ULPDU respects the limits. Panics
+/// only on a bug.
 #[doc(hidden)]
 pub fn fuzz_deframe(sel: u8, stream: &[u8]) {
     let crc = sel & 1 != 0;
     let markers = sel & 2 != 0;
     let start = u64::from(sel >> 2) * 4 * 9;
-    let chunk = usize::from(sel >> 4) + 1;
     let limit = if sel & 0x80 != 0 { 1500 } else { MAX_ULPDU };
     let mut whole = Vec::new();
     let mut d = Deframer::new(crc, markers).with_position(start).with_max_ulpdu(limit);
@@ -576,7 +602,7 @@ pub fn fuzz_deframe(sel: u8, stream: &[u8]) {
     let mut s = StreamDeframer::new(Deframer::new(crc, markers).with_position(start).with_max_ulpdu(limit));
     let mut chunked = Vec::new();
     let mut chunked_end = None;
-    'outer: for c in stream.chunks(chunk) {
+    'outer: for c in fuzz_chunks(sel, stream) {
         s.push(c);
         loop {
             match s.next_fpdu() {

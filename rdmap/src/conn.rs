@@ -569,6 +569,13 @@ impl Connection {
         self.qp.handle_llp_error(code);
     }
 
+    /// Bytes allocated to hold received data between calls: the staged FPDU that a chunk
+    /// boundary cut (at most one FPDU) and the deframer's marker scratch buffer (at most one
+    /// ULPDU). After a framing error both are released as bytes keep arriving.
+    pub fn rx_buffered_capacity(&self) -> usize {
+        self.pending.capacity() + self.deframer.scratch_capacity()
+    }
+
     /// The most bytes one FPDU of this connection can take on the wire (markers included).
     pub fn max_fpdu_len(&self) -> usize {
         let markers = self.framer.markers();

@@ -17,6 +17,8 @@
 
 pub mod atomic;
 pub mod conn;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod memory;
 pub mod qp;
 pub mod terminate;

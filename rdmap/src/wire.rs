@@ -315,13 +315,36 @@ impl TerminateHeader {
     }
 }
 
+/// What [`fuzz_parse`] decoded: the layers a ULPDU got through, for tests of the seeds.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not a DDP segment.
+    NotASegment,
+    /// A DDP segment whose RDMAP message has no body decoded here.
+    Segment(Opcode),
+    /// A Read Request and its body.
+    ReadRequest(ReadRequest),
+    /// A Read Request whose body is cut short.
+    ReadRequestTruncated,
+    /// A Terminate and its control word in the RFC and siw layouts.
+    Terminate {
+        /// RFC 5040's layout.
+        rfc: TerminateHeader,
+        /// siw's layout.
+        siw: TerminateHeader,
+    },
+    /// A Terminate whose control word is cut short.
+    TerminateTruncated,
+}
+
 /// Fuzz entry point (fuzz/fuzz_targets/ddp_rdmap_parse.rs): parses `ulpdu` as a DDP segment
 /// and its RDMAP message (control byte, Read Request body, Terminate control word in both
 /// layouts); whatever parses must re-emit to the same header bytes (reserved DDP bits aside).
-/// Panics only on a bug.
+/// Panics only on a bug; returns what it decoded.
 #[doc(hidden)]
-pub fn fuzz_parse(ulpdu: &[u8]) {
-    let Ok(seg) = iwarp_ddp::SegmentRepr::parse(ulpdu) else { return };
+pub fn fuzz_parse(ulpdu: &[u8]) -> Parsed {
+    let Ok(seg) = iwarp_ddp::SegmentRepr::parse(ulpdu) else { return Parsed::NotASegment };
     let hlen = seg.header_len();
     let again = seg.to_vec();
     assert_eq!(again.len(), ulpdu.len());
@@ -331,21 +354,25 @@ pub fn fuzz_parse(ulpdu: &[u8]) {
     let control = Control::from_byte(seg.header.rdmap_control);
     assert_eq!(Control::from_byte(control.to_byte()).opcode, control.opcode);
     match control.opcode {
-        Opcode::ReadRequest => {
-            if let Ok(r) = ReadRequest::parse(seg.payload) {
+        Opcode::ReadRequest => match ReadRequest::parse(seg.payload) {
+            Ok(r) => {
                 assert_eq!(seg.payload.get(..READ_REQUEST_LEN), Some(&r.to_bytes()[..]));
+                Parsed::ReadRequest(r)
             }
-        }
+            Err(_) => Parsed::ReadRequestTruncated,
+        },
         Opcode::Terminate => {
-            if let (Ok(rfc), Ok(siw)) =
-                (TerminateHeader::parse(seg.payload), TerminateHeader::parse_siw(seg.payload))
-            {
-                let back = TerminateHeader::parse(&rfc.to_bytes()).ok();
-                assert_eq!(back, Some(rfc));
-                let _ = siw.cause.is_defined();
+            match (TerminateHeader::parse(seg.payload), TerminateHeader::parse_siw(seg.payload)) {
+                (Ok(rfc), Ok(siw)) => {
+                    let back = TerminateHeader::parse(&rfc.to_bytes()).ok();
+                    assert_eq!(back, Some(rfc));
+                    let _ = siw.cause.is_defined();
+                    Parsed::Terminate { rfc, siw }
+                }
+                _ => Parsed::TerminateTruncated,
             }
         }
-        _ => {}
+        op => Parsed::Segment(op),
     }
 }
 
@@ -426,15 +453,23 @@ mod tests {
     #[test]
     fn fuzz_entry_accepts_real_segments() {
         // An untagged Read Request (QN 1, MSN 1, MO 0) as siw's rping sends it, and a
-        // Terminate in siw's layout: both parse and survive the round-trip checks.
+        // Terminate in siw's layout: both parse, survive the round-trip checks, and decode to
+        // the fields they carry.
         let mut rr = vec![0x41, 0x41, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0];
-        rr.extend_from_slice(
-            &ReadRequest { sink_stag: 0x1234, sink_to: 0x10, size: 64, source_stag: 0x99, source_to: 0x20 }
-                .to_bytes(),
-        );
-        fuzz_parse(&rr);
+        let req =
+            ReadRequest { sink_stag: 0x1234, sink_to: 0x10, size: 64, source_stag: 0x99, source_to: 0x20 };
+        rr.extend_from_slice(&req.to_bytes());
+        assert_eq!(fuzz_parse(&rr), Parsed::ReadRequest(req));
+        assert_eq!(fuzz_parse(&rr[..rr.len() - 1]), Parsed::ReadRequestTruncated);
         let term = [0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0x21, 0x01, 0x03, 0x00];
-        fuzz_parse(&term);
-        fuzz_parse(&[0x41]);
+        let Parsed::Terminate { rfc, siw } = fuzz_parse(&term) else { panic!("{:?}", fuzz_parse(&term)) };
+        assert_eq!(siw.cause, TerminateCode::ddp(2, 0x01));
+        assert!(siw.m && siw.d && !siw.r);
+        assert!(!rfc.cause.is_defined());
+        assert_eq!(fuzz_parse(&term[..20]), Parsed::TerminateTruncated);
+        // A tagged Write (STag 0x100, TO 0x10) with a 3-byte payload.
+        let write = [0xc1, 0x40, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 1, 2, 3];
+        assert_eq!(fuzz_parse(&write), Parsed::Segment(Opcode::Write));
+        assert_eq!(fuzz_parse(&[0x41]), Parsed::NotASegment);
     }
 }

@@ -5,28 +5,44 @@
 //! initiator when the Request has M (RFC 5044 section 7.1). Each direction is deframed from the
 //! first octet after its frame (stream position 0, where markers are anchored) with a lenient
 //! [`Deframer`], so a bad CRC is reported and decoding goes on.
+//!
+//! The two directions are deframed side by side and their FPDUs handed to the [`Sink`] one at a
+//! time, in the order of the frames that completed them: nothing of a connection is kept but
+//! its reassembled streams and the sequence state of [`super::ddp::Checker`].
 
 use iwarp_mpa::frame::{REPLY_KEY, REQUEST_KEY};
 use iwarp_mpa::{CrcCheck, DeframeError, Deframed, Deframer, FrameKind, FrameRepr};
 
+use super::ddp::Checker;
 use super::tcp::{self, Reassembler};
 use super::{
     Connection, CrcVerdict, DdpControl, Dir, FpduInfo, FrameInfo, IrdOrdInfo, Negotiated, Note, Options,
-    Violation, ViolationKind,
+    Sink, Violation, ViolationKind,
 };
 
 /// How many differing retransmissions are listed per direction before the rest are counted.
 const MAX_CONFLICT_NOTES: usize = 3;
 
-struct Sink<'a> {
-    conn: usize,
-    violations: &'a mut Vec<Violation>,
-    notes: &'a mut Vec<Note>,
+/// A violation or a note, before it is handed to the sink.
+#[derive(Debug)]
+enum Found {
+    Violation(Violation),
+    Note(Note),
 }
 
-impl Sink<'_> {
+/// Findings about one connection.
+struct Findings {
+    conn: usize,
+    list: Vec<Found>,
+}
+
+impl Findings {
+    fn new(conn: usize) -> Findings {
+        Findings { conn, list: Vec::new() }
+    }
+
     fn note(&mut self, message: String) {
-        self.notes.push(Note { conn: Some(self.conn), message });
+        self.list.push(Found::Note(Note { conn: Some(self.conn), message }));
     }
 
     fn violation(
@@ -37,7 +53,17 @@ impl Sink<'_> {
         offset: Option<u64>,
         message: String,
     ) {
-        self.violations.push(Violation { kind, conn: self.conn, dir, frame, offset, message });
+        self.list.push(Found::Violation(Violation { kind, conn: self.conn, dir, frame, offset, message }));
+    }
+
+    /// Hands the findings to `sink`, oldest first, and forgets them.
+    fn flush(&mut self, sink: &mut dyn Sink) {
+        for f in self.list.drain(..) {
+            match f {
+                Found::Violation(v) => sink.violation(&v),
+                Found::Note(n) => sink.note(&n),
+            }
+        }
     }
 }
 
@@ -71,17 +97,17 @@ fn parse_frame<'s>(
     stream: &'s Reassembler,
     expected: FrameKind,
     dir: Dir,
-    sink: &mut Sink<'_>,
+    found: &mut Findings,
 ) -> Option<(FrameRepr<'s>, usize)> {
     let bytes = stream.contiguous();
     if bytes.is_empty() {
-        sink.note(format!("no MPA {expected} seen"));
+        found.note(format!("no MPA {expected} seen"));
         return None;
     }
     match FrameRepr::parse_prefix(bytes) {
         Ok(Some((repr, len))) if repr.kind == expected => Some((repr, len)),
         Ok(Some((repr, _))) => {
-            sink.violation(
+            found.violation(
                 ViolationKind::MalformedFrame,
                 Some(dir),
                 stream.frame_of(0),
@@ -91,11 +117,11 @@ fn parse_frame<'s>(
             None
         }
         Ok(None) => {
-            sink.note(format!("MPA {expected} incomplete in the capture ({} bytes)", bytes.len()));
+            found.note(format!("MPA {expected} incomplete in the capture ({} bytes)", bytes.len()));
             None
         }
         Err(e) => {
-            sink.violation(
+            found.violation(
                 ViolationKind::MalformedFrame,
                 Some(dir),
                 stream.frame_of(0),
@@ -107,26 +133,20 @@ fn parse_frame<'s>(
     }
 }
 
-/// Analyses one TCP connection; `id` numbers it in the report.
-pub fn analyse(
-    id: usize,
-    conn: &tcp::Connection,
-    options: &Options,
-    violations: &mut Vec<Violation>,
-    notes: &mut Vec<Note>,
-) -> Connection {
-    let mut sink = Sink { conn: id, violations, notes };
-    let mut out = Connection {
-        id,
-        initiator: conn.client,
-        responder: conn.server,
-        first_frame: conn.first_frame,
-        mpa: false,
-        request: None,
-        reply: None,
-        negotiated: None,
-        fpdus: Vec::new(),
-    };
+/// What the handshake settled, for the FPDUs that follow it.
+struct Handshake {
+    init_len: usize,
+    resp_len: usize,
+    neg: Negotiated,
+}
+
+/// Finds the MPA handshake of `conn` and fills in `out`'s Request, Reply and negotiated
+/// settings; `None` when no FPDUs follow (no MPA, a frame missing or malformed, a rejection).
+fn handshake<'c>(
+    conn: &'c tcp::Connection,
+    out: &mut Connection,
+    found: &mut Findings,
+) -> Option<(&'c Reassembler, &'c Reassembler, Handshake)> {
     let starts_req = |r: &Reassembler| r.contiguous().starts_with(REQUEST_KEY);
     let (init, resp) = if starts_req(&conn.to_server) {
         (&conn.to_server, &conn.to_client)
@@ -144,19 +164,13 @@ pub fn analyse(
         let reply_first = conn.to_server.contiguous().starts_with(REPLY_KEY)
             || conn.to_client.contiguous().starts_with(REPLY_KEY);
         let what = if reply_first { "MPA Reply without a Request" } else { "no MPA handshake seen" };
-        sink.note(format!("{} -> {}: {what} ({a}+{b} bytes{mid})", conn.client, conn.server));
-        return out;
+        found.note(format!("{} -> {}: {what} ({a}+{b} bytes{mid})", conn.client, conn.server));
+        return None;
     };
     out.mpa = true;
-    let Some((req, req_len)) = parse_frame(init, FrameKind::Request, Dir::InitiatorToResponder, &mut sink)
-    else {
-        return out;
-    };
+    let (req, req_len) = parse_frame(init, FrameKind::Request, Dir::InitiatorToResponder, found)?;
     out.request = Some(frame_info(&req, init.contiguous(), init.frame_of(req_len.saturating_sub(1) as u64)));
-    let Some((rep, rep_len)) = parse_frame(resp, FrameKind::Reply, Dir::ResponderToInitiator, &mut sink)
-    else {
-        return out;
-    };
+    let (rep, rep_len) = parse_frame(resp, FrameKind::Reply, Dir::ResponderToInitiator, found)?;
     out.reply = Some(frame_info(&rep, resp.contiguous(), resp.frame_of(rep_len.saturating_sub(1) as u64)));
     let rtr = match (req.ird_ord, rep.ird_ord) {
         (Some(q), Some(p)) if q.peer_to_peer && p.peer_to_peer => {
@@ -185,54 +199,124 @@ pub fn analyse(
         let extra =
             init.contiguous().len().saturating_sub(req_len) + resp.contiguous().len().saturating_sub(rep_len);
         if extra > 0 {
-            sink.note(format!("connection rejected; {extra} bytes after the handshake not decoded"));
+            found.note(format!("connection rejected; {extra} bytes after the handshake not decoded"));
         }
-        return out;
+        return None;
     }
+    Some((init, resp, Handshake { init_len: req_len, resp_len: rep_len, neg }))
+}
+
+/// Analyses one TCP connection (`id` numbers it): its record, then its FPDUs with the
+/// violations and notes about them, go to `sink` as they are decoded.
+pub fn analyse(id: usize, conn: &tcp::Connection, options: &Options, sink: &mut dyn Sink) {
+    let mut found = Findings::new(id);
+    let mut out = Connection {
+        id,
+        initiator: conn.client,
+        responder: conn.server,
+        first_frame: conn.first_frame,
+        mpa: false,
+        request: None,
+        reply: None,
+        negotiated: None,
+        fpdus: Vec::new(),
+    };
+    let shaken = handshake(conn, &mut out, &mut found);
+    sink.connection(&out);
+    found.flush(sink);
+    let Some((init, resp, hs)) = shaken else { return };
     // siw sets a private GSO bit (0x08) in the MPA flags: a hint that its Terminates use siw's
     // bit-field layout.
     let siw = |f: &Option<FrameInfo>| f.as_ref().is_some_and(|f| f.flags & 0x08 != 0);
-    let dirs = [
-        (Dir::InitiatorToResponder, init, req_len, neg.markers_to_responder, siw(&out.request)),
-        (Dir::ResponderToInitiator, resp, rep_len, neg.markers_to_initiator, siw(&out.reply)),
+    let neg = hs.neg;
+    let mut dirs = [
+        Direction::new(
+            id,
+            Dir::InitiatorToResponder,
+            init,
+            hs.init_len,
+            Framing { crc: neg.crc, markers: neg.markers_to_responder, siw_hint: siw(&out.request) },
+        ),
+        Direction::new(
+            id,
+            Dir::ResponderToInitiator,
+            resp,
+            hs.resp_len,
+            Framing { crc: neg.crc, markers: neg.markers_to_initiator, siw_hint: siw(&out.reply) },
+        ),
     ];
-    for (dir, stream, start, markers, siw_hint) in dirs {
-        let framing = Framing { crc: neg.crc, markers, siw_hint };
-        deframe_direction(dir, stream, start, framing, options, &mut out.fpdus, &mut sink);
-    }
-    out.fpdus.sort_by_key(|f| f.frame.unwrap_or(usize::MAX));
-    let first = |d: Dir| out.fpdus.iter().find(|f| f.dir == d).and_then(|f| f.frame);
-    let early = |limit: usize| {
-        out.fpdus
-            .iter()
-            .filter(|f| f.dir == Dir::ResponderToInitiator && f.frame.is_some_and(|fr| fr < limit))
-            .count()
-    };
-    if let Some(r) = first(Dir::ResponderToInitiator) {
-        let i = first(Dir::InitiatorToResponder);
-        if i.is_none_or(|i| r < i) {
-            let n = early(i.unwrap_or(usize::MAX));
-            let after = match i {
-                Some(i) => format!("frame {i}"),
-                None => "the initiator sent none".to_string(),
-            };
-            sink.violation(
-                ViolationKind::ResponderFirst,
-                Some(Dir::ResponderToInitiator),
-                Some(r),
-                None,
-                format!(
-                    "responder sent {n} FPDU{} before the initiator's first FPDU ({after}; RFC 5044 \
-                     section 7.1: the initiator sends first)",
-                    if n == 1 { "" } else { "s" }
-                ),
-            );
+    let mut checker = Checker::new(&out);
+    let mut next = [dirs[0].next(options), dirs[1].next(options)];
+    // FPDUs the responder sent before the initiator's first: (count, frame of the first).
+    let mut responder_first: (usize, Option<usize>) = (0, None);
+    let mut initiator_started = false;
+    let mut checks = Vec::new();
+    loop {
+        // The direction whose next item was completed by the earlier frame goes first (the
+        // initiator's on a tie); an item without a frame (the end of a stream) goes last.
+        let key = |i: &Option<Item>| i.as_ref().map(|i| i.frame.unwrap_or(usize::MAX));
+        let pick = match (key(&next[0]), key(&next[1])) {
+            (None, None) => break,
+            (Some(_), None) => 0,
+            (None, Some(_)) => 1,
+            (Some(a), Some(b)) => usize::from(b < a),
+        };
+        let Some(mut item) = next[pick].take() else { break };
+        if let Some(f) = &item.fpdu {
+            match f.dir {
+                Dir::ResponderToInitiator if !initiator_started => {
+                    responder_first.0 += 1;
+                    responder_first.1 = responder_first.1.or(f.frame);
+                }
+                Dir::InitiatorToResponder if !initiator_started => {
+                    initiator_started = true;
+                    responder_first_check(responder_first, f.frame, &mut found);
+                    found.flush(sink);
+                }
+                _ => {}
+            }
+            sink.fpdu(id, f);
+            checker.fpdu(f, &mut checks);
         }
+        item.found.flush(sink);
+        for c in checks.drain(..) {
+            found.violation(c.kind, c.dir, c.frame, c.offset, c.message);
+        }
+        found.flush(sink);
+        next[pick] = dirs[pick].next(options);
     }
-    for v in super::ddp::check_connection(&out) {
-        sink.violation(v.kind, v.dir, v.frame, v.offset, v.message);
+    if !initiator_started {
+        responder_first_check(responder_first, None, &mut found);
     }
-    out
+    found.flush(sink);
+}
+
+/// The responder sent FPDUs before the initiator's first (RFC 5044 section 7.1), which came in
+/// `initiator_frame` (or never).
+fn responder_first_check(
+    early: (usize, Option<usize>),
+    initiator_frame: Option<usize>,
+    found: &mut Findings,
+) {
+    let (n, frame) = early;
+    if n == 0 {
+        return;
+    }
+    let after = match initiator_frame {
+        Some(i) => format!("frame {i}"),
+        None => "the initiator sent none".to_string(),
+    };
+    found.violation(
+        ViolationKind::ResponderFirst,
+        Some(Dir::ResponderToInitiator),
+        frame,
+        None,
+        format!(
+            "responder sent {n} FPDU{} before the initiator's first FPDU ({after}; RFC 5044 \
+             section 7.1: the initiator sends first)",
+            if n == 1 { "" } else { "s" }
+        ),
+    );
 }
 
 /// How one direction is framed.
@@ -244,30 +328,60 @@ struct Framing {
     siw_hint: bool,
 }
 
-fn deframe_direction(
+/// What a direction yields at a time: an FPDU with the findings about it, or findings alone (a
+/// framing error, the notes at the end of the stream).
+struct Item {
+    fpdu: Option<FpduInfo>,
+    /// The frame that completed the FPDU, or where the error lies.
+    frame: Option<usize>,
+    found: Findings,
+}
+
+/// One direction of an MPA connection, deframed one FPDU at a time.
+struct Direction<'s> {
+    conn: usize,
     dir: Dir,
-    stream: &Reassembler,
+    stream: &'s Reassembler,
+    /// Stream offset of the first octet after the Request or Reply.
     start: usize,
     framing: Framing,
-    options: &Options,
-    fpdus: &mut Vec<FpduInfo>,
-    sink: &mut Sink<'_>,
-) {
-    let Framing { crc, markers, siw_hint } = framing;
-    let bytes = stream.contiguous().get(start..).unwrap_or(&[]);
-    let mut deframer = Deframer::new(crc, markers).lenient();
-    let mut off = 0usize;
-    let mut index = 0usize;
-    let tcp_off = |o: usize| (start + o) as u64;
-    loop {
-        let rest = bytes.get(off..).unwrap_or(&[]);
-        if rest.is_empty() {
-            break;
+    deframer: Deframer,
+    /// Offset after `start` of the next FPDU.
+    off: usize,
+    /// FPDUs (and undecodable ones) so far.
+    index: usize,
+    done: bool,
+}
+
+impl<'s> Direction<'s> {
+    fn new(conn: usize, dir: Dir, stream: &'s Reassembler, start: usize, framing: Framing) -> Direction<'s> {
+        let deframer = Deframer::new(framing.crc, framing.markers).lenient();
+        Direction { conn, dir, stream, start, framing, deframer, off: 0, index: 0, done: false }
+    }
+
+    /// The next item, or `None` after the end of the captured stream.
+    fn next(&mut self, options: &Options) -> Option<Item> {
+        let mut found = Findings::new(self.conn);
+        let found = &mut found;
+        let item = |fpdu, frame, found: &mut Findings| {
+            Some(Item { fpdu, frame, found: std::mem::replace(found, Findings::new(0)) })
+        };
+        if self.done {
+            return None;
         }
-        match deframer.deframe(rest) {
+        let bytes = self.stream.contiguous().get(self.start..).unwrap_or(&[]);
+        let rest = bytes.get(self.off..).unwrap_or(&[]);
+        if rest.is_empty() {
+            self.finish(found);
+            return if found.list.is_empty() { None } else { item(None, None, found) };
+        }
+        let dir = self.dir;
+        let tcp_off = |o: usize| (self.start + o) as u64;
+        match self.deframer.deframe(rest) {
             Ok(Deframed::Fpdu(f)) => {
-                index += 1;
-                let frame = stream.frame_of(tcp_off(off + f.wire_len - 1));
+                self.index += 1;
+                let index = self.index;
+                let frame = self.stream.frame_of(tcp_off(self.off + f.wire_len - 1));
                 let verdict = match f.crc {
                     CrcCheck::Good(value) => CrcVerdict::Good { value },
                     CrcCheck::NotChecked(value) => CrcVerdict::NotChecked { value },
@@ -277,22 +391,18 @@ fn deframe_direction(
                     [a, b, ..] => Some(DdpControl::from_bytes(*a, *b)),
                     _ => None,
                 };
-                // A bad-CRC FPDU's contents are not trusted (a receiver drops it): not decoded.
+                // A bad-CRC FPDU's contents are not trusted (a receiver drops it): not
+                // decoded.
                 let decoded = if matches!(verdict, CrcVerdict::Bad { .. }) {
                     Ok(None)
                 } else {
-                    super::ddp::decode(f.ulpdu, siw_hint).map(Some)
+                    super::ddp::decode(f.ulpdu, self.framing.siw_hint).map(Some)
                 };
                 let segment = match decoded {
                     Ok(s) => s,
                     Err(e) => {
-                        sink.violation(
-                            ViolationKind::MalformedDdp,
-                            Some(dir),
-                            frame,
-                            Some(f.position),
-                            format!("FPDU #{}: {e}", index),
-                        );
+                        let m = format!("FPDU #{index}: {e}");
+                        found.violation(ViolationKind::MalformedDdp, Some(dir), frame, Some(f.position), m);
                         None
                     }
                 };
@@ -305,7 +415,7 @@ fn deframe_direction(
                     ulpdu_len: f.ulpdu.len(),
                     pad: f.pad,
                     crc: verdict,
-                    markers: if markers {
+                    markers: if self.framing.markers {
                         iwarp_mpa::fpdu::marker_positions(f.position, f.wire_len).collect()
                     } else {
                         Vec::new()
@@ -314,73 +424,84 @@ fn deframe_direction(
                     segment,
                     ulpdu: options.keep_ulpdu.then(|| f.ulpdu.to_vec()),
                 };
-                off += f.wire_len;
+                self.off += f.wire_len;
                 match verdict {
-                    CrcVerdict::Bad { .. } => sink.violation(
+                    CrcVerdict::Bad { .. } => found.violation(
                         ViolationKind::BadCrc,
                         Some(dir),
                         frame,
                         Some(info.offset),
                         format!("FPDU #{index}: {verdict}"),
                     ),
-                    CrcVerdict::NotChecked { value } if value != 0 => sink.note(format!(
+                    CrcVerdict::NotChecked { value } if value != 0 => found.note(format!(
                         "{dir} FPDU #{index} @{}: CRC not negotiated but the CRC field is 0x{value:08x}",
                         info.offset
                     )),
                     _ => {}
                 }
-                fpdus.push(info);
+                item(Some(info), frame, found)
             }
             Ok(Deframed::NeedMore(n)) => {
-                sink.note(format!(
+                found.note(format!(
                     "{dir} @{}: incomplete FPDU at the end of the captured stream ({} of {n} bytes)",
-                    deframer.position(),
+                    self.deframer.position(),
                     rest.len()
                 ));
-                break;
+                self.finish(found);
+                item(None, None, found)
             }
             Err(e) => {
-                index += 1;
-                let pos = deframer.position();
+                self.index += 1;
+                let pos = self.deframer.position();
                 let kind = match e {
                     DeframeError::Crc { .. } => ViolationKind::BadCrc,
                     DeframeError::Marker { .. } => ViolationKind::BadMarker,
                     DeframeError::UlpduTooLong { .. } => ViolationKind::MalformedFrame,
                 };
-                let frame = stream.frame_of(tcp_off(off));
-                sink.violation(kind, Some(dir), frame, Some(pos), format!("FPDU #{index}: {e}"));
+                let frame = self.stream.frame_of(tcp_off(self.off));
+                found.violation(kind, Some(dir), frame, Some(pos), format!("FPDU #{}: {e}", self.index));
                 match e.wire_len() {
                     Some(n) if n <= rest.len() => {
-                        deframer.skip(n);
-                        off += n;
+                        self.deframer.skip(n);
+                        self.off += n;
                     }
                     _ => {
-                        sink.note(format!(
+                        found.note(format!(
                             "{dir}: stopped deframing at @{pos}; {} bytes not decoded",
                             rest.len()
                         ));
-                        break;
+                        self.finish(found);
                     }
                 }
+                item(None, frame, found)
             }
         }
     }
-    for gap in stream.gaps().iter().take(1) {
-        sink.note(format!(
-            "{dir}: gap in the capture at TCP stream offset {} ({} bytes missing); {} bytes after it not decoded",
-            gap.offset,
-            gap.len,
-            stream.beyond_gap()
-        ));
-    }
-    let conflicts = stream.conflicts();
-    for c in conflicts.iter().take(MAX_CONFLICT_NOTES) {
-        sink.note(format!(
-            "{dir}: retransmission in frame {} differs from the first copy at TCP stream offset {}",
-            c.frame, c.offset
-        ));
-    }
-    if conflicts.len() > MAX_CONFLICT_NOTES {
-        sink.note(format!("{dir}: {} more differing retransmissions", conflicts.len() - MAX_CONFLICT_NOTES));
+
+    /// The notes about the captured stream itself: the first gap, differing retransmissions.
+    fn finish(&mut self, found: &mut Findings) {
+        self.done = true;
+        let (dir, stream) = (self.dir, self.stream);
+        for gap in stream.gaps().iter().take(1) {
+            found.note(format!(
+                "{dir}: gap in the capture at TCP stream offset {} ({} bytes missing); {} bytes after it not decoded",
+                gap.offset,
+                gap.len,
+                stream.beyond_gap()
+            ));
+        }
+        let conflicts = stream.conflicts();
+        for c in conflicts.iter().take(MAX_CONFLICT_NOTES) {
+            found.note(format!(
+                "{dir}: retransmission in frame {} differs from the first copy at TCP stream offset {}",
+                c.frame, c.offset
+            ));
+        }
+        if conflicts.len() > MAX_CONFLICT_NOTES {
+            found.note(format!(
+                "{dir}: {} more differing retransmissions",
+                conflicts.len() - MAX_CONFLICT_NOTES
+            ));
+        }
     }
 }

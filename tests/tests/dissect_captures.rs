@@ -399,3 +399,28 @@ fn ulpdu_bytes_kept_on_request() {
         dissect("siw-rping-crc.pcap").connections.iter().flat_map(|c| &c.fpdus).all(|f| f.ulpdu.is_none())
     );
 }
+
+/// The `dissect` fuzz target's entry point (`iwarp::dissect::fuzz_dissect`) accepts every real
+/// capture and every prefix of it (a capture cut short) without a broken invariant, and its
+/// streamed counts agree with the collected report.
+#[test]
+fn fuzz_entry_on_the_captures_and_their_prefixes() {
+    let mut fpdus_of_prefixes = 0;
+    for name in all_captures() {
+        let path = iwarp_tests::testdata_dir().join("siw").join(&name);
+        let bytes = std::fs::read(&path).unwrap();
+        let report = dissect::dissect(&bytes, &Options { keep_ulpdu: true }).unwrap();
+        let s = dissect::fuzz_dissect(&bytes).unwrap_or_else(|| panic!("{name}: not a capture"));
+        assert_eq!(s.connections, report.connections.len(), "{name}");
+        assert_eq!(s.mpa_connections, report.mpa_connections(), "{name}");
+        assert_eq!(s.fpdus, report.fpdus(), "{name}");
+        assert_eq!(s.violations, report.violations.len(), "{name}");
+        assert_eq!(s.notes, report.notes.len(), "{name}");
+        assert_eq!(s.violation_summary(), report.violation_summary(), "{name}");
+        for cut in (24..bytes.len()).step_by(997) {
+            fpdus_of_prefixes += dissect::fuzz_dissect(&bytes[..cut]).unwrap().fpdus;
+        }
+    }
+    assert!(fpdus_of_prefixes > 100, "the cut captures still hold FPDUs: {fpdus_of_prefixes}");
+    assert_eq!(dissect::fuzz_dissect(b"not a capture"), None);
+}

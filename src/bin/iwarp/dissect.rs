@@ -1,12 +1,14 @@
 //! `iwarp dissect FILE`: decode the MPA traffic of a capture.
 
 use crate::io_message;
-use std::io::Write as _;
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use iwarp::dissect::ddp::{Body, DdpHeader, Model, ReadRequestInfo, Segment, TerminateReading};
-use iwarp::dissect::{self, Connection, DissectError, FpduInfo, FrameInfo, Options, Report};
+use iwarp::dissect::{
+    self, CaptureInfo, Connection, DissectError, FpduInfo, FrameInfo, Note, Options, Sink, Summary, Violation,
+};
 
 /// Exit status when the capture decoded with protocol violations.
 const EXIT_VIOLATIONS: u8 = 1;
@@ -19,7 +21,9 @@ const EXIT_ERROR: u8 = 2;
 /// Reads a pcap or pcapng file (Ethernet, raw IP, Linux cooked or loopback link types),
 /// reassembles every TCP connection in both directions, finds the MPA connections by their
 /// Request/Reply, and prints the handshake and every FPDU (length, pad, CRC verdict, marker
-/// positions, DDP header, RDMAP opcode and body), one line each.
+/// positions, DDP header, RDMAP opcode and body), one line each, with violations and notes
+/// where they are found and a summary line at the end. Output is streamed: memory stays
+/// proportional to the capture, however many FPDUs it holds.
 ///
 /// Exit status: 0 when everything decoded cleanly, 1 when there were protocol violations (bad
 /// CRC or marker, malformed frame or segment, MSN/MO sequence errors, a Read Response that
@@ -29,7 +33,9 @@ const EXIT_ERROR: u8 = 2;
 pub(crate) struct Args {
     /// The capture file (pcap or pcapng).
     file: PathBuf,
-    /// Print one JSON document instead of text.
+    /// Print JSON Lines: one JSON object per record, its kind in "record": "capture" first,
+    /// then "connection", "fpdu", "violation" and "note" records as they are decoded, and
+    /// "summary" (the counts) last.
     #[arg(long)]
     json: bool,
     /// Add a hex dump of each FPDU's ULPDU (16 bytes a line; in JSON a hex string).
@@ -41,10 +47,26 @@ pub(crate) struct Args {
 pub(crate) fn run(args: &Args) -> ExitCode {
     let options = Options { keep_ulpdu: args.verbose };
     let shown = args.file.display();
-    let report = match dissect::dissect_file(&args.file, &options) {
-        Ok(r) => r,
-        Err(DissectError::Io(e)) => {
+    let bytes = match std::fs::read(&args.file) {
+        Ok(b) => b,
+        Err(e) => {
             eprintln!("error: cannot open {shown}: {}", io_message(&e));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let mut out = Output { w: BufWriter::new(std::io::stdout().lock()), failed: None };
+    let file = shown.to_string();
+    let result = if args.json {
+        let mut sink = JsonLines { out: &mut out, file: &file };
+        dissect::dissect_to(&bytes, &options, &mut sink).inspect(|summary| sink.summary(summary))
+    } else {
+        let mut sink = Text { out: &mut out, file: &file, verbose: args.verbose };
+        dissect::dissect_to(&bytes, &options, &mut sink).inspect(|summary| sink.summary(summary))
+    };
+    let summary = match result {
+        Ok(s) => s,
+        Err(DissectError::Io(e)) => {
+            eprintln!("error: cannot read {shown}: {}", io_message(&e));
             return ExitCode::from(EXIT_ERROR);
         }
         Err(DissectError::NotACapture) => {
@@ -52,46 +74,155 @@ pub(crate) fn run(args: &Args) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    let text = if args.json { json(args, &report) } else { Ok(text(args, &report)) };
-    let text = match text {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: cannot encode the report as JSON: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let mut stdout = std::io::stdout().lock();
-    // A closed pipe (`| head`) is not an error worth reporting.
-    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
-    match report.violation_summary() {
-        Some(summary) => {
-            eprintln!("dissect: {summary}");
+    out.flush();
+    if let Some(e) = out.failed.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        eprintln!("error: cannot write the output: {}", io_message(&e));
+        return ExitCode::from(EXIT_ERROR);
+    }
+    match summary.violation_summary() {
+        Some(s) => {
+            eprintln!("dissect: {s}");
             ExitCode::from(EXIT_VIOLATIONS)
         }
         None => ExitCode::SUCCESS,
     }
 }
 
-fn json(args: &Args, report: &Report) -> Result<String, serde_json::Error> {
-    #[derive(serde::Serialize)]
-    struct Doc<'a> {
-        file: String,
-        mpa_connections: usize,
-        fpdu_count: usize,
-        violation_count: usize,
-        #[serde(flatten)]
-        report: &'a Report,
+/// Standard output, buffered; after the first write error (a closed pipe: `| head`) the rest is
+/// dropped.
+struct Output<W: Write> {
+    w: W,
+    failed: Option<std::io::Error>,
+}
+
+impl<W: Write> Output<W> {
+    fn line(&mut self, s: &str) {
+        if self.failed.is_none()
+            && let Err(e) = self.w.write_all(s.as_bytes()).and_then(|()| self.w.write_all(b"\n"))
+        {
+            self.failed = Some(e);
+        }
     }
-    let doc = Doc {
-        file: args.file.display().to_string(),
-        mpa_connections: report.mpa_connections(),
-        fpdu_count: report.fpdus(),
-        violation_count: report.violations.len(),
-        report,
-    };
-    let mut s = serde_json::to_string_pretty(&doc)?;
-    s.push('\n');
-    Ok(s)
+
+    fn flush(&mut self) {
+        if self.failed.is_none()
+            && let Err(e) = self.w.flush()
+        {
+            self.failed = Some(e);
+        }
+    }
+}
+
+/// One JSON Lines record.
+#[derive(serde::Serialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+enum Record<'a> {
+    Capture {
+        file: &'a str,
+        #[serde(flatten)]
+        info: &'a CaptureInfo,
+    },
+    Connection(&'a Connection),
+    Fpdu {
+        conn: usize,
+        #[serde(flatten)]
+        fpdu: &'a FpduInfo,
+    },
+    Violation(&'a Violation),
+    Note(&'a Note),
+    Summary(&'a Summary),
+}
+
+/// `--json`: one record a line.
+struct JsonLines<'a, W: Write> {
+    out: &'a mut Output<W>,
+    file: &'a str,
+}
+
+impl<W: Write> JsonLines<'_, W> {
+    fn record(&mut self, r: &Record<'_>) {
+        match serde_json::to_string(r) {
+            Ok(s) => self.out.line(&s),
+            // The records are plain data: serde_json cannot fail on them.
+            Err(e) => self.out.line(&format!("{{\"record\":\"error\",\"message\":\"{e}\"}}")),
+        }
+    }
+
+    fn summary(&mut self, s: &Summary) {
+        self.record(&Record::Summary(s));
+    }
+}
+
+impl<W: Write> Sink for JsonLines<'_, W> {
+    fn capture(&mut self, info: &CaptureInfo) {
+        self.record(&Record::Capture { file: self.file, info });
+    }
+
+    fn connection(&mut self, conn: &Connection) {
+        self.record(&Record::Connection(conn));
+    }
+
+    fn fpdu(&mut self, conn: usize, fpdu: &FpduInfo) {
+        self.record(&Record::Fpdu { conn, fpdu });
+    }
+
+    fn violation(&mut self, v: &Violation) {
+        self.record(&Record::Violation(v));
+    }
+
+    fn note(&mut self, n: &Note) {
+        self.record(&Record::Note(n));
+    }
+}
+
+/// Text: one line per record.
+struct Text<'a, W: Write> {
+    out: &'a mut Output<W>,
+    file: &'a str,
+    verbose: bool,
+}
+
+impl<W: Write> Text<'_, W> {
+    fn summary(&mut self, s: &Summary) {
+        self.out.line(&format!(
+            "{} MPA connections, {} FPDUs, {} violations",
+            s.mpa_connections, s.fpdus, s.violations
+        ));
+    }
+}
+
+impl<W: Write> Sink for Text<'_, W> {
+    fn capture(&mut self, info: &CaptureInfo) {
+        self.out.line(&format!("{}: {}, {} packets", self.file, info.format, info.packets));
+    }
+
+    fn connection(&mut self, conn: &Connection) {
+        let mut s = String::new();
+        connection(&mut s, conn);
+        // `connection` ends every line with a newline; `line` adds the last one.
+        self.out.line(s.trim_end_matches('\n'));
+    }
+
+    fn fpdu(&mut self, _conn: usize, f: &FpduInfo) {
+        self.out.line(&fpdu_line(f));
+        if self.verbose
+            && let Some(u) = &f.ulpdu
+        {
+            let mut s = String::new();
+            hexdump(&mut s, u);
+            if !s.is_empty() {
+                self.out.line(s.trim_end_matches('\n'));
+            }
+        }
+    }
+
+    fn violation(&mut self, v: &Violation) {
+        self.out.line(&format!("  violation: {v}"));
+    }
+
+    fn note(&mut self, n: &Note) {
+        self.out.line(&format!("  note: {n}"));
+    }
 }
 
 fn flags(f: &FrameInfo) -> String {
@@ -239,7 +370,7 @@ fn hexdump(out: &mut String, bytes: &[u8]) {
     }
 }
 
-fn connection(out: &mut String, c: &Connection, verbose: bool) {
+fn connection(out: &mut String, c: &Connection) {
     if !c.mpa {
         out.push_str(&format!("conn {} {} -> {} (TCP, no MPA)\n", c.id, c.initiator, c.responder));
         return;
@@ -267,34 +398,4 @@ fn connection(out: &mut String, c: &Connection, verbose: bool) {
             ));
         }
     }
-    for f in &c.fpdus {
-        out.push_str(&fpdu_line(f));
-        out.push('\n');
-        if verbose && let Some(u) = &f.ulpdu {
-            hexdump(out, u);
-        }
-    }
-}
-
-fn text(args: &Args, report: &Report) -> String {
-    let mut out = format!("{}: {}, {} packets\n", args.file.display(), report.format, report.packets);
-    for c in &report.connections {
-        connection(&mut out, c, args.verbose);
-    }
-    if !report.notes.is_empty() {
-        out.push_str("notes:\n");
-        for n in &report.notes {
-            out.push_str(&format!("  {n}\n"));
-        }
-    }
-    out.push_str(&format!(
-        "{} MPA connections, {} FPDUs, {} violations\n",
-        report.mpa_connections(),
-        report.fpdus(),
-        report.violations.len()
-    ));
-    for v in &report.violations {
-        out.push_str(&format!("  violation: {v}\n"));
-    }
-    out
 }

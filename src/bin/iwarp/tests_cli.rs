@@ -21,6 +21,16 @@ fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
 
+/// The records of `iwarp dissect --json` (JSON Lines), each line parsed.
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+/// The records of one kind.
+fn records<'a>(lines: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    lines.iter().filter(|r| r["record"] == kind).collect()
+}
+
 /// A temp file removed on drop.
 struct Temp(PathBuf);
 
@@ -107,9 +117,9 @@ fn responder_first_is_a_violation() {
     let s = stdout(&o);
     assert!(s.contains("responder sent 2 FPDUs before the initiator's first FPDU"), "{s}");
     let o = iwarp(&["dissect", "--json", data("siw-ucmatose.pcap").to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["violations"][0]["kind"], "responder_first");
-    let f = &v["connections"][0]["fpdus"][0]["segment"];
+    let v = json_lines(&o);
+    assert_eq!(records(&v, "violation")[0]["kind"], "responder_first");
+    let f = &records(&v, "fpdu")[0]["segment"];
     assert_eq!(f["model"], "untagged");
     assert_eq!(f["opcode"], "Send");
     assert_eq!((f["qn"].as_u64(), f["msn"].as_u64(), f["mo"].as_u64()), (Some(0), Some(1), Some(0)));
@@ -120,20 +130,34 @@ fn responder_first_is_a_violation() {
 fn json_output_parses() {
     let o = iwarp(&["dissect", "--json", data("siw-write-bw-crc.pcap").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["format"], "pcap");
-    assert_eq!(v["mpa_connections"], 2);
-    assert_eq!(v["fpdu_count"], 80);
-    assert_eq!(v["violation_count"], 0);
-    let conns = v["connections"].as_array().unwrap();
-    let fpdus: Vec<&serde_json::Value> = conns.iter().flat_map(|c| c["fpdus"].as_array().unwrap()).collect();
+    let v = json_lines(&o);
+    // The capture record first, the summary last, every record in between.
+    assert_eq!(v[0]["record"], "capture");
+    assert_eq!(v[0]["format"], "pcap");
+    let summary = v.last().unwrap();
+    assert_eq!(summary["record"], "summary");
+    assert_eq!(summary["mpa_connections"], 2);
+    assert_eq!(summary["fpdus"], 80);
+    assert_eq!(summary["violations"], 0);
+    let conns = records(&v, "connection");
+    let fpdus = records(&v, "fpdu");
     assert_eq!(fpdus.len(), 80);
+    assert_eq!(v.len(), 1 + conns.len() + 80 + records(&v, "note").len() + 1);
     assert!(fpdus.iter().all(|f| f["crc"]["verdict"] == "good"));
     assert!(fpdus.iter().all(|f| f.get("ulpdu").is_none()));
     assert_eq!(conns[0]["request"]["revision"], 2);
     assert_eq!(conns[0]["request"]["private_data"], "00000000");
     assert_eq!(conns[0]["negotiated"]["crc"], true);
     assert!(fpdus.iter().any(|f| f["dir"] == "i->r"));
+    // Each FPDU follows its connection's record and names it.
+    let mut current = None;
+    for r in &v {
+        match r["record"].as_str().unwrap() {
+            "connection" => current = r["id"].as_u64(),
+            "fpdu" => assert_eq!(r["conn"].as_u64(), current),
+            _ => {}
+        }
+    }
 }
 
 #[test]
@@ -147,10 +171,11 @@ fn verbose_hex() {
     assert!(dump.starts_with("      0000  41 43 "), "{dump}");
     assert_eq!(dump.split_whitespace().count(), 17, "{dump}");
     let o = iwarp(&["dissect", "-v", "--json", data("siw-rping.pcap").to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let u = v["connections"][0]["fpdus"][0]["ulpdu"].as_str().unwrap();
+    let v = json_lines(&o);
+    let first = records(&v, "fpdu")[0];
+    let u = first["ulpdu"].as_str().unwrap();
     assert!(u.starts_with("4143"));
-    assert_eq!(u.len() as u64, 2 * v["connections"][0]["fpdus"][0]["ulpdu_len"].as_u64().unwrap());
+    assert_eq!(u.len() as u64, 2 * first["ulpdu_len"].as_u64().unwrap());
 }
 
 /// Finds where the first i->r ULPDU of a CRC capture lies in the file, by its bytes.
@@ -178,8 +203,9 @@ fn bad_crc_exits_1_with_summary() {
     assert!(s.contains("violation: conn 1 i->r @0 (frame "), "{s}");
     let o = iwarp(&["dissect", "--json", t.path()]);
     assert_eq!(o.status.code(), Some(1));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["violations"][0]["kind"], "bad_crc");
+    let v = json_lines(&o);
+    assert_eq!(records(&v, "violation")[0]["kind"], "bad_crc");
+    assert_eq!(v.last().unwrap()["violation_counts"]["bad_crc"], 1);
 }
 
 #[test]
@@ -191,6 +217,117 @@ fn truncated_capture_is_a_note() {
     let s = stdout(&o);
     assert!(s.contains("capture truncated after "), "{s}");
     assert!(s.contains("1 MPA connections"), "{s}");
+}
+
+/// Writes a pcap of one MPA connection (Request, Reply) whose initiator then sends `packets`
+/// TCP segments of 180 zero-length FPDUs each (8 octets apiece: length 0, 2 pad octets, a zero
+/// CRC field): 1510 octets of file per packet. Returns the file's length.
+fn zero_length_fpdu_capture(path: &Path, packets: usize) -> u64 {
+    use etherparse::PacketBuilder;
+    use std::io::Write as _;
+    let client = ([10, 9, 0, 2], 40000u16);
+    let server = ([10, 9, 0, 1], 7174u16);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut header = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    header.extend_from_slice(&65535u32.to_le_bytes());
+    header.extend_from_slice(&1u32.to_le_bytes());
+    f.write_all(&header).unwrap();
+    let mut packet = Vec::new();
+    let mut write = |to_server: bool, seq: u32, payload: &[u8], n: u32| {
+        let ((src, sp), (dst, dp)) = if to_server { (client, server) } else { (server, client) };
+        packet.clear();
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(src, dst, 64);
+        b.tcp(sp, dp, seq, 65535).ack(1).write(&mut packet, payload).unwrap();
+        let len = u32::try_from(packet.len()).unwrap();
+        for word in [1_700_000_000, n, len, len] {
+            f.write_all(&u32::to_le_bytes(word)).unwrap();
+        }
+        f.write_all(&packet).unwrap();
+    };
+    let frame = |key: &[u8]| [key, &[0x10, 2, 0, 4, 0, 1, 0, 1][..]].concat();
+    let request = frame(b"MPA ID Req Frame");
+    write(true, 1000, &request, 0);
+    write(false, 5000, &frame(b"MPA ID Rep Frame"), 1);
+    let fpdus = [0u8; 180 * 8];
+    let mut seq = 1000 + u32::try_from(request.len()).unwrap();
+    for n in 0..packets {
+        write(true, seq, &fpdus, u32::try_from(n + 2).unwrap());
+        seq = seq.wrapping_add(180 * 8);
+    }
+    drop(f);
+    std::fs::metadata(path).unwrap().len()
+}
+
+/// The peak resident set (VmHWM) of a running process, in bytes.
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?.trim();
+    kib.parse::<u64>().ok().map(|k| k * 1024)
+}
+
+/// `iwarp dissect` streams: on a capture of millions of zero-length FPDUs (each one a record
+/// and a malformed-segment violation) its peak memory stays within a small multiple of the
+/// capture, far below what keeping every FPDU's record would take.
+#[test]
+fn dissect_memory_is_proportional_to_the_capture() {
+    let path = std::env::temp_dir().join(format!("iwarp-cli-{}-zero-fpdus.pcap", std::process::id()));
+    let packets = 16_000;
+    let file_len = zero_length_fpdu_capture(&path, packets);
+    let _cleanup = Temp(path.clone());
+    let fpdus = packets * 180;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iwarp"))
+        .args(["dissect", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = child.stdout.take().unwrap();
+    // Read the output as it comes (keeping only its last line), so the child never waits on a
+    // full pipe.
+    let reader = std::thread::spawn(move || {
+        use std::io::Read as _;
+        let (mut buf, mut line, mut last, mut lines) = (vec![0u8; 1 << 16], Vec::new(), Vec::new(), 0usize);
+        loop {
+            let n = out.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            for &b in &buf[..n] {
+                if b == b'\n' {
+                    lines += 1;
+                    std::mem::swap(&mut line, &mut last);
+                    line.clear();
+                } else {
+                    line.push(b);
+                }
+            }
+        }
+        (lines, String::from_utf8(last).unwrap())
+    });
+    // VmHWM only grows: the last sample before the child exits is its peak up to then.
+    let mut peak = 0;
+    let status = loop {
+        if let Some(p) = peak_rss(pid) {
+            peak = peak.max(p);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let (lines, summary) = reader.join().unwrap();
+    assert_eq!(status.code(), Some(1), "violations: every zero-length FPDU is a malformed segment");
+    assert_eq!(summary, format!("1 MPA connections, {fpdus} FPDUs, {fpdus} violations"));
+    // A line per FPDU and per violation, plus the header lines and the summary.
+    assert!(lines > 2 * fpdus, "{lines} lines of output for {fpdus} FPDUs");
+    assert!(peak > 0, "no memory figure read from /proc/{pid}/status");
+    // The capture and its reassembled stream, with room for the binary itself.
+    let bound = 3 * file_len + (64 << 20);
+    assert!(peak < bound, "peak RSS {peak} bytes for a {file_len}-byte capture (bound {bound})");
+    // Keeping every FPDU's record would not fit under that bound.
+    let records = u64::try_from(fpdus * std::mem::size_of::<iwarp::dissect::FpduInfo>()).unwrap();
+    assert!(records > bound, "{records} bytes of FPDU records");
 }
 
 #[test]
@@ -333,7 +470,7 @@ mod rping {
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
-    use super::{is_nudge_json, iwarp, stderr, stdout};
+    use super::{is_nudge_json, iwarp, json_lines, records, stderr, stdout};
 
     const BIN: &str = env!("CARGO_BIN_EXE_iwarp");
 
@@ -536,14 +673,15 @@ mod rping {
         let d = iwarp(&["dissect", f, "--json"]);
         std::fs::remove_file(&file).ok();
         assert_eq!(d.status.code(), Some(0), "{}", stderr(&d));
-        let j: serde_json::Value = serde_json::from_str(&stdout(&d)).unwrap();
-        let conns = j["connections"].as_array().unwrap();
-        let mpa: Vec<_> = conns.iter().filter(|c| c["mpa"] == true).collect();
+        let j = json_lines(&d);
+        let mpa: Vec<_> = records(&j, "connection").into_iter().filter(|c| c["mpa"] == true).collect();
         assert_eq!(mpa.len(), 1);
         // A slow server can draw the client's nudges (zero-length Writes to STag 1, see
         // docs/siw-quirks.md): they are not part of the pings.
-        let fpdus: Vec<_> =
-            mpa[0]["fpdus"].as_array().unwrap().iter().filter(|f| !is_nudge_json(&f["segment"])).collect();
+        let fpdus: Vec<_> = records(&j, "fpdu")
+            .into_iter()
+            .filter(|f| f["conn"] == mpa[0]["id"] && !is_nudge_json(&f["segment"]))
+            .collect();
         assert_eq!(fpdus.len(), 21, "3 pings x 7 FPDUs");
         assert!(stdout(&iwarp(&["--version"])).contains("iwarp"));
     }
