@@ -1472,7 +1472,7 @@ mod tests {
     fn framing_operations_change_the_right_bytes() {
         let u = conv().send();
         let f = Framer::new(true, false).frame_to_vec(&u).unwrap();
-        assert_eq!(f.len(), 2 + 34 + 2 + 4);
+        assert_eq!(f.len(), 2 + 34 + 4);
         let mut g = f.clone();
         apply_fpdu(&mut g, u.len(), &[Op::Length(3)]);
         assert_eq!(&g[..2], &[0, 3]);
@@ -1483,9 +1483,15 @@ mod tests {
         apply_fpdu(&mut g, u.len(), &[Op::Crc(0xff)]);
         assert_eq!(g[..g.len() - 1], f[..f.len() - 1]);
         assert_eq!(g[g.len() - 1], f[f.len() - 1] ^ 0xff);
+        // No pad: four pad bytes appear before the CRC; three: they change.
         let mut g = f.clone();
         apply_fpdu(&mut g, u.len(), &[Op::Pad(0xaa)]);
-        assert_eq!(&g[36..38], &[0xaa, 0xaa]);
+        assert_eq!((g.len(), &g[36..40], &g[40..]), (44, &[0xaa; 4][..], &f[36..]));
+        let short = untagged(Opcode::Send, 0, 1, 0, true, b"x");
+        let f3 = Framer::new(false, false).frame_to_vec(&short).unwrap();
+        let mut g = f3.clone();
+        apply_fpdu(&mut g, short.len(), &[Op::Pad(0xaa)]);
+        assert_eq!((g.len(), &g[21..24]), (f3.len(), &[0xaa; 3][..]));
         let mut g = f.clone();
         apply_fpdu(&mut g, u.len(), &[Op::Marker { at: 4, word: 0x0102_0304 }, Op::FpduCut(3)]);
         assert_eq!(g.len(), f.len() + 1);
