@@ -30,7 +30,7 @@ use crate::io_message;
 use crate::rping::{Probe, probe_client, probe_server};
 use console::Console;
 use minimize::{Attempt, minimize};
-use mutate::{Case, CrcChoice, GenConfig, Layer, Point, Recipe, Side, generate};
+use mutate::{Case, CrcChoice, GenConfig, Layer, Point, Recipe, Side, generate, known_finding};
 use session::{Outcome, Timing};
 
 /// Exit status when a case failed an oracle (or the peer failed the first health probe).
@@ -118,6 +118,9 @@ pub(crate) struct Args {
     /// Write each failing case here as a pcap, with a text file that reproduces it.
     #[arg(long, value_name = "DIR")]
     save_failures: Option<PathBuf>,
+    /// Leave out generated cases that would trigger a known finding again (docs/fuzz-peer.md).
+    #[arg(long)]
+    skip_known: bool,
     /// Do not shrink failing cases.
     #[arg(long)]
     no_minimize: bool,
@@ -139,6 +142,9 @@ pub(crate) struct Args {
     /// Print the summary as one JSON document.
     #[arg(long)]
     json: bool,
+    /// Print every case and what the peer did on stderr.
+    #[arg(short, long)]
+    verbose: bool,
     /// Seconds between progress lines on stderr (0: none).
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     progress: u64,
@@ -267,6 +273,8 @@ struct Summary {
     terminates: u64,
     /// Case connections the peer closed or reset.
     peer_closed: u64,
+    /// Generated cases left out by --skip-known.
+    skipped: u64,
     points: BTreeMap<String, u64>,
     stopped: &'static str,
     /// Set when the peer failed the health probe before the first case.
@@ -368,6 +376,30 @@ impl Runner {
         }
         let failure = failures.iter().max_by_key(|f| f.kind).cloned();
         Trial { outcome, failure, pcap: sink.bytes() }
+    }
+}
+
+impl Trial {
+    /// What the peer did, in a few words.
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match &self.outcome {
+            Some(o) => {
+                if !o.reached {
+                    parts.push("point not reached".to_string());
+                }
+                for t in &o.terminates {
+                    parts.push(format!("Terminate {t}"));
+                }
+                parts
+                    .push(if o.peer_closed { "peer closed" } else { "peer kept the connection" }.to_string());
+            }
+            None => parts.push("no connection".to_string()),
+        }
+        if let Some(f) = &self.failure {
+            parts.push(format!("FAILED ({}): {}", f.kind, f.message));
+        }
+        parts.join(", ")
     }
 }
 
@@ -507,6 +539,7 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
         reached: 0,
         terminates: 0,
         peer_closed: 0,
+        skipped: 0,
         points: BTreeMap::new(),
         stopped: "duration",
         unhealthy: None,
@@ -546,8 +579,22 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
             break;
         }
         let case = make(index);
+        if args.skip_known
+            && args.recipe.is_none()
+            && args.case.is_none()
+            && known_finding(side, &case).is_some()
+        {
+            summary.skipped += 1;
+            index += 1;
+            continue;
+        }
         let probe = args.case.is_some() || (summary.cases + 1) % args.probe_every == 0;
+        let began = Instant::now();
         let trial = runner.trial(&case, probe);
+        if args.verbose {
+            eprintln!("fuzz-peer: {case}");
+            eprintln!("  -> {} in {} ms", trial.describe(), began.elapsed().as_millis());
+        }
         summary.cases += 1;
         *summary.points.entry(case.point.to_string()).or_insert(0) += 1;
         if let Some(o) = &trial.outcome {

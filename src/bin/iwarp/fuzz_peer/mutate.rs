@@ -8,7 +8,7 @@ use std::fmt;
 
 use iwarp::ddp::{HeaderRepr, Msn, QueueNumber, STag, SegmentKind, TaggedOffset, TerminateCode};
 use iwarp::mpa::fpdu;
-use iwarp::mpa::{IrdOrd, RtrTypes};
+use iwarp::mpa::{IrdOrd, Policy, RtrTypes};
 use iwarp::rdmap::{AtomicOp, AtomicRequest, Control, Opcode, ReadRequest, TerminateMessage};
 use serde::Serialize;
 
@@ -433,6 +433,8 @@ pub(crate) enum Op {
     ResetAfterHandshake,
     /// Send the case's message without waiting for the peer's (a responder sending first).
     Early,
+    /// No RTR after a peer-to-peer Reply: the case's message comes first.
+    SkipRtr,
     /// End the connection right after the case's bytes, without waiting for an answer.
     End(End),
     /// FPDU: the ULPDU_Length field.
@@ -513,7 +515,9 @@ impl Op {
             | Op::FramePrivateData(_)
             | Op::FrameKey { .. }
             | Op::FrameCut(_) => Layer::Mpa,
-            Op::CloseAfterHandshake | Op::ResetAfterHandshake | Op::Early | Op::End(_) => Layer::Conn,
+            Op::CloseAfterHandshake | Op::ResetAfterHandshake | Op::Early | Op::SkipRtr | Op::End(_) => {
+                Layer::Conn
+            }
             Op::Length(_)
             | Op::LengthDelta(_)
             | Op::Pad(_)
@@ -565,6 +569,7 @@ impl fmt::Display for Op {
             Op::CloseAfterHandshake => f.write_str("close right after the MPA exchange (no RTR, no FPDU)"),
             Op::ResetAfterHandshake => f.write_str("reset right after the MPA exchange"),
             Op::Early => f.write_str("sent without waiting for the peer's message"),
+            Op::SkipRtr => f.write_str("no RTR after the peer-to-peer Reply"),
             Op::End(End::Close) => f.write_str("close right after"),
             Op::End(End::Reset) => f.write_str("reset right after"),
             Op::Length(v) => write!(f, "FPDU ULPDU_Length = {v}"),
@@ -734,7 +739,7 @@ pub(crate) fn generate(cfg: &GenConfig, seed: u64, index: u64) -> Case {
         let Some(layer) = rng.weighted(&weights) else { break };
         let op = match layer {
             Layer::Mpa => frame_op(&mut rng, cfg.allows(Layer::Fpdu)),
-            Layer::Conn => conn_op(&mut rng, point, cfg.side),
+            Layer::Conn => conn_op(&mut rng, point, cfg.side, cfg.p2p),
             Layer::Fpdu => fpdu_op(&mut rng),
             Layer::Ddp => ddp_op(&mut rng),
             Layer::Rdmap => rdmap_op(&mut rng, &template),
@@ -816,9 +821,12 @@ fn frame_op(rng: &mut Rng, split: bool) -> Op {
     }
 }
 
-fn conn_op(rng: &mut Rng, point: Point, side: Side) -> Op {
+fn conn_op(rng: &mut Rng, point: Point, side: Side, p2p: bool) -> Op {
     if point == Point::Handshake {
         return if rng.chance(2, 3) { Op::CloseAfterHandshake } else { Op::ResetAfterHandshake };
+    }
+    if p2p && side == Side::Initiator && point == Point::First && rng.chance(1, 3) {
+        return Op::SkipRtr;
     }
     match rng.below(5) {
         0 | 1 => Op::End(End::Close),
@@ -1074,14 +1082,25 @@ fn rdmap_op(rng: &mut Rng, template: &Template) -> Op {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Recipe {
-    /// A peer-to-peer Request (Write and Read RTRs offered), the Reply, then close before
-    /// sending the RTR (docs/siw-quirks.md: crashes Linux 6.1's iw_cm with siw built
-    /// peer_to_peer=1).
+    /// A peer-to-peer Request (Write and Read RTRs offered), the Reply, then a close (FIN)
+    /// before the RTR. siw built peer_to_peer=1 reads the FIN as the end of a good first
+    /// frame and reports the connection established, so this one survives (docs/fuzz-peer.md).
     CloseAfterReply,
+    /// As close-after-reply, with a reset instead of a FIN: crashes Linux 6.1's iw_cm
+    /// (`BUG()` in cm_close_handler) with siw built peer_to_peer=1 (docs/fuzz-peer.md).
+    ResetAfterReply,
+    /// A peer-to-peer Request, the Reply, then a Terminate instead of the RTR, and a close
+    /// (docs/fuzz-peer.md: what crashes Linux 6.1's iw_cm; the interop suite's p2p-send case
+    /// does the same).
+    TerminateInsteadOfRtr,
     /// A reserved RDMAP opcode in the very first FPDU: the header fails to parse before the
     /// receive path has an FPDU context (the path of the NULL dereference fixed in siw's
     /// header processing; see docs/fuzz-peer.md).
     ReservedOpcodeFirst,
+    /// The MPA frame (Request, or with --listen the Reply) claims 513 bytes of private data,
+    /// one more than RFC 5044 allows (with --listen: crashes Linux 6.1's siw initiator; see
+    /// docs/fuzz-peer.md).
+    OversizedPrivateData,
 }
 
 impl Recipe {
@@ -1096,6 +1115,22 @@ impl Recipe {
                 template: Template::Send,
                 ops: vec![Op::CloseAfterHandshake],
             },
+            Recipe::ResetAfterReply => Case {
+                index,
+                point: Point::Handshake,
+                crc,
+                p2p: true,
+                template: Template::Send,
+                ops: vec![Op::ResetAfterHandshake],
+            },
+            Recipe::TerminateInsteadOfRtr => Case {
+                index,
+                point: Point::First,
+                crc,
+                p2p: true,
+                template: Template::Terminate,
+                ops: vec![Op::SkipRtr, Op::End(End::Close)],
+            },
             Recipe::ReservedOpcodeFirst => Case {
                 index,
                 point: Point::First,
@@ -1104,7 +1139,35 @@ impl Recipe {
                 template: Template::Send,
                 ops: vec![Op::Opcode(0xc)],
             },
+            Recipe::OversizedPrivateData => Case {
+                index,
+                point: Point::Handshake,
+                crc,
+                p2p: false,
+                template: Template::Send,
+                ops: vec![Op::FramePdLen(513)],
+            },
         }
+    }
+}
+
+/// The known finding (docs/fuzz-peer.md) a case would trigger again in Linux 6.1's siw, if any
+/// (`--skip-known` leaves such cases out).
+pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
+    match side {
+        // siw's initiator reads a Reply's PD_Length and, above 512, hands iw_cm a NULL private
+        // data pointer with a non-zero length.
+        Side::Responder if case.point == Point::Handshake => {
+            let mut reply =
+                Policy { ird: 1, ord: 1, ..Policy::default() }.request(&[]).ok()?.to_vec().ok()?;
+            apply_frame(&mut reply, &case.ops);
+            (reply.len() >= 20 && get_be(&reply, 18, 2) > 512).then_some("siw-reply-private-data-length")
+        }
+        Side::Responder => None,
+        // iw_cm reaches BUG() when a peer-to-peer connection ends before siw has seen its RTR.
+        Side::Initiator => (case.p2p
+            && [Op::CloseAfterHandshake, Op::ResetAfterHandshake, Op::SkipRtr].iter().any(|o| case.has(o)))
+        .then_some("iwcm-close-before-rtr"),
     }
 }
 
@@ -1549,6 +1612,30 @@ mod tests {
         assert_eq!((a[0], b[0], get_be(&b, 14, 4)), (0x01, 0x41, 8));
         let (a, b) = conv.two_segments(&Template::Write);
         assert_eq!((a[0], b[0], get_be(&b, 6, 8)), (0x81, 0xc1, 0x1008));
+    }
+
+    #[test]
+    fn known_findings() {
+        let r = Recipe::OversizedPrivateData.case(0, false);
+        assert_eq!(known_finding(Side::Responder, &r), Some("siw-reply-private-data-length"));
+        assert_eq!(known_finding(Side::Initiator, &r), None);
+        let mut big = r.clone();
+        big.ops = vec![Op::FramePrivateData(1000)];
+        assert!(known_finding(Side::Responder, &big).is_some());
+        big.ops = vec![Op::FramePrivateData(1000), Op::FrameCut(19)];
+        assert!(known_finding(Side::Responder, &big).is_none());
+        big.ops = vec![Op::FramePrivateData(1000), Op::FramePdLen(4)];
+        assert!(known_finding(Side::Responder, &big).is_none());
+        let c = Recipe::CloseAfterReply.case(0, false);
+        assert_eq!(known_finding(Side::Initiator, &c), Some("iwcm-close-before-rtr"));
+        assert_eq!(known_finding(Side::Initiator, &Case { p2p: false, ..c }), None);
+        assert_eq!(known_finding(Side::Initiator, &Recipe::ReservedOpcodeFirst.case(0, false)), None);
+        let t = Recipe::TerminateInsteadOfRtr.case(0, false);
+        assert_eq!(known_finding(Side::Initiator, &t), Some("iwcm-close-before-rtr"));
+        assert_eq!(
+            known_finding(Side::Initiator, &Recipe::ResetAfterReply.case(0, false)),
+            Some("iwcm-close-before-rtr")
+        );
     }
 
     #[test]

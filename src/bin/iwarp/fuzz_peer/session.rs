@@ -501,7 +501,8 @@ pub(crate) fn run_initiator(
         s.out.reached = true;
         return Ok(s.close(End::Reset, t.quiet));
     }
-    if let Some(w) = ird_ord.filter(|w| w.peer_to_peer && our_flags & flags::ENHANCED != 0) {
+    let rtr_wanted = !case.has(&Op::SkipRtr);
+    if let Some(w) = ird_ord.filter(|w| rtr_wanted && w.peer_to_peer && our_flags & flags::ENHANCED != 0) {
         let chosen = w.rtr.single().unwrap_or(RtrType::Write);
         let u = rtr(&mut s.conv, chosen);
         s.send_plain(&u);
