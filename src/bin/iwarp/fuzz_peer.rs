@@ -664,8 +664,6 @@ fn record_failure(
     let mut minimized: Option<Case> = None;
     if args.no_minimize {
         record.not_minimized = Some("--no-minimize".into());
-    } else if case.ops.len() <= 1 && args.case.is_none() {
-        record.not_minimized = Some("nothing to remove".into());
     } else if f.kind == FailKind::Console {
         record.not_minimized = Some("the guest's kernel crashed".into());
     } else if f.kind == FailKind::Liveness && runner.probe(None).is_err() {
