@@ -1164,6 +1164,18 @@ pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
             (reply.len() >= 20 && get_be(&reply, 18, 2) > 512).then_some("siw-reply-private-data-length")
         }
         Side::Responder => None,
+        // siw's Reply keeps the Request's flag bits: H with a revision below 2 comes back as a
+        // Reply with H set and no IRD/ORD word.
+        Side::Initiator
+            if case.point == Point::Handshake && {
+                let mut request =
+                    Policy { ird: 1, ord: 1, ..Policy::default() }.request(&[]).ok()?.to_vec().ok()?;
+                apply_frame(&mut request, &case.ops);
+                request.len() >= 20 && request[16] & 0x10 != 0 && request[17] < 2
+            } =>
+        {
+            Some("siw-reply-echoes-h")
+        }
         // iw_cm reaches BUG() when a peer-to-peer connection ends before siw has seen its RTR.
         Side::Initiator => (case.p2p
             && [Op::CloseAfterHandshake, Op::ResetAfterHandshake, Op::SkipRtr].iter().any(|o| case.has(o)))

@@ -117,9 +117,9 @@ pub(crate) fn check_answer(u: &[u8]) -> Result<Option<String>, String> {
     let rfc = TerminateHeader::parse(body).map_err(|e| format!("Terminate: {e}"))?;
     let siw = TerminateHeader::parse_siw(body).map_err(|e| format!("Terminate: {e}"))?;
     let (cause, layout, parse): (_, _, fn(&[u8]) -> _) = if rfc.cause.is_defined() {
-        (rfc.cause, "RFC", TerminateMessage::parse)
+        (rfc.cause.to_string(), "RFC", TerminateMessage::parse)
     } else if siw.cause.is_defined() {
-        (siw.cause, "siw's", TerminateMessage::parse_siw)
+        (siw.cause.to_string(), "siw's", TerminateMessage::parse_siw)
     } else {
         return Err(format!(
             "Terminate with an undefined code: {} in the RFC's layout, {} in siw's (control word {})",
@@ -129,6 +129,11 @@ pub(crate) fn check_answer(u: &[u8]) -> Result<Option<String>, String> {
         ));
     };
     parse(body).map_err(|e| format!("Terminate ({cause}) cut short: {e}"))?;
+    if layout == "RFC" && siw.cause.is_defined() && siw.cause != rfc.cause {
+        // Both readings name a code (siw's `20 06`: LLP code 6 read the RFC's way, RDMAP
+        // unexpected opcode read siw's way).
+        return Ok(Some(format!("{cause} (RFC layout) or {} (siw's layout)", siw.cause)));
+    }
     Ok(Some(format!("{cause} ({layout} layout)")))
 }
 
@@ -650,6 +655,9 @@ mod tests {
         let e = check_answer(&term(&[0x12, 0x01, 0x40, 0x00])).unwrap_err();
         assert!(e.contains("cut short"), "{e}");
         assert!(check_answer(&term(&[0x12])).is_err());
+        // siw's answer to a reserved opcode: both readings name a code.
+        let t = check_answer(&term(&[0x20, 0x06, 0, 0])).unwrap().unwrap();
+        assert_eq!(t, "LLP type 0 code 0x06 (RFC layout) or RDMAP type 2 code 0x06 (siw's layout)");
         // Other messages decode, or are malformed.
         assert_eq!(check_answer(&mutate::untagged(Opcode::Send, 0, 1, 0, true, b"x")), Ok(None));
         assert!(check_answer(&[0x41, 0x4c]).is_err());
