@@ -1157,10 +1157,17 @@ pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
     match side {
         // siw's initiator reads a Reply's PD_Length and, above 512, hands iw_cm a NULL private
         // data pointer with a non-zero length.
+        // A Reply cut short has its header completed by the FPDU that follows (the Read Request,
+        // `00 2e 41 41`: PD_Length 0x2e41).
         Side::Responder if case.point == Point::Handshake => {
             let mut reply =
                 Policy { ird: 1, ord: 1, ..Policy::default() }.request(&[]).ok()?.to_vec().ok()?;
             apply_frame(&mut reply, &case.ops);
+            if reply.len() < 20 && !case.has(&Op::CloseAfterHandshake) && !case.has(&Op::ResetAfterHandshake)
+            {
+                let next = Conv::new(Side::Responder).read_request();
+                reply.extend(iwarp::mpa::Framer::new(false, false).frame_to_vec(&next).ok()?);
+            }
             (reply.len() >= 20 && get_be(&reply, 18, 2) > 512).then_some("siw-reply-private-data-length")
         }
         Side::Responder => None,
@@ -1634,7 +1641,12 @@ mod tests {
         let mut big = r.clone();
         big.ops = vec![Op::FramePrivateData(1000)];
         assert!(known_finding(Side::Responder, &big).is_some());
-        big.ops = vec![Op::FramePrivateData(1000), Op::FrameCut(19)];
+        big.ops = vec![Op::FramePrivateData(1000), Op::FrameCut(19), Op::CloseAfterHandshake];
+        assert!(known_finding(Side::Responder, &big).is_none());
+        // Cut short, the header is completed by the Read Request that follows.
+        big.ops = vec![Op::FrameCut(17)];
+        assert!(known_finding(Side::Responder, &big).is_some());
+        big.ops = vec![Op::FrameCut(20)];
         assert!(known_finding(Side::Responder, &big).is_none());
         big.ops = vec![Op::FramePrivateData(1000), Op::FramePdLen(4)];
         assert!(known_finding(Side::Responder, &big).is_none());

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant, SystemTime};
 use iwarp::ddp::HeaderRepr;
 use iwarp::mpa::frame::flags;
 use iwarp::mpa::{
-    CrcCheck, CrcPolicy, Deframer, FrameKind, FrameRepr, Framer, Policy, RtrType, StreamDeframer,
+    CrcCheck, CrcPolicy, Deframed, Deframer, Fpdu, FrameKind, FrameRepr, Framer, Policy, RtrType,
+    StreamDeframer,
 };
 use iwarp::netdev::{Direction, PcapWriter};
 use iwarp::rdmap::terminate::TerminateMessage;
 use iwarp::rdmap::{Control, Opcode, ReadRequest, TerminateHeader};
 
 use super::mutate::{
-    self, Buffer, Case, Conv, End, Op, Point, Side, apply_fpdu, apply_frame, apply_ulpdu, deliver, get_be,
+    self, Buffer, Case, Conv, End, Layer, Op, Point, Side, apply_fpdu, apply_frame, apply_ulpdu, deliver,
+    get_be,
 };
 
 /// Timing of a case.
@@ -137,6 +139,41 @@ pub(crate) fn check_answer(u: &[u8]) -> Result<Option<String>, String> {
     Ok(Some(format!("{cause} ({layout} layout)")))
 }
 
+/// Checks the FPDU `f` of the peer's stream.
+fn check_fpdu(f: &Fpdu<'_>, problems: &mut Vec<String>, terminates: &mut Vec<String>) {
+    if let CrcCheck::Bad { computed, received } = f.crc {
+        problems.push(format!(
+            "FPDU from the peer with a bad CRC: computed 0x{computed:08x}, received 0x{received:08x}"
+        ));
+    }
+    match check_answer(f.ulpdu) {
+        Ok(Some(t)) => terminates.push(t),
+        Ok(None) => {}
+        Err(e) => problems.push(format!("from the peer: {e}")),
+    }
+}
+
+/// Deframes and checks a whole stream of FPDUs (a partial one at the end is not an error): the
+/// problems and the Terminates found.
+fn check_stream(mut bytes: &[u8], crc: bool, markers: bool) -> (Vec<String>, Vec<String>) {
+    let (mut problems, mut terminates) = (Vec::new(), Vec::new());
+    let mut d = Deframer::new(crc, markers).lenient();
+    loop {
+        match d.deframe(bytes) {
+            Ok(Deframed::Fpdu(f)) => {
+                check_fpdu(&f, &mut problems, &mut terminates);
+                bytes = bytes.get(f.wire_len..).unwrap_or_default();
+            }
+            Ok(Deframed::NeedMore(_)) => break,
+            Err(e) => {
+                problems.push(format!("FPDU from the peer that does not deframe: {e}"));
+                break;
+            }
+        }
+    }
+    (problems, terminates)
+}
+
 /// The peer's direction of the connection: its MPA frame, then FPDUs, each checked.
 #[derive(Debug, Default)]
 struct PeerStream {
@@ -144,17 +181,30 @@ struct PeerStream {
     pending: Vec<u8>,
     /// The peer's Request or Reply, once whole.
     frame: Option<Vec<u8>>,
+    /// Everything after it.
+    after_frame: Vec<u8>,
     deframer: Option<StreamDeframer>,
+    /// The CRC and marker settings the FPDUs are deframed with.
+    settings: (bool, bool),
     /// Nothing more is parsed after a malformed frame or FPDU.
     broken: bool,
     /// The ULPDUs received, in order.
     ulpdus: Vec<Vec<u8>>,
+    /// What is wrong with the peer's frame.
+    frame_problems: Vec<String>,
+    /// What is wrong with its FPDUs.
+    fpdu_problems: Vec<String>,
+    /// The Terminates it sent.
+    terminates: Vec<String>,
 }
 
 impl PeerStream {
-    fn feed(&mut self, bytes: &[u8], out: &mut Outcome) {
+    fn feed(&mut self, bytes: &[u8]) {
         if self.broken {
             return;
+        }
+        if self.frame.is_some() {
+            self.after_frame.extend_from_slice(bytes);
         }
         if let Some(d) = &mut self.deframer {
             d.push(bytes);
@@ -167,53 +217,65 @@ impl PeerStream {
                 Ok(Some((_, n))) => {
                     self.frame = Some(self.pending[..n].to_vec());
                     self.pending.drain(..n);
+                    self.after_frame.extend_from_slice(&self.pending);
                 }
                 Err(e) => {
-                    out.problems.push(format!("malformed MPA frame from the peer: {e}"));
+                    self.frame_problems.push(format!("malformed MPA frame from the peer: {e}"));
                     self.broken = true;
                     return;
                 }
             }
         }
-        self.deframe(out);
+        self.deframe();
     }
 
     /// Starts deframing the bytes after the peer's frame.
-    fn start_fpdus(&mut self, crc: bool, markers: bool, out: &mut Outcome) {
+    fn start_fpdus(&mut self, crc: bool, markers: bool) {
         if self.deframer.is_some() {
             return;
         }
+        self.settings = (crc, markers);
         let mut d = StreamDeframer::new(Deframer::new(crc, markers).lenient());
         d.push(&std::mem::take(&mut self.pending));
         self.deframer = Some(d);
-        self.deframe(out);
+        self.deframe();
     }
 
-    fn deframe(&mut self, out: &mut Outcome) {
+    fn deframe(&mut self) {
         let Some(d) = &mut self.deframer else { return };
         loop {
             match d.next_fpdu() {
                 Ok(None) => return,
                 Ok(Some(f)) => {
-                    if let CrcCheck::Bad { computed, received } = f.crc {
-                        out.problems.push(format!(
-                            "FPDU from the peer with a bad CRC: computed 0x{computed:08x}, received 0x{received:08x}"
-                        ));
-                    }
-                    match check_answer(f.ulpdu) {
-                        Ok(Some(t)) => out.terminates.push(t),
-                        Ok(None) => {}
-                        Err(e) => out.problems.push(format!("from the peer: {e}")),
-                    }
+                    check_fpdu(&f, &mut self.fpdu_problems, &mut self.terminates);
                     self.ulpdus.push(f.ulpdu.to_vec());
                 }
                 Err(e) => {
-                    out.problems.push(format!("FPDU from the peer that does not deframe: {e}"));
+                    self.fpdu_problems.push(format!("FPDU from the peer that does not deframe: {e}"));
                     self.broken = true;
                     return;
                 }
             }
         }
+    }
+
+    /// The problems and Terminates of the whole stream. With `flexible` (this tool's own MPA
+    /// frame was mutated, so the peer may hold other CRC and marker settings than the frames
+    /// say, or none: a Terminate for a Reply it refused carries no CRC), FPDUs that fail with
+    /// the settings of the frames may pass with others.
+    fn verdict(&self, flexible: bool) -> (Vec<String>, Vec<String>) {
+        let mut problems = self.frame_problems.clone();
+        if !self.fpdu_problems.is_empty() && flexible {
+            let (crc, markers) = self.settings;
+            for (c, m) in [(!crc, markers), (crc, !markers), (!crc, !markers)] {
+                let (p, t) = check_stream(&self.after_frame, c, m);
+                if p.is_empty() {
+                    return (problems, t);
+                }
+            }
+        }
+        problems.extend(self.fpdu_problems.iter().cloned());
+        (problems, self.terminates.clone())
     }
 }
 
@@ -226,6 +288,8 @@ struct Session {
     /// Closed by either side: nothing more is read or written.
     done: bool,
     conv: Conv,
+    /// This tool's MPA frame was mutated (see [`PeerStream::verdict`]).
+    flexible: bool,
 }
 
 impl Session {
@@ -241,6 +305,7 @@ impl Session {
             framer: Framer::new(false, false),
             done: false,
             conv: Conv::new(side),
+            flexible: false,
         }
     }
 
@@ -293,7 +358,7 @@ impl Session {
             Ok(n) => {
                 let bytes = &buf[..n];
                 self.out.events.push(Event::Data { ours: false, bytes: bytes.to_vec(), at: now() });
-                self.peer.feed(bytes, &mut self.out);
+                self.peer.feed(bytes);
                 true
             }
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => false,
@@ -320,9 +385,9 @@ impl Session {
         }
     }
 
-    /// Waits for the peer's message matching `want` (by DDP/RDMAP control octets), nudging a
-    /// silent peer the way this stack's engine does (docs/siw-quirks.md: siw may leave an FPDU
-    /// that follows its Reply at once unread).
+    /// Waits for the peer's message matching `want` (by DDP/RDMAP control octets); as the
+    /// initiator, nudging a silent peer the way this stack's engine does (docs/siw-quirks.md:
+    /// siw may leave an FPDU that follows its Reply at once unread).
     fn wait_message(&mut self, limit: Duration, want: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
         let seen = self.peer.ulpdus.len();
         let found = |s: &Session| s.peer.ulpdus[seen..].iter().any(|u| want(u));
@@ -332,7 +397,9 @@ impl Session {
             if self.wait_for(until, found) || self.done {
                 break;
             }
-            if self.peer.ulpdus.is_empty() {
+            // Only an initiator nudges: a responder must not send before the initiator's first
+            // FPDU (docs/siw-quirks.md#a-responder-must-not-send-first).
+            if self.conv.side == Side::Initiator && self.peer.ulpdus.is_empty() {
                 self.send_plain(&mutate::zero_length_write());
             }
         }
@@ -368,7 +435,8 @@ impl Session {
         }
     }
 
-    /// Ends the connection; after a FIN, reads what the peer still sends for a moment.
+    /// Ends the connection; after a FIN, reads what the peer still sends for a moment. The
+    /// outcome carries the verdict on everything the peer sent.
     fn close(mut self, how: End, quiet: Duration) -> Outcome {
         if !self.done {
             match how {
@@ -386,6 +454,9 @@ impl Session {
                 }
             }
         }
+        let (problems, terminates) = self.peer.verdict(self.flexible);
+        self.out.problems.extend(problems);
+        self.out.terminates = terminates;
         self.out
     }
 
@@ -481,6 +552,7 @@ pub(crate) fn run_initiator(
         policy.request(&[]).and_then(|r| r.to_vec().map_err(Into::into)).map_err(|e| e.to_string())?;
     let frame_ops: &[Op] = if case.point == Point::Handshake { &case.ops } else { &[] };
     apply_frame(&mut request, frame_ops);
+    s.flexible = frame_ops.iter().any(|o| o.layer() == Layer::Mpa);
     let our_flags = request.get(16).copied().unwrap_or(0);
     s.write_pieces(&deliver(request, frame_ops));
     // A peer may wait for the rest of a mutated Request: give it a few answer windows, not a step.
@@ -496,7 +568,7 @@ pub(crate) fn run_initiator(
         return Ok(s.finish(case, t));
     }
     let crc = crc || our_flags & flags::CRC != 0;
-    s.peer.start_fpdus(crc, our_flags & flags::MARKERS != 0, &mut s.out);
+    s.peer.start_fpdus(crc, our_flags & flags::MARKERS != 0);
     s.framer = Framer::new(crc, markers);
     if case.has(&Op::CloseAfterHandshake) {
         s.out.reached = true;
@@ -585,10 +657,11 @@ pub(crate) fn run_responder(stream: TcpStream, case: &Case, seeds: &[Vec<u8>], t
     let peer_flags = (request.crc, request.markers);
     let frame_ops: &[Op] = if case.point == Point::Handshake { &case.ops } else { &[] };
     apply_frame(&mut reply, frame_ops);
+    s.flexible = frame_ops.iter().any(|o| o.layer() == Layer::Mpa);
     let our_flags = reply.get(16).copied().unwrap_or(0);
     s.write_pieces(&deliver(reply, frame_ops));
     let crc = peer_flags.0 || our_flags & flags::CRC != 0;
-    s.peer.start_fpdus(crc, our_flags & flags::MARKERS != 0, &mut s.out);
+    s.peer.start_fpdus(crc, our_flags & flags::MARKERS != 0);
     s.framer = Framer::new(crc, peer_flags.1);
     if case.has(&Op::CloseAfterHandshake) {
         s.out.reached = true;
@@ -667,7 +740,6 @@ mod tests {
 
     #[test]
     fn the_peer_stream_is_deframed_and_checked() {
-        let mut out = Outcome::default();
         let mut p = PeerStream::default();
         let reply = Policy::default().respond(
             &FrameRepr::parse(&Policy::default().request(&[]).unwrap().to_vec().unwrap()).unwrap(),
@@ -683,21 +755,49 @@ mod tests {
         stream.extend(bad);
         // Byte by byte, with the deframer started once the frame is known.
         for b in &stream[..reply.len()] {
-            p.feed(&[*b], &mut out);
+            p.feed(&[*b]);
         }
         assert_eq!(p.frame.as_deref(), Some(&reply[..]));
-        p.start_fpdus(true, false, &mut out);
+        p.start_fpdus(true, false);
         for b in &stream[reply.len()..] {
-            p.feed(&[*b], &mut out);
+            p.feed(&[*b]);
         }
         assert_eq!(p.ulpdus.len(), 2);
-        assert_eq!(out.problems.len(), 2, "{:?}", out.problems);
-        assert!(out.problems[0].contains("bad CRC"));
-        assert!(out.problems[1].contains("undefined code"));
+        let (problems, terminates) = p.verdict(false);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("bad CRC"));
+        assert!(problems[1].contains("undefined code"));
+        assert!(terminates.is_empty());
         // A frame that is not MPA.
-        let mut out = Outcome::default();
         let mut p = PeerStream::default();
-        p.feed(b"HTTP/1.1 400 Bad Request\r\n\r\n", &mut out);
-        assert!(p.broken && out.problems[0].contains("malformed MPA frame"));
+        p.feed(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        assert!(p.broken && p.verdict(true).0[0].contains("malformed MPA frame"));
+    }
+
+    #[test]
+    fn a_refused_frame_may_be_answered_with_other_settings() {
+        // siw refusing a Reply with a bad key sends its Terminate without the CRC the Reply
+        // asked for: wrong by the frames, right once this tool's frame was mutated.
+        let reply = Policy::default()
+            .respond(
+                &FrameRepr::parse(&Policy::default().request(&[]).unwrap().to_vec().unwrap()).unwrap(),
+                &[],
+            )
+            .unwrap()
+            .0
+            .to_vec()
+            .unwrap();
+        let body = TerminateMessage::new(TerminateCode::ddp(2, 1)).to_vec();
+        let mut stream = reply.clone();
+        stream.extend(Framer::new(false, false).frame_to_vec(&term(&body)).unwrap());
+        let mut p = PeerStream::default();
+        p.feed(&stream[..reply.len()]);
+        p.start_fpdus(true, false);
+        p.feed(&stream[reply.len()..]);
+        let (problems, _) = p.verdict(false);
+        assert!(problems[0].contains("bad CRC"), "{problems:?}");
+        let (problems, terminates) = p.verdict(true);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(terminates, vec!["DDP type 2 code 0x01 (RFC layout)".to_string()]);
     }
 }
