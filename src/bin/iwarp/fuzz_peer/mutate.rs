@@ -1151,8 +1151,8 @@ impl Recipe {
     }
 }
 
-/// The known finding (docs/fuzz-peer.md) a case would trigger again in Linux 6.1's siw, if any
-/// (`--skip-known` leaves such cases out).
+/// The known finding (docs/fuzz-peer.md#findings) a case would trigger again in Linux 6.1's siw,
+/// if any (`--skip-known` leaves such cases out).
 pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
     match side {
         // siw's initiator reads a Reply's PD_Length and, above 512, hands iw_cm a NULL private
@@ -1168,7 +1168,11 @@ pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
                 let next = Conv::new(Side::Responder).read_request();
                 reply.extend(iwarp::mpa::Framer::new(false, false).frame_to_vec(&next).ok()?);
             }
-            (reply.len() >= 20 && get_be(&reply, 18, 2) > 512).then_some("siw-reply-private-data-length")
+            // PD_Length above 512, or above the private data that follows.
+            let claimed = get_be(&reply, 18, 2);
+            let carried = u64::try_from(reply.len().saturating_sub(20)).unwrap_or(u64::MAX);
+            (reply.len() >= 20 && (claimed > 512 || claimed > carried))
+                .then_some("siw-reply-private-data-length")
         }
         Side::Responder => None,
         // siw's Reply keeps the Request's flag bits: H with a revision below 2 comes back as a
@@ -1647,6 +1651,10 @@ mod tests {
         big.ops = vec![Op::FrameCut(17)];
         assert!(known_finding(Side::Responder, &big).is_some());
         big.ops = vec![Op::FrameCut(20)];
+        assert!(known_finding(Side::Responder, &big).is_some());
+        big.ops = vec![Op::FramePdLen(511)];
+        assert!(known_finding(Side::Responder, &big).is_some());
+        big.ops = vec![Op::FramePdLen(3)];
         assert!(known_finding(Side::Responder, &big).is_none());
         big.ops = vec![Op::FramePrivateData(1000), Op::FramePdLen(4)];
         assert!(known_finding(Side::Responder, &big).is_none());
