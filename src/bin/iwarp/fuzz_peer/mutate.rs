@@ -1083,11 +1083,11 @@ fn rdmap_op(rng: &mut Rng, template: &Template) -> Op {
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Recipe {
     /// A peer-to-peer Request (Write and Read RTRs offered), the Reply, then a close (FIN)
-    /// before the RTR. siw built peer_to_peer=1 reads the FIN as the end of a good first
-    /// frame and reports the connection established, so this one survives (docs/fuzz-peer.md).
+    /// before the RTR. siw may read the FIN as the end of a good first frame and report the
+    /// connection established first, and then survives (docs/fuzz-peer.md).
     CloseAfterReply,
     /// As close-after-reply, with a reset instead of a FIN: crashes Linux 6.1's iw_cm
-    /// (`BUG()` in cm_close_handler) with siw built peer_to_peer=1 (docs/fuzz-peer.md).
+    /// (`BUG()` in cm_close_handler) behind any siw responder (docs/fuzz-peer.md).
     ResetAfterReply,
     /// A peer-to-peer Request, the Reply, then a Terminate instead of the RTR, and a close
     /// (docs/fuzz-peer.md: what crashes Linux 6.1's iw_cm; the interop suite's p2p-send case
@@ -1188,9 +1188,22 @@ pub(crate) fn known_finding(side: Side, case: &Case) -> Option<&'static str> {
             Some("siw-reply-echoes-h")
         }
         // iw_cm reaches BUG() when a peer-to-peer connection ends before siw has seen its RTR.
-        Side::Initiator => (case.p2p
-            && [Op::CloseAfterHandshake, Op::ResetAfterHandshake, Op::SkipRtr].iter().any(|o| case.has(o)))
-        .then_some("iwcm-close-before-rtr"),
+        // Any siw responder agrees to peer-to-peer when the Request's IRD/ORD word asks for it.
+        Side::Initiator => {
+            let offered = case.p2p || {
+                let mut request =
+                    Policy { ird: 1, ord: 1, ..Policy::default() }.request(&[]).ok()?.to_vec().ok()?;
+                if case.point == Point::Handshake {
+                    apply_frame(&mut request, &case.ops);
+                }
+                request.len() >= 24 && request[16] & 0x10 != 0 && request[17] == 2 && request[20] & 0x80 != 0
+            };
+            (offered
+                && [Op::CloseAfterHandshake, Op::ResetAfterHandshake, Op::SkipRtr]
+                    .iter()
+                    .any(|o| case.has(o)))
+            .then_some("iwcm-close-before-rtr")
+        }
     }
 }
 
@@ -1660,7 +1673,13 @@ mod tests {
         assert!(known_finding(Side::Responder, &big).is_none());
         let c = Recipe::CloseAfterReply.case(0, false);
         assert_eq!(known_finding(Side::Initiator, &c), Some("iwcm-close-before-rtr"));
-        assert_eq!(known_finding(Side::Initiator, &Case { p2p: false, ..c }), None);
+        assert_eq!(known_finding(Side::Initiator, &Case { p2p: false, ..c.clone() }), None);
+        // A Request whose mutated IRD/ORD word asks for peer-to-peer.
+        let mut m = Case { p2p: false, ..c };
+        m.ops = vec![Op::FrameIrdOrd([0xf4, 0xb3, 0xc0, 0x80]), Op::CloseAfterHandshake];
+        assert_eq!(known_finding(Side::Initiator, &m), Some("iwcm-close-before-rtr"));
+        m.ops = vec![Op::FrameIrdOrd([0x74, 0xb3, 0xc0, 0x80]), Op::CloseAfterHandshake];
+        assert_eq!(known_finding(Side::Initiator, &m), None);
         assert_eq!(known_finding(Side::Initiator, &Recipe::ReservedOpcodeFirst.case(0, false)), None);
         let t = Recipe::TerminateInsteadOfRtr.case(0, false);
         assert_eq!(known_finding(Side::Initiator, &t), Some("iwcm-close-before-rtr"));
