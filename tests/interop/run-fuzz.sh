@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # `iwarp fuzz-peer` against Linux siw in the qemu guest: one guest boot, a short bounded run in
-# each role. The guest runs siw's `rping -s -P` (the target: siw responds) and a loop of
+# each role. The guest runs siw's `rping -s -P` (the target: siw responds) and loops of
 # `rping -c -C 1` towards the host, two at a time (siw initiates; fuzz-peer --listen answers,
-# every other connection being the health probe). Oracles: the peer's answers are well-formed, siw still
-# completes a connection and a ping after each case, and the guest's console shows no Oops,
-# BUG, WARN or KASAN line (its printk level is raised so that WARN lines reach it). A failure
-# prints the saved case: its description, the command that reproduces it and `iwarp dissect`
-# of its pcap. Prints PASS/FAIL per role and exits non-zero on any failure.
+# every other connection being the health probe). Oracles: the peer's answers are well-formed,
+# siw still completes a connection and a ping after each case, and the guest's console shows
+# no Oops, BUG, WARN or KASAN line (its printk level is raised so that WARN lines reach it). A
+# failure prints the saved case: its description, the command that reproduces it and
+# `iwarp dissect` of its pcap. Prints PASS/FAIL per role and exits non-zero on any failure.
 #
 # Environment: IWARP_BIN (default target/release/iwarp), IW_IMG (guest image; built if unset),
-# IWARP_FUZZ_SECONDS (per role, default 20), IWARP_FUZZ_SEED (default: from the clock),
-# IWARP_FUZZ_ROLES (default "target listen"), IWARP_FUZZ_SIW (stock|param, default stock),
-# IWARP_FUZZ_SIWOPTS (module parameters of the param build, e.g. peer_to_peer=1),
-# IWARP_FUZZ_ARGS (more fuzz-peer flags; default --skip-known, which leaves out cases that
-# would trigger a known siw finding again; e.g. "--p2p" or "--recipe close-after-reply"),
+# IWARP_FUZZ_SECONDS (per role, default 20), IWARP_FUZZ_SEED (default 1, so that the test
+# command runs the same cases every time), IWARP_FUZZ_ROLES (default "target listen"),
+# IWARP_FUZZ_SIW (stock|param, default stock), IWARP_FUZZ_SIWOPTS (module parameters of the
+# param build, e.g. peer_to_peer=1), IWARP_FUZZ_ARGS (more fuzz-peer flags; default
+# --skip-known, which leaves out cases that would trigger a known siw finding again; e.g.
+# "--p2p" or "--recipe reset-after-reply"),
 # IWARP_FUZZ_OUT (logs, summaries and failures; default: a new directory under /tmp).
 # scripts/fuzz-peer-campaign.sh runs it for long campaigns.
 set -euo pipefail
@@ -24,7 +25,7 @@ source "$HERE/lib.sh"
 BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 [ -x "$BIN" ] || iw_die "$BIN is not built (cargo build --release --bin iwarp, or set IWARP_BIN)"
 SECS="${IWARP_FUZZ_SECONDS:-20}"
-SEED="${IWARP_FUZZ_SEED:-$(date +%s)}"
+SEED="${IWARP_FUZZ_SEED:-1}"
 ROLES="${IWARP_FUZZ_ROLES:-target listen}"
 SIW="${IWARP_FUZZ_SIW:-stock}"
 SIWOPTS="${IWARP_FUZZ_SIWOPTS:-}"
