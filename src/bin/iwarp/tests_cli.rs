@@ -1699,6 +1699,52 @@ mod fuzz_peer {
         assert!(v["failures"].as_array().unwrap().is_empty());
     }
 
+    /// The captures of the findings (tests/data/fuzz-peer/) decode and show what
+    /// docs/fuzz-peer.md says they show.
+    #[test]
+    fn finding_captures_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz-peer");
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("pcap") {
+                continue;
+            }
+            seen += 1;
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            assert!(readme.contains(&format!("`{name}`")), "{name} has no README line");
+            let o = iwarp(&["dissect", path.to_str().unwrap()]);
+            assert!(matches!(o.status.code(), Some(0 | 1)), "{name}: {}", stderr(&o));
+            let s = stdout(&o);
+            assert!(s.contains("(initiator -> responder)"), "{name}: {s}");
+            let expect: &[&str] = match name.as_str() {
+                "iwcm-p2p-reset-before-rtr.pcap" | "iwcm-stock-siw-p2p-reset.pcap" => &[
+                    "P2P RTR write+read pd 4 bytes 8001c001",
+                    "P2P RTR write pd 4 bytes 80018001",
+                    "0 FPDUs",
+                ],
+                "iwcm-stock-siw-p2p-bit-then-fin.pcap" => {
+                    &["pd 4 bytes f4b3c080", "P2P RTR write pd 4 bytes 80808080"]
+                }
+                "iwcm-p2p-terminate-instead-of-rtr.pcap" => {
+                    &["untagged L Terminate QN 2", "first FPDU is not the zero-length write RTR"]
+                }
+                "reply-pd-len-513.pcap" => &["MPA private data length 513 exceeds 512"],
+                "reply-private-data-1004.pcap" => &["MPA private data length 1004 exceeds 512"],
+                "reply-cut-then-fpdu.pcap" => &["MPA private data length 3777 exceeds 512"],
+                "reply-pd-len-511-short.pcap" => &["MPA Reply incomplete"],
+                "reply-h-bit-revision-1.pcap" => &["enhanced bit set with MPA revision 1"],
+                "reserved-opcode-first-fpdu.pcap" => &["unknown RDMAP opcode 0xc"],
+                other => panic!("{other}: a capture this test does not know"),
+            };
+            for e in expect {
+                assert!(s.contains(e), "{name}: {e}: {s}");
+            }
+        }
+        assert_eq!(seen, 10);
+    }
+
     /// A proxy in front of a real rping server that answers any FPDU with a reserved RDMAP
     /// opcode with a Terminate whose code is undefined in either layout, then drops the
     /// connection: a peer with a well-formedness bug that stays alive.
