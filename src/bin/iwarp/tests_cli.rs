@@ -1803,11 +1803,8 @@ mod fuzz_peer {
                     Err(_) => break,
                 }
             }
-            loop {
-                let (len, reserved) = match deframer.deframe(&buf) {
-                    Ok(Deframed::Fpdu(f)) => (f.wire_len, f.ulpdu.get(1).is_some_and(|b| b & 0x0f >= 0x0c)),
-                    _ => break,
-                };
+            while let Ok(Deframed::Fpdu(f)) = deframer.deframe(&buf) {
+                let (len, reserved) = (f.wire_len, f.ulpdu.get(1).is_some_and(|b| b & 0x0f >= 0x0c));
                 if reserved {
                     let mut term = vec![0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0];
                     term.extend_from_slice(&[0xff, 0xff, 0, 0]);
