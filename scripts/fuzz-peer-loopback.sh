@@ -30,23 +30,9 @@ log() { printf '[fuzz-loopback] %s\n' "$*" >&2; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 FAILS=0
 
-# report ROLE RC: one PASS/FAIL line; on failure the saved cases.
-report() {
-  local role="$1" rc="$2" rate
-  rate="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d cases, %.1f cases/s" % (d["cases"], d["cases_per_s"]))' "$OUT/$role.json" 2>/dev/null || echo "no summary")"
-  if [ "$rc" = 0 ]; then
-    printf 'PASS  fuzz-peer/loopback-%-7s %s (seed %s)\n' "$role" "$rate" "$SEED" >&2
-    return
-  fi
-  FAILS=$((FAILS + 1))
-  printf 'FAIL  fuzz-peer/loopback-%-7s exit %s, %s (seed %s; output in %s)\n' "$role" "$rc" "$rate" "$SEED" "$OUT" >&2
-  grep -A 8 'FAILURE\|health probe before' "$OUT/$role.log" >&2 || tail -20 "$OUT/$role.log" >&2
-  for p in "$OUT/$role"/*.pcap; do
-    [ -e "$p" ] || continue
-    echo "--- iwarp dissect $p" >&2
-    "$BIN" dissect "$p" 2>&1 | head -40 >&2 || true
-  done
-}
+# shellcheck source=fuzz-peer-report.sh
+source scripts/fuzz-peer-report.sh
+report() { fuzz_report "fuzz-peer/loopback-$1" "$2" "$OUT" "$1" "$SEED" "$BIN" || FAILS=$((FAILS + 1)); }
 
 # The server.
 port="$(free_port)"

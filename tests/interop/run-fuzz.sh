@@ -22,6 +22,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+# shellcheck source=../../scripts/fuzz-peer-report.sh
+source "$ROOT/scripts/fuzz-peer-report.sh"
 BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 [ -x "$BIN" ] || iw_die "$BIN is not built (cargo build --release --bin iwarp, or set IWARP_BIN)"
 SECS="${IWARP_FUZZ_SECONDS:-20}"
@@ -63,19 +65,7 @@ for role in $ROLES; do
   iw_ns timeout -k 5 "$per_role" "$BIN" fuzz-peer "${peer[@]}" --seed "$SEED" --duration "$SECS" \
     --console "$IW_SERIAL" --save-failures "$OUT/$role" --seed-pcap "$ROOT/tests/data/siw/siw-rping.pcap" \
     --json "${EXTRA[@]}" > "$OUT/$role.json" 2> "$OUT/$role.log" || rc=$?
-  rate="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d cases, %.1f cases/s" % (d["cases"], d["cases_per_s"]))' "$OUT/$role.json" 2>/dev/null || echo "no summary")"
-  if [ "$rc" = 0 ]; then
-    printf 'PASS  fuzz-peer/%-7s %s (seed %s)\n' "$role" "$rate" "$SEED" >&2
-  else
-    FAILS=$((FAILS + 1))
-    printf 'FAIL  fuzz-peer/%-7s exit %s, %s (seed %s; log %s)\n' "$role" "$rc" "$rate" "$SEED" "$OUT/$role.log" >&2
-    grep -A 8 'FAILURE\|health probe before' "$OUT/$role.log" >&2 || tail -20 "$OUT/$role.log" >&2
-    for p in "$OUT/$role"/*.pcap; do
-      [ -e "$p" ] || continue
-      echo "--- iwarp dissect $p" >&2
-      "$BIN" dissect "$p" 2>&1 | head -40 >&2 || true
-    done
-  fi
+  fuzz_report "fuzz-peer/$role" "$rc" "$OUT" "$role" "$SEED" "$BIN" || FAILS=$((FAILS + 1))
   if iw_guest_crashed; then
     echo "--- the guest's kernel crashed:" >&2
     grep -aE -A 12 'invalid opcode:|kernel BUG at|BUG: |Oops:|general protection fault' "$IW_SERIAL" | head -40 >&2

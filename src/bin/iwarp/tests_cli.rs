@@ -1519,6 +1519,17 @@ mod fuzz_peer {
         }
     }
 
+    /// Runs `iwarp fuzz-peer ARGS`, which must fail with status 2 and print nothing on stdout;
+    /// its stderr.
+    fn usage_error(args: &[&str]) -> String {
+        let mut all = vec!["fuzz-peer"];
+        all.extend_from_slice(args);
+        let o = iwarp(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        stderr(&o)
+    }
+
     #[test]
     fn help_and_bad_flags() {
         let o = iwarp(&["fuzz-peer", "--help"]);
@@ -1548,13 +1559,8 @@ mod fuzz_peer {
                 "not an operation index",
             ),
         ] {
-            let mut all = vec!["fuzz-peer"];
-            all.extend_from_slice(args);
-            let o = iwarp(&all);
-            assert_eq!(o.status.code(), Some(2), "{args:?}");
-            let e = stderr(&o);
+            let e = usage_error(args);
             assert!(e.starts_with("error:") && e.contains(needle), "{args:?}: {e}");
-            assert!(o.stdout.is_empty(), "{args:?}");
         }
         // Errors found after parsing: exactly one line.
         for (args, line) in [
@@ -1579,11 +1585,7 @@ mod fuzz_peer {
                 "fuzz-peer: --case runs one case",
             ),
         ] {
-            let mut all = vec!["fuzz-peer"];
-            all.extend_from_slice(args);
-            let o = iwarp(&all);
-            assert_eq!(o.status.code(), Some(2), "{args:?}");
-            let e = stderr(&o);
+            let e = usage_error(args);
             assert!(e.starts_with(line) && e.lines().count() == 1, "{args:?}: {e}");
         }
         let readme = data("README.md");
