@@ -1729,6 +1729,10 @@ mod fuzz_peer {
                 "iwcm-stock-siw-p2p-bit-then-fin.pcap" => {
                     &["pd 4 bytes f4b3c080", "P2P RTR write pd 4 bytes 80808080"]
                 }
+                "iwcm-p2p-rtr-then-bad-fpdu.pcap" => &[
+                    "i->r FPDU #1 @0 frame 6 len 14 pad 0 CRC off | tagged L Write STag 0x00000001 TO 0x0 payload 0",
+                    "untagged L Terminate QN 2",
+                ],
                 "iwcm-p2p-terminate-instead-of-rtr.pcap" => {
                     &["untagged L Terminate QN 2", "first FPDU is not the zero-length write RTR"]
                 }
@@ -1744,7 +1748,7 @@ mod fuzz_peer {
                 assert!(s.contains(e), "{name}: {e}: {s}");
             }
         }
-        assert_eq!(seen, 10);
+        assert_eq!(seen, 11);
     }
 
     /// A proxy in front of a real rping server that answers any FPDU with a reserved RDMAP

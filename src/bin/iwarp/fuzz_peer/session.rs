@@ -477,6 +477,9 @@ impl Session {
     }
 }
 
+/// The pause after an RTR, before the next FPDU.
+const RTR_PAUSE: Duration = Duration::from_millis(100);
+
 /// The RTR message for the type the Reply chose.
 fn rtr(conv: &mut Conv, t: RtrType) -> Vec<u8> {
     match t {
@@ -583,6 +586,14 @@ pub(crate) fn run_initiator(
         let chosen = w.rtr.single().unwrap_or(RtrType::Write);
         let u = rtr(&mut s.conv, chosen);
         s.send_plain(&u);
+        // Let the RTR be read on its own: siw reads what arrives with it in the same upcall, and
+        // if that fails its checks the connection never counts as established and iw_cm
+        // crashes on the close (docs/fuzz-peer.md#findings) before the case is even reached.
+        // siw may also leave the RTR unread until more bytes come (docs/siw-quirks.md): a
+        // nudge, harmless like the RTR itself, makes it read both.
+        s.wait_for(RTR_PAUSE / 4, |_| false);
+        s.send_plain(&mutate::zero_length_write());
+        s.wait_for(RTR_PAUSE, |_| false);
     }
     if case.point == Point::Read {
         let adv = s.conv.send();
