@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, docs, the dependency-direction check, the
 # check that every cited path exists, every test, a short fuzz smoke run of every fuzz target,
-# the registered-memory code under AddressSanitizer, and the siw interop suite (qemu guest;
-# needs root, see docs/interop.md). Installs what it needs.
+# the registered-memory code under AddressSanitizer, short `iwarp fuzz-peer` runs against this
+# stack's rping and against siw, and the siw interop suite (qemu guest; needs root, see
+# docs/interop.md). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
@@ -37,6 +38,9 @@ cargo test --workspace --doc --locked
 step "random fault schedules through real devices (10^4, optimized build)"
 cargo test --release --locked -p iwarp-tests --test faults -- --nocapture
 
+step "fuzz-peer against this stack's own rping on loopback, both roles (scripts/fuzz-peer-loopback.sh)"
+bash scripts/fuzz-peer-loopback.sh
+
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 
@@ -49,5 +53,8 @@ bash tests/interop/run-suite.sh
 
 step "siw interop over this stack's own TCP/IP (smoltcp on a veth bridged to the guest's tap)"
 bash tests/interop/run-smol.sh
+
+step "fuzz-peer against siw in the guest, both roles (tests/interop/run-fuzz.sh)"
+bash tests/interop/run-fuzz.sh
 
 step "all checks passed"

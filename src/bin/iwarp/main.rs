@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod dissect;
+mod fuzz_peer;
 mod perftest;
 mod rping;
 mod transport;
@@ -26,6 +27,8 @@ enum Command {
     Bench(bench::Args),
     // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
+    // The help text comes from `fuzz_peer::Args`' doc comment.
+    FuzzPeer(fuzz_peer::Args),
     // The help text comes from `perftest::Args`' doc comment.
     Perftest(perftest::Args),
     // The help text comes from `rping::Args`' doc comment.
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Dissect(args) => dissect::run(&args),
+        Command::FuzzPeer(args) => fuzz_peer::run(&args),
         Command::Perftest(args) => perftest::run(&args),
         Command::Rping(args) => rping::run(&args),
     }

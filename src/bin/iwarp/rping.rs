@@ -341,7 +341,7 @@ fn flush_stack_capture(stack: Option<&iwarp::netdev::SmolStack>) {
 }
 
 /// A pcap file shared by this process's connections.
-type Capture = std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>;
+pub(crate) type Capture = std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>;
 
 /// Opens the `--pcap` file, if one was asked for.
 fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
@@ -547,36 +547,12 @@ fn client_pings(
     size: usize,
 ) -> Result<(), Fail> {
     let count = args.count.unwrap_or(0);
-    let start_info = BufInfo::of(start_mr, args.size);
-    let rdma_info = BufInfo::of(rdma_mr, args.size);
-    let fail = |k: u64, s: Stop| match s {
-        Stop::Closed => Fail::Run(format!("the server closed the connection during ping {k}")),
-        Stop::Failed(m) => Fail::Run(format!("ping {k}: {m}")),
-    };
-    conn.post_recv().map_err(|s| fail(0, s))?;
+    conn.post_recv().map_err(|s| Fail::Run(format!("ping 0: {s}")))?;
     let mut k = 0u64;
     while count == 0 || k < count {
-        let data = pattern(k, size);
-        start_mr.write(0, &data).map_err(|e| Fail::Run(format!("start buffer: {e:?}")))?;
-        if args.debug {
-            eprintln!("rping: ping {k}: advertising the start buffer: {start_info}");
-        }
-        conn.send_info(Some(start_info)).map_err(|s| fail(k, s))?;
-        conn.recv_info("the server's go-ahead after its RDMA Read (RDMA_WRITE_ADV)")
-            .map_err(|s| fail(k, s))?;
-        if args.debug {
-            eprintln!("rping: ping {k}: advertising the rdma buffer: {rdma_info}");
-        }
-        conn.send_info(Some(rdma_info)).map_err(|s| fail(k, s))?;
-        conn.recv_info("the server's go-ahead after its RDMA Write (RDMA_WRITE_COMPLETE)")
-            .map_err(|s| fail(k, s))?;
-        let got = rdma_mr.to_vec();
+        let (data, got) = one_ping(conn, k, start_mr, rdma_mr, size, args.debug)?;
         if args.validate && got != data {
-            let at = got.iter().zip(&data).position(|(a, b)| a != b).unwrap_or(0);
-            return Err(Fail::Run(format!(
-                "data mismatch in ping {k}: first difference at byte {at} (sent {:#04x}, got {:#04x})",
-                data[at], got[at]
-            )));
+            return Err(Fail::Run(mismatch(k, &data, &got)));
         }
         if args.verbose {
             println!("ping data: {}", c_string(&got));
@@ -584,6 +560,144 @@ fn client_pings(
         k += 1;
     }
     Ok(())
+}
+
+/// The text of a data mismatch in ping `k`.
+fn mismatch(k: u64, data: &[u8], got: &[u8]) -> String {
+    let at = got.iter().zip(data).position(|(a, b)| a != b).unwrap_or(0);
+    format!(
+        "data mismatch in ping {k}: first difference at byte {at} (sent {:#04x}, got {:#04x})",
+        data.get(at).copied().unwrap_or(0),
+        got.get(at).copied().unwrap_or(0)
+    )
+}
+
+/// Ping `k` of a client (its receive for the first go-ahead posted): returns the data sent and
+/// the data that came back.
+fn one_ping(
+    conn: &mut Conn,
+    k: u64,
+    start_mr: &MemoryRegion,
+    rdma_mr: &MemoryRegion,
+    size: usize,
+    debug: bool,
+) -> Result<(Vec<u8>, Vec<u8>), Fail> {
+    let size32 = u32::try_from(size).unwrap_or(u32::MAX);
+    let start_info = BufInfo::of(start_mr, size32);
+    let rdma_info = BufInfo::of(rdma_mr, size32);
+    let fail = |s: Stop| match s {
+        Stop::Closed => Fail::Run(format!("the server closed the connection during ping {k}")),
+        Stop::Failed(m) => Fail::Run(format!("ping {k}: {m}")),
+    };
+    let data = pattern(k, size);
+    start_mr.write(0, &data).map_err(|e| Fail::Run(format!("start buffer: {e:?}")))?;
+    if debug {
+        eprintln!("rping: ping {k}: advertising the start buffer: {start_info}");
+    }
+    conn.send_info(Some(start_info)).map_err(fail)?;
+    conn.recv_info("the server's go-ahead after its RDMA Read (RDMA_WRITE_ADV)").map_err(fail)?;
+    if debug {
+        eprintln!("rping: ping {k}: advertising the rdma buffer: {rdma_info}");
+    }
+    conn.send_info(Some(rdma_info)).map_err(fail)?;
+    conn.recv_info("the server's go-ahead after its RDMA Write (RDMA_WRITE_COMPLETE)").map_err(fail)?;
+    Ok((data, rdma_mr.to_vec()))
+}
+
+// --- the health probe of `iwarp fuzz-peer` ----------------------------------------------------
+
+/// Settings of a health probe: one validated ping through this stack's own API, which makes
+/// the peer complete a connection, an RDMA Read, an RDMA Write and Sends both ways.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    /// Time allowed for the connection and each completion.
+    pub(crate) timeout: Duration,
+    /// Offer peer-to-peer mode (the client; a server agrees when asked).
+    pub(crate) p2p: bool,
+    /// Record the probe's connection here.
+    pub(crate) capture: Option<Capture>,
+}
+
+impl Probe {
+    fn options(&self) -> ConnectOptions {
+        ConnectOptions {
+            capture: self.capture.clone(),
+            policy: Policy { ird: 1, ord: 1, peer_to_peer: self.p2p, ..Policy::default() },
+            timeout: self.timeout,
+            max_send_wr: 16,
+            max_recv_wr: 2,
+            ..ConnectOptions::default()
+        }
+    }
+}
+
+fn fail_text(f: Fail) -> String {
+    match f {
+        Fail::Usage(m) | Fail::Run(m) => m,
+    }
+}
+
+/// One validated ping, as `iwarp rping -c -C 1 -V`, against the rping server at `addr`.
+pub(crate) fn probe_client(device: &Device, addr: SocketAddr, probe: &Probe) -> Result<(), String> {
+    const SIZE: usize = 64;
+    let pd = device.alloc_pd();
+    let cq = device.create_cq(32);
+    let regions = (|| {
+        Ok((
+            register(&pd, INFO_LEN, Access::LOCAL_WRITE)?,
+            register(&pd, INFO_LEN, Access::NONE)?,
+            register(&pd, SIZE, BUF_ACCESS)?,
+            register(&pd, SIZE, BUF_ACCESS)?,
+        ))
+    })();
+    let (recv_mr, send_mr, start_mr, rdma_mr) = regions.map_err(fail_text)?;
+    let connected = device
+        .connect(addr, &pd, &cq, &cq, &probe.options())
+        .map_err(|e| format!("cannot connect to {addr}: {}", cm_message(&e)))?;
+    let mut conn = Conn { qp: connected.qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 0 };
+    let result = conn.post_recv().map_err(|s| s.to_string()).and_then(|()| {
+        let (data, got) = one_ping(&mut conn, 0, &start_mr, &rdma_mr, SIZE, false).map_err(fail_text)?;
+        if got == data { Ok(()) } else { Err(mismatch(0, &data, &got)) }
+    });
+    conn.close();
+    result
+}
+
+/// Serves one connection the peer made on `stream`, as `iwarp rping -s`; succeeds when the
+/// client completed at least one ping and closed.
+pub(crate) fn probe_server(
+    device: &Arc<Device>,
+    stream: std::net::TcpStream,
+    probe: &Probe,
+) -> Result<(), String> {
+    let peer = stream.peer_addr().map_err(|e| io_message(&e))?;
+    let link = iwarp::netdev::TcpLink::from_std(stream, &iwarp::netdev::LinkOptions::default())
+        .map_err(|e| io_message(&e))?;
+    let settings = ServerSettings {
+        budget: Budget { used: 0.into(), limit: 16 << 20 },
+        opts: probe.options(),
+        size: 64,
+        verbose: false,
+        debug: false,
+        timeout: probe.timeout,
+    };
+    let Some(p) = Prepared::new(device, &settings).map_err(fail_text)? else {
+        return Err("no buffer memory".into());
+    };
+    let Prepared { device: _, pd, cq, recv_mr, send_mr, mut rdma_mr } = p;
+    let first = RecvWr { wr_id: 1, sgl: recv_mr.sge_all().into() };
+    let opts = ConnectOptions { recv: vec![first], ..settings.opts.clone() };
+    let qp = device
+        .accept_link(Box::new(link), &pd, &cq, &cq, &opts)
+        .map_err(|e| format!("cannot accept the connection from {peer}: {}", cm_message(&e)))?;
+    let mut conn = Conn { qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 1 };
+    let result = serve_pings(&mut conn, &pd, &mut rdma_mr, peer, &settings);
+    conn.close();
+    match result {
+        Ok(0) => Err(format!("{peer} closed the connection before a whole ping")),
+        Ok(_) => Ok(()),
+        Err(m) => Err(m),
+    }
 }
 
 // --- server ---------------------------------------------------------------------------------
@@ -761,7 +875,7 @@ fn serve(served: Served, peer: SocketAddr, s: &ServerSettings) -> Result<(), Str
     let result = serve_pings(&mut conn, &pd, &mut rdma_mr, peer, s);
     conn.close();
     s.budget.give(rdma_mr.len() as u64);
-    result
+    result.map(|_| ())
 }
 
 fn serve_pings(
@@ -770,7 +884,7 @@ fn serve_pings(
     rdma_mr: &mut MemoryRegion,
     peer: SocketAddr,
     s: &ServerSettings,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     if s.debug {
         let p = conn.qp.conn_params();
         eprintln!(
@@ -789,7 +903,7 @@ fn serve_pings(
                 if s.debug {
                     eprintln!("rping: {peer} disconnected after {k} pings");
                 }
-                return Ok(());
+                return Ok(k);
             }
             Err(e) => return Err(format!("ping {k}: {e}")),
         };
