@@ -130,6 +130,31 @@ impl CompletionQueue {
         self.shared.arm(solicited_only);
     }
 
+    /// Has `hook` called each time a notification armed by [`CompletionQueue::req_notify`]
+    /// fires, in place of the notification [`CompletionQueue::wait_notification`] waits for
+    /// (a verbs completion channel: the hook writes the event to a file descriptor). It runs
+    /// on the thread that pushed the completion, usually the engine's, right after that
+    /// completion is in the queue, once per arming; it must be short and must not call into
+    /// the stack. A queue takes one hook; returns false if it has one already.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use iwarp::{Device, DeviceConfig};
+    /// let device = Device::open(DeviceConfig::default());
+    /// let cq = device.create_cq(16);
+    /// let events = Arc::new(AtomicUsize::new(0));
+    /// let counter = events.clone();
+    /// assert!(cq.set_notify_hook(move || {
+    ///     counter.fetch_add(1, Ordering::Relaxed);
+    /// }));
+    /// cq.req_notify(false);
+    /// # drop(device);
+    /// ```
+    pub fn set_notify_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared.set_hook(Box::new(hook))
+    }
+
     /// Waits up to `timeout` for the notification armed by [`CompletionQueue::req_notify`];
     /// returns whether it fired (and disarms it).
     pub fn wait_notification(&self, timeout: Duration) -> bool {

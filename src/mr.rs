@@ -133,11 +133,53 @@ impl ProtectionDomain {
         memory: RegionMemory,
         access: Access,
     ) -> Result<MemoryRegion, RegisterError> {
+        self.register_memory_with(memory, access, None)
+    }
+
+    /// Registers `memory` as [`ProtectionDomain::register_memory`] does, with the tagged
+    /// offset of its first byte chosen by the caller instead of the stack: verbs'
+    /// `ibv_reg_mr` uses the buffer's own address, `ibv_reg_mr_iova2` an I/O virtual address
+    /// the application picks. Peers then address the region with tagged offsets from `iova`
+    /// to `iova + len`, and local scatter/gather elements name it the same way. Ranges of
+    /// different regions may overlap (each is found by its STag); a range that wraps past
+    /// 2^64 is refused.
+    ///
+    /// ```
+    /// use iwarp::{Access, Device, DeviceConfig, PollMode, RegionMemory};
+    /// let device = Device::open(DeviceConfig { poll_mode: PollMode::Inline, ..DeviceConfig::default() });
+    /// let pd = device.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let addr = buf.as_mut_ptr() as u64;
+    /// // SAFETY: `buf` outlives the region (deregistered below), nothing else touches it.
+    /// let memory = unsafe { RegionMemory::from_raw_parts(buf.as_mut_ptr(), buf.len()) };
+    /// let mr = pd.register_memory_at(memory, Access::LOCAL_WRITE, addr).unwrap();
+    /// assert_eq!(mr.addr(), addr);
+    /// assert_eq!(mr.sge(8, 4).addr, addr + 8);
+    /// drop(mr.deregister().unwrap());
+    /// ```
+    pub fn register_memory_at(
+        &self,
+        memory: RegionMemory,
+        access: Access,
+        iova: u64,
+    ) -> Result<MemoryRegion, RegisterError> {
+        self.register_memory_with(memory, access, Some(iova))
+    }
+
+    fn register_memory_with(
+        &self,
+        memory: RegionMemory,
+        access: Access,
+        iova: Option<u64>,
+    ) -> Result<MemoryRegion, RegisterError> {
         let len = memory.len();
         check_len(len)?;
         let view = memory.view();
         let mut core = self.dev.core();
-        let va = core.alloc_va(len as u64);
+        let va = match iova {
+            Some(va) => va,
+            None => core.alloc_va(len as u64),
+        };
         let spec =
             RegionSpec { base_va: va, len: len as u64, access, addressing: Addressing::VirtualAddress };
         let stag = core.table.register(self.id, spec, memory).map_err(|(e, _)| RegisterError::Table(e))?;

@@ -82,6 +82,15 @@ pub(crate) enum Waiter {
     Poll(Arc<Poll>),
 }
 
+/// A callback run when something happens to a queue (see [`CqShared::set_hook`]).
+pub(crate) struct Hook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
 /// A completion queue's state, shared by the engine (producer) and the application
 /// (consumer).
 #[derive(Debug)]
@@ -104,6 +113,8 @@ pub(crate) struct CqShared {
     watch: OnceLock<Arc<Poll>>,
     /// Held by the one thread sleeping in `watch`.
     pub(crate) watching: Mutex<()>,
+    /// Run instead of setting the notification when an armed notification fires.
+    hook: OnceLock<Hook>,
 }
 
 impl CqShared {
@@ -118,7 +129,15 @@ impl CqShared {
             next_task: std::sync::atomic::AtomicU64::new(0),
             watch: OnceLock::new(),
             watching: Mutex::new(()),
+            hook: OnceLock::new(),
         }
+    }
+
+    /// Sets the notification hook (once; false if one was set already): from then on an
+    /// armed notification that fires calls it and disarms, instead of staying set for
+    /// [`CqShared::take_notification`].
+    pub(crate) fn set_hook(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.hook.set(Hook(f)).is_ok()
     }
 
     /// The queue's own readiness poll, if made.
@@ -150,8 +169,14 @@ impl CqShared {
             self.backlogged.store(!backlog.is_empty(), Ordering::Release);
         }
         let armed = self.notify.load(Ordering::Acquire);
-        if armed == ARMED_ANY || (armed == ARMED_SOLICITED && wc.solicited) {
-            let _ = self.notify.compare_exchange(armed, NOTIFIED, Ordering::AcqRel, Ordering::Acquire);
+        if (armed == ARMED_ANY || (armed == ARMED_SOLICITED && wc.solicited))
+            && self.notify.compare_exchange(armed, NOTIFIED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            && let Some(hook) = self.hook.get()
+        {
+            // One event per arming: disarm before the call, so a completion the hook's
+            // caller pushes next does not fire again until the queue is re-armed.
+            let _ = self.notify.compare_exchange(NOTIFIED, ARMED_NONE, Ordering::AcqRel, Ordering::Acquire);
+            (hook.0)();
         }
     }
 
@@ -369,6 +394,17 @@ pub(crate) struct QpShared {
     retired: AtomicBool,
     /// The count this connection is one of (a listener's), if any.
     count: Option<ConnCount>,
+    /// Called with the new state whenever the state changes.
+    state_hook: OnceLock<StateHook>,
+}
+
+/// A callback run when a queue pair's state changes (see [`QpShared::set_state_hook`]).
+pub(crate) struct StateHook(Box<dyn Fn(QpState) + Send + Sync>);
+
+impl std::fmt::Debug for StateHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateHook")
+    }
 }
 
 impl Drop for QpShared {
@@ -410,7 +446,13 @@ impl QpShared {
             rq_in_use: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
             count,
+            state_hook: OnceLock::new(),
         }
+    }
+
+    /// Sets the state hook (once; false if one was set already).
+    pub(crate) fn set_state_hook(&self, f: Box<dyn Fn(QpState) + Send + Sync>) -> bool {
+        self.state_hook.set(StateHook(f)).is_ok()
     }
 
     /// Poster side: takes `n` send-queue entries, or says the queue is full.
@@ -500,7 +542,12 @@ impl QpShared {
     }
 
     pub(crate) fn set_state(&self, s: QpState) {
-        self.state.store(state_code(s), Ordering::Release);
+        let old = self.state.swap(state_code(s), Ordering::AcqRel);
+        if old != state_code(s)
+            && let Some(hook) = self.state_hook.get()
+        {
+            (hook.0)(s);
+        }
     }
 
     pub(crate) fn state(&self) -> QpState {
