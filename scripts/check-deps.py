@@ -2,7 +2,8 @@
 """Checks that the workspace crates depend on each other only as docs/architecture.md says.
 
 mpa and ddp depend on no workspace crate, rdmap only on mpa and ddp, netdev on none of the
-protocol crates; the root package may use them all. Normal and build dependencies count;
+protocol crates; the root package may use them all, and verbs-abi (the C ABI drop-in) only the
+root package. Normal and build dependencies count;
 dev-dependencies (tests, benches) do not.
 """
 import json
@@ -16,6 +17,8 @@ ALLOWED = {
     "iwarp-netdev": set(),
     "iwarp": {"iwarp-mpa", "iwarp-ddp", "iwarp-rdmap", "iwarp-netdev"},
     "iwarp-tests": set(),
+    # The C ABI drop-in (libibverbs.so.1 / librdmacm.so.1) sits on top of the public API.
+    "iwarp-verbs-abi": {"iwarp"},
 }
 
 meta = json.loads(

@@ -1,0 +1,384 @@
+//! Completion channels and completion queues: `ibv_create_comp_channel`, `ibv_create_cq`,
+//! `ibv_get_cq_event`, `ibv_ack_cq_events`, and the data-path entries of `ibv_context::ops`
+//! that the headers' inline `ibv_poll_cq` and `ibv_req_notify_cq` call.
+//!
+//! A completion queue is an [`iwarp::CompletionQueue`]. One made with a channel has a
+//! notification hook ([`iwarp::CompletionQueue::set_notify_hook`]): when a completion arrives
+//! on an armed queue, the hook writes the queue's number to the channel's pipe, once per
+//! arming, and `ibv_get_cq_event` reads it. Destroying a queue waits until every event read
+//! from its channel has been acknowledged, as rdma-core does.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use iwarp::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::device::{CONTEXTS, Context, MAX_CQE};
+use crate::events::{EventPipe, read_record};
+use crate::ffi::{CStruct, Registry, Result, ZeroedC, errno_call, minus1_call, ptr_call, set_errno, zeroed};
+use crate::runtime;
+use crate::sys::*;
+
+// SAFETY: repr(C) structures of integers, raw pointers and pthread objects (zero is their
+// static initializer).
+unsafe impl ZeroedC for ibv_comp_channel {}
+// SAFETY: as above.
+unsafe impl ZeroedC for ibv_cq {}
+
+/// A completion channel.
+pub struct CompChannel {
+    c: CStruct<ibv_comp_channel>,
+    pipe: Arc<EventPipe>,
+    /// Completion queues using it.
+    cqs: AtomicUsize,
+    _ctx: Arc<Context>,
+}
+
+pub(crate) static CHANNELS: Registry<CompChannel> = Registry::new();
+
+/// A completion queue.
+pub struct Cq {
+    c: CStruct<ibv_cq>,
+    pub(crate) cq: CompletionQueue,
+    /// The number its channel events carry.
+    id: u64,
+    channel: Option<Arc<CompChannel>>,
+    /// Events read from the channel, and acknowledged.
+    events: Mutex<(u32, u32)>,
+    acked: Condvar,
+    /// Queue pairs using it (`ibv_destroy_cq` refuses while any do).
+    pub(crate) users: AtomicUsize,
+    /// The last queue pair number translated (engine's << 32 | the application's).
+    last_qpn: AtomicU64,
+    _ctx: Arc<Context>,
+}
+
+impl Cq {
+    pub(crate) fn ibv(&self) -> *mut ibv_cq {
+        self.c.ptr()
+    }
+
+    /// The application's queue pair number for a completion of the engine's `qpn`.
+    fn app_qpn(&self, qpn: u32) -> u32 {
+        let last = self.last_qpn.load(Ordering::Relaxed);
+        if (last >> 32) as u32 == qpn && last != 0 {
+            return last as u32;
+        }
+        let app = crate::qp::app_qp_num(qpn).unwrap_or(qpn);
+        self.last_qpn.store(u64::from(qpn) << 32 | u64::from(app), Ordering::Relaxed);
+        app
+    }
+}
+
+pub(crate) static CQS: Registry<Cq> = Registry::new();
+/// Completion queues by the number their events carry.
+static CQ_IDS: Registry<Cq> = Registry::new();
+static NEXT_CQ_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Creates a completion channel: its `fd` is the read end of a pipe.
+///
+/// # Safety
+///
+/// None beyond the C API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    ptr_call("ibv_create_comp_channel", || {
+        let ctx = CONTEXTS.get(context)?;
+        let pipe = Arc::new(EventPipe::new()?);
+        let mut c: ibv_comp_channel = zeroed();
+        c.context = context;
+        c.fd = pipe.fd();
+        let ch = Arc::new(CompChannel { c: CStruct::new(c), pipe, cqs: AtomicUsize::new(0), _ctx: ctx });
+        CHANNELS.insert(ch.c.ptr(), ch.clone());
+        Ok(ch.c.ptr())
+    })
+}
+
+/// Destroys a completion channel; `EBUSY` while completion queues use it.
+///
+/// # Safety
+///
+/// None beyond the C API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    errno_call("ibv_destroy_comp_channel", || {
+        let ch = CHANNELS.get(channel)?;
+        if ch.cqs.load(Ordering::Acquire) > 0 {
+            return Err(libc::EBUSY);
+        }
+        CHANNELS.remove(channel);
+        Ok(())
+    })
+}
+
+/// Creates a completion queue of `cqe` entries (completions beyond it wait in the engine,
+/// in order, until the application makes room).
+///
+/// # Safety
+///
+/// None beyond the C API's (`cq_context` is only stored).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    ptr_call("ibv_create_cq", || {
+        let ctx = CONTEXTS.get(context)?;
+        let channel = if channel.is_null() { None } else { Some(CHANNELS.get(channel)?) };
+        let depth = u32::try_from(cqe).ok().filter(|&n| (1..=MAX_CQE).contains(&n)).ok_or(libc::EINVAL)?;
+        if comp_vector != 0 {
+            return Err(libc::EINVAL);
+        }
+        let rt = runtime::runtime()?;
+        let cq = rt.device.create_cq(depth as usize);
+        let id = NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed);
+        if let Some(ch) = &channel {
+            let pipe = ch.pipe.clone();
+            cq.set_notify_hook(move || {
+                pipe.post(id);
+            });
+            ch.cqs.fetch_add(1, Ordering::AcqRel);
+        }
+        let mut c: ibv_cq = zeroed();
+        c.context = context;
+        c.channel = channel.as_ref().map_or(std::ptr::null_mut(), |ch| ch.c.ptr());
+        c.cq_context = cq_context;
+        c.handle = id as u32;
+        c.cqe = cqe;
+        let obj = Arc::new(Cq {
+            c: CStruct::new(c),
+            cq,
+            id,
+            channel,
+            events: Mutex::new((0, 0)),
+            acked: Condvar::new(),
+            users: AtomicUsize::new(0),
+            last_qpn: AtomicU64::new(0),
+            _ctx: ctx,
+        });
+        CQS.insert(obj.ibv(), obj.clone());
+        CQ_IDS.insert(id as usize as *mut u8, obj.clone());
+        Ok(obj.ibv())
+    })
+}
+
+/// Resizing: the queue keeps its size (completions beyond it wait in order anyway); the
+/// new size is recorded. `EINVAL` for a size out of range.
+///
+/// # Safety
+///
+/// None beyond the C API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    errno_call("ibv_resize_cq", || {
+        let obj = CQS.get(cq)?;
+        u32::try_from(cqe).ok().filter(|&n| (1..=MAX_CQE).contains(&n)).ok_or(libc::EINVAL)?;
+        obj.c.update(|c| c.cqe = cqe);
+        Ok(())
+    })
+}
+
+/// Destroys a completion queue: `EBUSY` while queue pairs use it; waits until every event
+/// read from its channel has been acknowledged.
+///
+/// # Safety
+///
+/// None beyond the C API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    errno_call("ibv_destroy_cq", || {
+        let obj = CQS.get(cq)?;
+        if obj.users.load(Ordering::Acquire) > 0 {
+            return Err(libc::EBUSY);
+        }
+        let mut ev = obj.events.lock().unwrap_or_else(PoisonError::into_inner);
+        while ev.1 < ev.0 {
+            ev = obj.acked.wait(ev).unwrap_or_else(PoisonError::into_inner);
+        }
+        drop(ev);
+        CQS.remove(cq);
+        CQ_IDS.remove(obj.id as usize as *mut u8);
+        if let Some(ch) = &obj.channel {
+            ch.cqs.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    })
+}
+
+fn channel_fd(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> Result<c_int> {
+    let ch = CHANNELS.get(channel)?;
+    if cq.is_null() || cq_context.is_null() {
+        return Err(libc::EINVAL);
+    }
+    Ok(ch.pipe.fd())
+}
+
+/// Hands out the event `id` read from `channel`: false if its queue is gone (the event is
+/// skipped).
+fn deliver(id: u64, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> Result<bool> {
+    let Ok(obj) = CQ_IDS.get(id as usize as *const u8) else { return Ok(false) };
+    obj.events.lock().unwrap_or_else(PoisonError::into_inner).0 += 1;
+    let c = obj.c.read();
+    // SAFETY: both pointers were checked non-null; the caller passes writable pointers.
+    unsafe {
+        *cq = obj.ibv();
+        *cq_context = c.cq_context;
+    }
+    Ok(true)
+}
+
+/// Waits for the next completion event on `channel`: blocks in `read` on the channel's
+/// descriptor (a cancellation point) unless the application made it non-blocking (then -1,
+/// `EAGAIN`). Each event must be acknowledged with [`ibv_ack_cq_events`].
+///
+/// # Safety
+///
+/// `cq` and `cq_context` point to writable pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    let fd = match channel_fd(channel, cq, cq_context) {
+        Ok(fd) => fd,
+        Err(e) => {
+            set_errno(e);
+            return -1;
+        }
+    };
+    loop {
+        // No value with a destructor is live here: a cancelled read unwinds through.
+        let id = match read_record(fd) {
+            Ok(id) => id,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        match minus1_call("ibv_get_cq_event", || deliver(id, cq, cq_context).map(c_int::from)) {
+            1 => return 0,
+            0 => continue,
+            _ => return -1,
+        }
+    }
+}
+
+/// Acknowledges `nevents` events of `cq` read with [`ibv_get_cq_event`].
+///
+/// # Safety
+///
+/// None beyond the C API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    let _ = errno_call("ibv_ack_cq_events", || {
+        let obj = CQS.get(cq)?;
+        let mut ev = obj.events.lock().unwrap_or_else(PoisonError::into_inner);
+        ev.1 = ev.1.wrapping_add(nevents);
+        let acked = ev.1;
+        drop(ev);
+        obj.c.update(|c| c.comp_events_completed = acked);
+        obj.acked.notify_all();
+        Ok(())
+    });
+}
+
+fn wc_status(s: WcStatus) -> ibv_wc_status {
+    match s {
+        WcStatus::Success => IBV_WC_SUCCESS,
+        WcStatus::LocalProtectionError => IBV_WC_LOC_PROT_ERR,
+        WcStatus::LocalLengthError => IBV_WC_LOC_LEN_ERR,
+        WcStatus::RemoteAccessError => IBV_WC_REM_ACCESS_ERR,
+        WcStatus::RemoteOperationError => IBV_WC_REM_OP_ERR,
+        WcStatus::WrFlushError => IBV_WC_WR_FLUSH_ERR,
+    }
+}
+
+fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
+    match o {
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::Write | WcOpcode::ImmediateData => IBV_WC_RDMA_WRITE,
+        WcOpcode::Read => IBV_WC_RDMA_READ,
+        WcOpcode::Atomic => IBV_WC_FETCH_ADD,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvImmediate => IBV_WC_RECV_RDMA_WITH_IMM,
+        WcOpcode::LocalInvalidate => IBV_WC_LOCAL_INV,
+        WcOpcode::FastRegister => IBV_WC_DRIVER1,
+        WcOpcode::BindWindow => IBV_WC_BIND_MW,
+    }
+}
+
+/// A completion as `struct ibv_wc`.
+fn to_ibv(cq: &Cq, wc: &WorkCompletion) -> ibv_wc {
+    let mut flags = 0;
+    let mut extra = 0u32;
+    if let Some(stag) = wc.invalidated {
+        flags |= IBV_WC_WITH_INV;
+        extra = stag.0;
+    }
+    if let Some(imm) = wc.imm_data {
+        flags |= IBV_WC_WITH_IMM;
+        extra = u32::from_ne_bytes([imm[4], imm[5], imm[6], imm[7]]);
+    }
+    ibv_wc {
+        wr_id: wc.wr_id,
+        status: wc_status(wc.status),
+        opcode: wc_opcode(wc.opcode),
+        vendor_err: 0,
+        byte_len: u32::try_from(wc.byte_len).unwrap_or(u32::MAX),
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 { invalidated_rkey: extra },
+        qp_num: cq.app_qpn(wc.qp_num),
+        src_qp: 0,
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ops.poll_cq`: up to `num_entries` completions into `wc`; their number, or -1.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    minus1_call("ibv_poll_cq", || {
+        let obj = CQS.get(cq)?;
+        if num_entries < 0 || (num_entries > 0 && wc.is_null()) {
+            return Err(libc::EINVAL);
+        }
+        let mut n = 0;
+        while n < num_entries {
+            let Some(done) = obj.cq.poll() else { break };
+            // SAFETY: the caller's array has `num_entries` writable entries; n is below.
+            unsafe { wc.add(n as usize).write(to_ibv(&obj, &done)) };
+            n += 1;
+        }
+        Ok(n)
+    })
+}
+
+/// `ops.req_notify_cq`: arms the queue for one event on its channel.
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    errno_call("ibv_req_notify_cq", || {
+        let obj = CQS.get(cq)?;
+        obj.cq.req_notify(solicited_only != 0);
+        Ok(())
+    })
+}
+
+/// Completion events read and acknowledged (for tests).
+#[doc(hidden)]
+pub fn events_of(cq: *mut ibv_cq) -> Option<(u32, u32)> {
+    CQS.get(cq).ok().map(|o| *o.events.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+symver!("IBVERBS_1.0": ibv_create_comp_channel, ibv_destroy_comp_channel);
+symver!("IBVERBS_1.1":
+    ibv_create_cq, ibv_resize_cq, ibv_destroy_cq, ibv_get_cq_event, ibv_ack_cq_events,
+);
