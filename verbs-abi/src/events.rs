@@ -6,15 +6,36 @@
 //! blocking read is a cancellation point (`pthread_cancel` works on a thread waiting in
 //! `ibv_get_cq_event`).
 
+use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Mutex, PoisonError};
 
 use crate::ffi::Result;
 
 /// A pipe carrying event records.
 pub(crate) struct EventPipe {
     read: OwnedFd,
-    write: OwnedFd,
+    write: Option<OwnedFd>,
+}
+
+/// Write ends of pipes whose channel was destroyed, kept open a while: closing one would
+/// wake a thread still blocked reading the channel with end-of-file (an error), where a
+/// kernel channel leaves such a thread asleep (rping destroys its channel while its event
+/// thread waits, and exits). The oldest are closed once more than [`GRAVEYARD`] pile up.
+static CLOSED: Mutex<VecDeque<OwnedFd>> = Mutex::new(VecDeque::new());
+const GRAVEYARD: usize = 64;
+
+impl Drop for EventPipe {
+    fn drop(&mut self) {
+        if let Some(w) = self.write.take() {
+            let mut closed = CLOSED.lock().unwrap_or_else(PoisonError::into_inner);
+            closed.push_back(w);
+            while closed.len() > GRAVEYARD {
+                closed.pop_front();
+            }
+        }
+    }
 }
 
 impl EventPipe {
@@ -30,7 +51,7 @@ impl EventPipe {
         // the event rather than stalling the engine.
         // SAFETY: fcntl on a descriptor this function owns.
         unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
-        Ok(EventPipe { read, write })
+        Ok(EventPipe { read, write: Some(write) })
     }
 
     /// The descriptor the application gets.
@@ -41,8 +62,9 @@ impl EventPipe {
     /// Posts an event record; false if the pipe is full.
     pub(crate) fn post(&self, id: u64) -> bool {
         let bytes = id.to_ne_bytes();
+        let Some(w) = &self.write else { return false };
         // SAFETY: writes 8 bytes from a live local array to a descriptor this pipe owns.
-        let n = unsafe { libc::write(self.write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        let n = unsafe { libc::write(w.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
         if n != 8 {
             tracing::warn!(id, "event pipe full: an event is dropped");
         }
