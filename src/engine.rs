@@ -948,14 +948,19 @@ fn publish(slot: &mut ConnSlot) -> bool {
         work = true;
         shared.push_event(e);
     }
+    // Queue slots are given back before the completions that free them are visible: an
+    // application that polls a completion may post into its slot at once (verbs).
+    let retired = slot.conn.qp_ref().sq_retired();
+    shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
+    slot.sq_retired = retired;
     let (mut sent, mut received) = (false, false);
     while let Some(c) = slot.conn.qp().poll_completion() {
         work = true;
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
         let wc = WorkCompletion::new(shared.qp_num, c);
         if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
-            shared.recv_cq.push_quiet(wc);
             shared.rq_retired();
+            shared.recv_cq.push_quiet(wc);
             received = true;
         } else {
             shared.send_cq.push_quiet(wc);
@@ -968,9 +973,6 @@ fn publish(slot: &mut ConnSlot) -> bool {
     if received {
         shared.recv_cq.signal();
     }
-    let retired = slot.conn.qp_ref().sq_retired();
-    shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
-    slot.sq_retired = retired;
     work
 }
 
@@ -998,11 +1000,11 @@ fn visit(
             // Validated on the application side already; should the queue pair refuse it, it
             // completes with an error rather than vanishing.
             tracing::debug!(wr_id, error = %e, "post_send refused");
+            shared.sq_retired(1);
             shared.send_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
                 ..WorkCompletion::flushed(shared.qp_num, wr_id, opcode)
             });
-            shared.sq_retired(1);
         }
     }
     while let Some(wr) = shared.rq.pop() {
@@ -1010,11 +1012,11 @@ fn visit(
         let wr_id = wr.wr_id;
         if let Err(e) = slot.conn.qp().post_recv(wr) {
             tracing::debug!(wr_id, error = %e, "post_recv refused");
+            shared.rq_retired();
             shared.recv_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
                 ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
             });
-            shared.rq_retired();
         }
     }
     if shared.take_disconnect() {

@@ -517,14 +517,15 @@ impl QpShared {
     /// popped, and so completed, once.
     fn flush_rings(&self) {
         let mut any = false;
+        // Each slot is given back before its completion is visible (see `publish`).
         while let Some(wr) = self.sq.pop() {
-            self.send_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
             self.sq_retired(1);
+            self.send_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
             any = true;
         }
         while let Some(wr) = self.rq.pop() {
-            self.recv_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
             self.rq_retired();
+            self.recv_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
             any = true;
         }
         if any {

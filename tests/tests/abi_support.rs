@@ -148,3 +148,64 @@ fn register_memory_at_uses_the_chosen_address_for_peers_and_sges() {
     let memory = unsafe { RegionMemory::from_raw_parts(buf.as_mut_ptr(), buf.len()) };
     assert!(p.server.pd.register_memory_at(memory, Access::LOCAL_WRITE, u64::MAX - 4).is_err());
 }
+
+#[test]
+fn a_polled_completion_frees_its_queue_slot() {
+    // Verbs: once a completion is polled, its send-queue slot (and the slots of the unsignaled
+    // requests before it) can be posted into at once; so can a polled receive's slot.
+    let opts = iwarp::ConnectOptions { max_send_wr: 4, max_recv_wr: 4, ..iwarp::ConnectOptions::default() };
+    // Busy engines: completions are pushed while the application spins on the queue.
+    let p = pair(PollMode::Busy, &opts, &opts);
+    let src = p.client.pd.register_bytes(&pattern(64, 1), Access::NONE).unwrap();
+    let target = p.server.pd.register(64, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE)).unwrap();
+    let write = SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() };
+    let post = |i: u64| {
+        let wr =
+            iwarp::SendWr { wr_id: i, op: write, sgl: vec![src.sge(0, 64)].into(), signaled: i % 2 == 1 };
+        p.client.qp.post_send(wr)
+    };
+    for i in 0..4u64 {
+        post(i).unwrap();
+    }
+    let mut next = 4u64;
+    // Busy polling, as perftest does: the completion is seen the moment it is pushed.
+    let spin = |what: &str| {
+        let deadline = Instant::now() + T;
+        loop {
+            if let Some(wc) = p.client.cq.poll() {
+                return wc;
+            }
+            assert!(Instant::now() < deadline, "{what}: nothing within {T:?}");
+            std::hint::spin_loop();
+        }
+    };
+    while next < 5000 {
+        let wc = spin("write completion");
+        assert_eq!(wc.status, WcStatus::Success);
+        // Two slots are free: the unsignaled request before this one, and this one.
+        for _ in 0..2 {
+            post(next).unwrap_or_else(|e| panic!("post {next} after a polled completion: {e}"));
+            next += 1;
+        }
+    }
+    // Receives: the server keeps 4 posted and reposts each as soon as it is polled; the client
+    // sends only when a receive is known to be posted (one at a time, in lock step).
+    let inbox = p.server.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        p.server.recv(i, vec![inbox.sge(0, 64)]);
+    }
+    for i in 0..500u64 {
+        p.client.send(10_000 + i, send_op(false), vec![src.sge(0, 64)]);
+        loop {
+            let wc = p.server.wait("receive");
+            if wc.opcode == WcOpcode::Recv {
+                assert_eq!(wc.status, WcStatus::Success);
+                p.server
+                    .qp
+                    .post_recv(iwarp::RecvWr { wr_id: wc.wr_id, sgl: vec![inbox.sge(0, 64)].into() })
+                    .unwrap_or_else(|e| panic!("repost after a polled receive: {e}"));
+                break;
+            }
+        }
+    }
+}
