@@ -62,6 +62,15 @@ impl Device {
         self.engine.progress()
     }
 
+    /// Runs one engine pass on the calling thread unless another thread is running one (then
+    /// returns at once): what an application that busy-polls its completion queues can do
+    /// with the core it spins on, instead of leaving the engine thread to compete for a core
+    /// with it (the verbs drop-in does this when `ibv_poll_cq` finds nothing). Returns
+    /// whether a pass ran and found work. Counted in [`EngineStats::direct_passes`].
+    pub fn try_progress(&self) -> bool {
+        self.engine.try_progress()
+    }
+
     /// Has the engine drive a userspace TCP/IP stack (smoltcp on a TAP device or a raw
     /// Ethernet interface): every engine pass polls it before and after running the
     /// connections, and an idle engine (adaptive, event mode) sleeps no longer than the

@@ -273,6 +273,29 @@ impl Engine {
         }
     }
 
+    /// One pass on the calling thread if no other thread is in one or waiting for the
+    /// engine's lock: never blocks. Whether a pass ran and found work.
+    pub(crate) fn try_progress(&self) -> bool {
+        if self.waiting.load(Ordering::Acquire) > 0 || self.pass_waiting.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut events) = self.inline_events.try_lock() else { return false };
+        let Ok(mut core) = self.core.try_lock() else { return false };
+        if let Some(poll) = &self.poll {
+            poll.wait(&mut events, Some(Duration::ZERO));
+        }
+        let (work, visits) = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
+        let rearm = core.take_new_earliest() && self.doorbell.parked();
+        drop(core);
+        if rearm {
+            self.doorbell.wake();
+        }
+        bump(&self.counters.passes, 1);
+        bump(&self.counters.visits, visits);
+        bump(&self.counters.direct_passes, 1);
+        work
+    }
+
     /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.

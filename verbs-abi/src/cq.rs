@@ -9,7 +9,7 @@
 //! from its channel has been acknowledged, as rdma-core does.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use iwarp::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
@@ -42,7 +42,7 @@ pub struct Cq {
     c: CStruct<ibv_cq>,
     pub(crate) cq: CompletionQueue,
     /// The number its channel events carry.
-    id: u64,
+    id: u32,
     channel: Option<Arc<CompChannel>>,
     /// Events read from the channel, and acknowledged.
     events: Mutex<(u32, u32)>,
@@ -62,8 +62,9 @@ impl Cq {
     /// The application's queue pair number for a completion of the engine's `qpn`.
     fn app_qpn(&self, qpn: u32) -> u32 {
         let last = self.last_qpn.load(Ordering::Relaxed);
-        if (last >> 32) as u32 == qpn && last != 0 {
-            return last as u32;
+        let (engine, app) = ((last >> 32) as u32, (last & 0xffff_ffff) as u32);
+        if engine == qpn && last != 0 {
+            return app;
         }
         let app = crate::qp::app_qp_num(qpn).unwrap_or(qpn);
         self.last_qpn.store(u64::from(qpn) << 32 | u64::from(app), Ordering::Relaxed);
@@ -74,7 +75,7 @@ impl Cq {
 pub(crate) static CQS: Registry<Cq> = Registry::new();
 /// Completion queues by the number their events carry.
 static CQ_IDS: Registry<Cq> = Registry::new();
-static NEXT_CQ_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
 /// Creates a completion channel: its `fd` is the read end of a pipe.
 ///
@@ -139,7 +140,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         if let Some(ch) = &channel {
             let pipe = ch.pipe.clone();
             cq.set_notify_hook(move || {
-                pipe.post(id);
+                pipe.post(u64::from(id));
             });
             ch.cqs.fetch_add(1, Ordering::AcqRel);
         }
@@ -147,7 +148,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         c.context = context;
         c.channel = channel.as_ref().map_or(std::ptr::null_mut(), |ch| ch.c.ptr());
         c.cq_context = cq_context;
-        c.handle = id as u32;
+        c.handle = id;
         c.cqe = cqe;
         let obj = Arc::new(Cq {
             c: CStruct::new(c),
@@ -161,7 +162,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             _ctx: ctx,
         });
         CQS.insert(obj.ibv(), obj.clone());
-        CQ_IDS.insert(id as usize as *mut u8, obj.clone());
+        CQ_IDS.insert_key(id as usize, obj.clone());
         Ok(obj.ibv())
     })
 }
@@ -201,7 +202,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         drop(ev);
         CQS.remove(cq);
-        CQ_IDS.remove(obj.id as usize as *mut u8);
+        CQ_IDS.remove_key(obj.id as usize);
         if let Some(ch) = &obj.channel {
             ch.cqs.fetch_sub(1, Ordering::AcqRel);
         }
@@ -224,7 +225,9 @@ fn channel_fd(
 /// Hands out the event `id` read from `channel`: false if its queue is gone (the event is
 /// skipped).
 fn deliver(id: u64, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> Result<bool> {
-    let Ok(obj) = CQ_IDS.get(id as usize as *const u8) else { return Ok(false) };
+    let Ok(obj) = usize::try_from(id).map_err(|_| libc::EINVAL).and_then(|k| CQ_IDS.get_key(k)) else {
+        return Ok(false);
+    };
     obj.events.lock().unwrap_or_else(PoisonError::into_inner).0 += 1;
     let c = obj.c.read();
     // SAFETY: both pointers were checked non-null; the caller passes writable pointers.
@@ -353,8 +356,22 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
             return Err(libc::EINVAL);
         }
         let mut n = 0;
+        let mut drove = false;
         while n < num_entries {
-            let Some(done) = obj.cq.poll() else { break };
+            let done = match obj.cq.poll() {
+                Some(done) => done,
+                // Nothing yet: a program that polls in a loop spins on a core the engine
+                // needs (perftest's client and server both do). Run the engine's pass here,
+                // unless its thread (or another poller) is in one, and look once more.
+                None if n == 0 && !drove => {
+                    drove = true;
+                    if let Ok(rt) = runtime::runtime() {
+                        rt.device.try_progress();
+                    }
+                    continue;
+                }
+                None => break,
+            };
             // SAFETY: the caller's array has `num_entries` writable entries; n is below.
             unsafe { wc.add(n as usize).write(to_ibv(&obj, &done)) };
             n += 1;

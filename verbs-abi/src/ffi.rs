@@ -164,7 +164,7 @@ impl<T> Registry<T> {
     }
 
     pub(crate) fn insert<C>(&self, ptr: *mut C, obj: Arc<T>) {
-        self.map.write().unwrap_or_else(PoisonError::into_inner).insert(ptr as usize, obj);
+        self.insert_key(ptr as usize, obj);
     }
 
     /// The object behind `ptr`, or `EINVAL` (NULL, foreign, destroyed).
@@ -181,7 +181,21 @@ impl<T> Registry<T> {
     }
 
     pub(crate) fn remove<C>(&self, ptr: *const C) -> Option<Arc<T>> {
-        self.map.write().unwrap_or_else(PoisonError::into_inner).remove(&(ptr as usize))
+        self.remove_key(ptr as usize)
+    }
+
+    /// Registers `obj` under a number instead of an address.
+    pub(crate) fn insert_key(&self, key: usize, obj: Arc<T>) {
+        self.map.write().unwrap_or_else(PoisonError::into_inner).insert(key, obj);
+    }
+
+    /// The object registered under `key`, or `EINVAL`.
+    pub(crate) fn get_key(&self, key: usize) -> Result<Arc<T>> {
+        self.map.read().unwrap_or_else(PoisonError::into_inner).get(&key).cloned().ok_or(libc::EINVAL)
+    }
+
+    pub(crate) fn remove_key(&self, key: usize) -> Option<Arc<T>> {
+        self.map.write().unwrap_or_else(PoisonError::into_inner).remove(&key)
     }
 
     /// Runs `f` on every live object (on a snapshot: `f` may use the registry).

@@ -69,7 +69,7 @@ pub(crate) fn app_qp_num(engine_qpn: u32) -> Option<u32> {
 
 /// The queue pair the application numbers `qp_num`.
 pub(crate) fn by_num(qp_num: u32) -> Result<Arc<Qp>> {
-    QP_NUMS.get(qp_num as usize as *const u8)
+    QP_NUMS.get_key(qp_num as usize)
 }
 
 /// The queue pair behind `qp`.
@@ -214,7 +214,7 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
         inline,
     });
     QPS.insert(qp.ibv(), qp.clone());
-    QP_NUMS.insert(qp_num as usize as *mut u8, qp.clone());
+    QP_NUMS.insert_key(qp_num as usize, qp.clone());
     Ok(qp.ibv())
 }
 
@@ -312,7 +312,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 
 pub(crate) fn destroy(qp: *mut ibv_qp) -> Result<()> {
     let obj = QPS.remove(qp).ok_or(libc::EINVAL)?;
-    QP_NUMS.remove(obj.qp_num as usize as *const u8);
+    QP_NUMS.remove_key(obj.qp_num as usize);
     if let Some(q) = obj.connection() {
         q.disconnect();
     }
@@ -399,10 +399,10 @@ fn inline_data(qp: &Qp, wr: &ibv_send_wr) -> Result<Sgl> {
         // SAFETY: the list has `num_sge` readable elements.
         let e = unsafe { *wr.sg_list.add(i) };
         if e.length > 0 {
+            let addr = usize::try_from(e.addr).map_err(|_| libc::EINVAL)?;
             // SAFETY: inline data is read from the application's memory at post time: each
             // element names `length` readable bytes at `addr` (no lkey needed).
-            let bytes =
-                unsafe { std::slice::from_raw_parts(e.addr as usize as *const u8, e.length as usize) };
+            let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, e.length as usize) };
             data.extend_from_slice(bytes);
         }
     }
@@ -417,18 +417,14 @@ fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr> {
     let solicited = flags & IBV_SEND_SOLICITED != 0;
     // SAFETY: reading the union member the opcode selects (plain integers either way).
     let (remote_addr, rkey) = unsafe { (wr.wr.rdma.remote_addr, wr.wr.rdma.rkey) };
+    // SAFETY: as above (a u32 either way).
+    let invalidate_rkey = unsafe { wr.__bindgen_anon_1.invalidate_rkey };
     let op = match wr.opcode {
         IBV_WR_SEND => SendOp::Send { solicited, invalidate: None },
-        // SAFETY: a plain integer member.
-        IBV_WR_SEND_WITH_INV => {
-            SendOp::Send { solicited, invalidate: Some(STag(unsafe { wr.__bindgen_anon_1.invalidate_rkey })) }
-        }
+        IBV_WR_SEND_WITH_INV => SendOp::Send { solicited, invalidate: Some(STag(invalidate_rkey)) },
         IBV_WR_RDMA_WRITE => SendOp::Write { remote_stag: STag(rkey), remote_to: remote_addr },
         IBV_WR_RDMA_READ => SendOp::Read { remote_stag: STag(rkey), remote_to: remote_addr },
-        // SAFETY: a plain integer member.
-        IBV_WR_LOCAL_INV => {
-            SendOp::LocalInvalidate { stag: STag(unsafe { wr.__bindgen_anon_1.invalidate_rkey }) }
-        }
+        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { stag: STag(invalidate_rkey) },
         // Immediate data and atomics need RFC 7306, which rdma_cm cannot negotiate (siw
         // does not take it); memory windows, TSO and driver opcodes do not exist here.
         _ => return Err(libc::EINVAL),

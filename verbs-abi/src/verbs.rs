@@ -87,17 +87,13 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             users: AtomicUsize::new(0),
             _ctx: ctx,
         });
-        pd.c.update(|c| c.handle = pd.pd_handle());
+        pd.c.update(|c| c.handle = NEXT_PD.fetch_add(1, Ordering::Relaxed));
         PDS.insert(pd.ibv(), pd.clone());
         Ok(pd.ibv())
     })
 }
 
-impl Pd {
-    fn pd_handle(&self) -> u32 {
-        (self as *const Pd as usize & 0xffff_ffff) as u32
-    }
-}
+static NEXT_PD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 /// Frees a protection domain; `EBUSY` while regions or queue pairs use it.
 ///

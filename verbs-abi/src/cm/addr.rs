@@ -7,6 +7,17 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, ToSoc
 use crate::ffi::{Result, minus1_call};
 use crate::sys::*;
 
+/// The address families as `sa_family_t`, and the two address lengths.
+#[expect(clippy::cast_possible_truncation, reason = "small constants: 2, 10, 16, 28")]
+const AF_INET: libc::sa_family_t = libc::AF_INET as libc::sa_family_t;
+#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
+const AF_INET6: libc::sa_family_t = libc::AF_INET6 as libc::sa_family_t;
+
+#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
+const SOCKADDR_IN_LEN: socklen_t = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
+const SOCKADDR_IN6_LEN: socklen_t = std::mem::size_of::<libc::sockaddr_in6>() as socklen_t;
+
 /// The socket address at `p` (a `sockaddr_in` or `sockaddr_in6`).
 pub(super) fn read(p: *const sockaddr) -> Result<SocketAddr> {
     if p.is_null() {
@@ -46,14 +57,14 @@ pub(super) fn write(p: *mut u8, a: SocketAddr) {
         match a {
             SocketAddr::V4(v4) => {
                 let mut s: libc::sockaddr_in = std::mem::zeroed();
-                s.sin_family = libc::AF_INET as libc::sa_family_t;
+                s.sin_family = AF_INET;
                 s.sin_port = v4.port().to_be();
                 s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
                 p.cast::<libc::sockaddr_in>().write_unaligned(s);
             }
             SocketAddr::V6(v6) => {
                 let mut s: libc::sockaddr_in6 = std::mem::zeroed();
-                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sin6_family = AF_INET6;
                 s.sin6_port = v6.port().to_be();
                 s.sin6_addr.s6_addr = v6.ip().octets();
                 s.sin6_flowinfo = v6.flowinfo();
@@ -138,11 +149,7 @@ pub unsafe extern "C" fn iwarp_rdma_getaddrinfo(
                 })
                 .ok_or(libc::EADDRNOTAVAIL)?,
         };
-        let len = if addr.is_ipv4() {
-            std::mem::size_of::<libc::sockaddr_in>()
-        } else {
-            std::mem::size_of::<libc::sockaddr_in6>()
-        };
+        let len: socklen_t = if addr.is_ipv4() { SOCKADDR_IN_LEN } else { SOCKADDR_IN6_LEN };
         // SAFETY: calloc of one entry and one address; checked for NULL below.
         let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
         // SAFETY: as above.
@@ -166,10 +173,10 @@ pub unsafe extern "C" fn iwarp_rdma_getaddrinfo(
         e.ai_port_space = if ps == 0 { RDMA_PS_TCP as c_int } else { ps };
         if passive {
             e.ai_src_addr = sa.cast();
-            e.ai_src_len = len as socklen_t;
+            e.ai_src_len = len;
         } else {
             e.ai_dst_addr = sa.cast();
-            e.ai_dst_len = len as socklen_t;
+            e.ai_dst_len = len;
         }
         // SAFETY: the caller passes a writable pointer (checked non-null).
         unsafe { *res = ai };

@@ -650,10 +650,14 @@ fn read_param(p: *mut rdma_conn_param) -> Result<Option<(rdma_conn_param, Vec<u8
     Ok(Some((param, data)))
 }
 
+/// [`MAX_RD_ATOM`] as an IRD/ORD value.
+#[expect(clippy::cast_possible_truncation, reason = "checked against u16::MAX first")]
+const MAX_RD_ATOM_U16: u16 = if MAX_RD_ATOM <= u16::MAX as u32 { MAX_RD_ATOM as u16 } else { u16::MAX };
+
 fn settings(qp: &Qp, ird: u16, ord: u16, private_data: Vec<u8>) -> ConnSettings {
     ConnSettings {
-        ird: ird.min(MAX_RD_ATOM as u16),
-        ord: ord.min(MAX_RD_ATOM as u16),
+        ird: ird.min(MAX_RD_ATOM_U16),
+        ord: ord.min(MAX_RD_ATOM_U16),
         private_data,
         max_send_wr: qp.caps.max_send_wr as usize,
         max_recv_wr: qp.caps.max_recv_wr as usize,
