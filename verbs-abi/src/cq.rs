@@ -395,7 +395,41 @@ pub fn events_of(cq: *mut ibv_cq) -> Option<(u32, u32)> {
     CQS.get(cq).ok().map(|o| *o.events.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
+/// The name of a completion status.
+///
+/// # Safety
+///
+/// None.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_wc_status_str(status: ibv_wc_status) -> *const std::ffi::c_char {
+    crate::ffi::cstr(match status {
+        IBV_WC_SUCCESS => c"success",
+        IBV_WC_LOC_LEN_ERR => c"local length error",
+        IBV_WC_LOC_QP_OP_ERR => c"local QP operation error",
+        IBV_WC_LOC_EEC_OP_ERR => c"local EE context operation error",
+        IBV_WC_LOC_PROT_ERR => c"local protection error",
+        IBV_WC_WR_FLUSH_ERR => c"Work Request Flushed Error",
+        IBV_WC_MW_BIND_ERR => c"memory management operation error",
+        IBV_WC_BAD_RESP_ERR => c"bad response error",
+        IBV_WC_LOC_ACCESS_ERR => c"local access error",
+        IBV_WC_REM_INV_REQ_ERR => c"remote invalid request error",
+        IBV_WC_REM_ACCESS_ERR => c"remote access error",
+        IBV_WC_REM_OP_ERR => c"remote operation error",
+        IBV_WC_RETRY_EXC_ERR => c"transport retry counter exceeded",
+        IBV_WC_RNR_RETRY_EXC_ERR => c"RNR retry counter exceeded",
+        IBV_WC_LOC_RDD_VIOL_ERR => c"local RDD violation error",
+        IBV_WC_REM_INV_RD_REQ_ERR => c"remote invalid RD request",
+        IBV_WC_REM_ABORT_ERR => c"aborted error",
+        IBV_WC_INV_EECN_ERR => c"invalid EE context number",
+        IBV_WC_INV_EEC_STATE_ERR => c"invalid EE context state",
+        IBV_WC_FATAL_ERR => c"fatal error",
+        IBV_WC_RESP_TIMEOUT_ERR => c"response timeout error",
+        IBV_WC_GENERAL_ERR => c"general error",
+        _ => c"unknown",
+    })
+}
+
 symver!("IBVERBS_1.0": ibv_create_comp_channel, ibv_destroy_comp_channel);
 symver!("IBVERBS_1.1":
-    ibv_create_cq, ibv_resize_cq, ibv_destroy_cq, ibv_get_cq_event, ibv_ack_cq_events,
+    ibv_create_cq, ibv_resize_cq, ibv_destroy_cq, ibv_get_cq_event, ibv_ack_cq_events, ibv_wc_status_str,
 );

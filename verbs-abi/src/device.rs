@@ -77,9 +77,12 @@ fn node_guid() -> u64 {
     u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]).to_be()
 }
 
+/// The port's GID: a link-local IPv6 address with the interface id made from the MAC
+/// (fe80::69:77ff:fe61:7270).
 fn gid() -> ibv_gid {
     let mut raw = [0u8; 16];
-    raw[..6].copy_from_slice(&MAC);
+    raw[..2].copy_from_slice(&[0xfe, 0x80]);
+    raw[8..].copy_from_slice(&u64::from_be(node_guid()).to_be_bytes());
     ibv_gid { raw }
 }
 

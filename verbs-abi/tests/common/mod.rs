@@ -11,12 +11,12 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Whether missing tools fail the test instead of skipping it.
-pub fn require_all() -> bool {
+pub(crate) fn require_all() -> bool {
     std::env::var("IWARP_REQUIRE_ALL").is_ok_and(|v| v == "1")
 }
 
 /// Skips the test (or fails it under IWARP_REQUIRE_ALL=1) when `what` is missing.
-pub fn skip(what: &str) {
+pub(crate) fn skip(what: &str) {
     if require_all() {
         panic!("needed for this test: {what} (IWARP_REQUIRE_ALL=1)");
     }
@@ -24,19 +24,20 @@ pub fn skip(what: &str) {
 }
 
 /// Whether `cmd` runs (is installed).
-pub fn have(cmd: &str) -> bool {
+pub(crate) fn have(cmd: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().is_ok_and(|o| o.status.success())
 }
 
 /// Whether the rdma-core development headers are installed.
-pub fn have_headers() -> bool {
-    Path::new("/usr/include/infiniband/verbs.h").exists() && Path::new("/usr/include/rdma/rdma_cma.h").exists()
+pub(crate) fn have_headers() -> bool {
+    Path::new("/usr/include/infiniband/verbs.h").exists()
+        && Path::new("/usr/include/rdma/rdma_cma.h").exists()
 }
 
 /// The directory holding the drop-in libraries: symbolic links to the crate's cdylib (as
 /// libibverbs.so.1) and to the build script's librdmacm.so.1 and provider stubs, made once per
 /// test process (nextest runs tests of one binary in parallel processes).
-pub fn libdir() -> &'static Path {
+pub(crate) fn libdir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let exe = std::env::current_exe().expect("test executable");
@@ -44,7 +45,8 @@ pub fn libdir() -> &'static Path {
         let cdylib = deps.join("libiwarp_verbs_abi.so");
         assert!(cdylib.exists(), "{} not built", cdylib.display());
         let built = PathBuf::from(env!("IWARP_VERBS_ABI_LIBS"));
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("verbs-abi-{}", std::process::id()));
+        let dir =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("verbs-abi-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the library directory");
         let link = |from: &Path, name: &str| {
@@ -61,58 +63,66 @@ pub fn libdir() -> &'static Path {
 }
 
 /// A command running on the drop-in libraries.
-pub fn dropin(program: &str) -> Command {
+pub(crate) fn dropin(program: &str) -> Command {
     let mut c = Command::new(program);
     c.env("LD_LIBRARY_PATH", libdir()).env_remove("IWARP_PCAP");
     c
 }
 
-/// Waits for `child` at most `limit`; kills it (by its PID) when over.
-pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
+/// A child process whose output is read as it comes (a full pipe would stall it).
+pub(crate) struct Running {
+    child: Child,
+    out: std::thread::JoinHandle<Vec<u8>>,
+    err: std::thread::JoinHandle<Vec<u8>>,
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Starts `cmd` with its output captured.
+pub(crate) fn spawn(mut cmd: Command) -> Running {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    Running { child, out, err }
+}
+
+/// Waits for `r` at most `limit`; kills it (by its PID) when over.
+pub(crate) fn wait_bounded(mut r: Running, limit: Duration, what: &str) -> Output {
     let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait().expect("wait") {
-            Some(_) => break,
+    let status = loop {
+        match r.child.try_wait().expect("wait") {
+            Some(status) => break status,
             None if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let out = collect(child);
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                let (o, e) = (r.out.join().unwrap_or_default(), r.err.join().unwrap_or_default());
                 panic!(
                     "{what}: still running after {limit:?}; killed\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                    String::from_utf8_lossy(&o),
+                    String::from_utf8_lossy(&e)
                 );
             }
             None => std::thread::sleep(Duration::from_millis(20)),
         }
-    }
-    collect(child)
-}
-
-fn collect(mut child: Child) -> Output {
-    let status = child.wait().expect("wait");
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_end(&mut stdout);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_end(&mut stderr);
-    }
-    Output { status, stdout, stderr }
-}
-
-/// Starts `cmd` with its output captured.
-pub fn spawn(mut cmd: Command) -> Child {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn")
+    };
+    Output { status, stdout: r.out.join().unwrap_or_default(), stderr: r.err.join().unwrap_or_default() }
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; a race with other tests is unlikely).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a port")
 }
 
 /// Describes an output for an assertion message.
-pub fn show(o: &Output) -> String {
+pub(crate) fn show(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         o.status,

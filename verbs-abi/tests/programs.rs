@@ -1,0 +1,128 @@
+//! Debian's unmodified rdma-core programs with both ends on the drop-in libraries, over
+//! 127.0.0.1: rping (rdmacm-utils 44) and perftest 4.5's `ib_write_bw`, `ib_read_bw` and
+//! `ib_send_bw` with `-R`. Every process is bounded in time and killed by its PID when over.
+//! (The runs against `iwarp rping` / `iwarp perftest` and against Linux siw are in
+//! scripts/verbs-abi-test.sh and tests/interop/run-verbs-abi.sh.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn installed(programs: &[&str], package: &str) -> bool {
+    let missing: Vec<&&str> = programs.iter().filter(|p| !have(p)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    skip(&format!("{missing:?} ({package})"));
+    false
+}
+
+/// rping's server and client on the drop-in: `count` pings of `size` bytes, validated.
+fn rping(size: u32, count: u32) {
+    if !installed(&["rping"], "rdmacm-utils") {
+        return;
+    }
+    let port = free_port().to_string();
+    let mut s = dropin("rping");
+    s.args(["-s", "-a", "127.0.0.1", "-p", &port, "-S", &size.to_string()]);
+    let server = spawn(s);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = dropin("rping");
+    c.args([
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-C",
+        &count.to_string(),
+        "-V",
+        "-v",
+        "-S",
+        &size.to_string(),
+    ]);
+    let client = wait_bounded(spawn(c), LIMIT, "rping -c");
+    let server = wait_bounded(server, LIMIT, "rping -s");
+    assert!(client.status.success(), "client: {}", show(&client));
+    assert!(server.status.success(), "server: {}", show(&server));
+    let pings = String::from_utf8_lossy(&client.stdout)
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
+    assert_eq!(pings, count as usize, "client: {}", show(&client));
+    // The server ends on the client's disconnect, as with rdma-core.
+    assert!(String::from_utf8_lossy(&server.stderr).contains("server DISCONNECT EVENT"), "{}", show(&server));
+}
+
+#[test]
+fn rping_100_pings_of_1024_bytes() {
+    rping(1024, 100);
+}
+
+#[test]
+fn rping_pings_of_65535_bytes() {
+    // rping's largest size: its check refuses 65536 ("valid range is 23 to 65536" notwithstanding).
+    rping(65535, 20);
+}
+
+#[test]
+fn rping_refuses_65536_bytes_before_touching_the_device() {
+    if !installed(&["rping"], "rdmacm-utils") {
+        return;
+    }
+    let mut c = dropin("rping");
+    c.args(["-c", "-a", "127.0.0.1", "-S", "65536", "-C", "1"]);
+    let out = wait_bounded(spawn(c), LIMIT, "rping -S 65536");
+    assert_eq!(out.status.code(), Some(22), "{}", show(&out));
+}
+
+/// One perftest bandwidth test, server and client on the drop-in.
+fn perftest(tool: &str) {
+    if !installed(&[tool], "perftest") {
+        return;
+    }
+    let port = free_port().to_string();
+    let args = ["-R", "-F", "-p", &port, "-s", "65536", "-n", "200"];
+    let mut s = dropin(tool);
+    s.args(args);
+    let server = spawn(s);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = dropin(tool);
+    c.args(args).arg("127.0.0.1");
+    let client = wait_bounded(spawn(c), LIMIT, tool);
+    let server = wait_bounded(server, LIMIT, tool);
+    assert!(client.status.success(), "client: {}", show(&client));
+    assert!(server.status.success(), "server: {}", show(&server));
+    for out in [&client, &server] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Transport type : IW") && text.contains("Device         : iwarp0"), "{text}");
+        assert!(text.contains("ibv_wr* API     : OFF"), "perftest must take the classic post path: {text}");
+        let row =
+            text.lines().find(|l| l.trim_start().starts_with("65536")).unwrap_or_else(|| panic!("{text}"));
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(fields.get(1), Some(&"200"), "iterations: {row}");
+        let avg: f64 = fields.get(3).and_then(|f| f.parse().ok()).unwrap_or(0.0);
+        assert!(avg > 0.0, "bandwidth: {row}");
+    }
+}
+
+#[test]
+fn ib_write_bw_both_ends_on_the_dropin() {
+    perftest("ib_write_bw");
+}
+
+#[test]
+fn ib_read_bw_both_ends_on_the_dropin() {
+    perftest("ib_read_bw");
+}
+
+#[test]
+fn ib_send_bw_both_ends_on_the_dropin() {
+    perftest("ib_send_bw");
+}
