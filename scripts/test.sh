@@ -2,8 +2,9 @@
 # The project's test command: formatting, lints, docs, the dependency-direction check, the
 # check that every cited path exists, every test, a short fuzz smoke run of every fuzz target,
 # the registered-memory code under AddressSanitizer, short `iwarp fuzz-peer` runs against this
-# stack's rping and against siw, and the siw interop suite (qemu guest; needs root, see
-# docs/interop.md). Installs what it needs.
+# stack's rping and against siw, the verbs drop-in (Debian's rping and perftest) against this
+# stack's tools, and the siw interop suite (qemu guest; needs root, see docs/interop.md).
+# Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
@@ -15,6 +16,18 @@ step() { printf '\n==> %s\n' "$*"; }
 step "toolchain"
 cargo --version
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+
+step "packages the verbs drop-in's tests use (rdma-core headers and programs, binutils)"
+pkgs=()
+for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils objdump:binutils cc:gcc; do
+  command -v "${p%%:*}" >/dev/null || pkgs+=("${p#*:}")
+done
+[ -f /usr/include/infiniband/verbs.h ] || pkgs+=(libibverbs-dev)
+[ -f /usr/include/rdma/rdma_cma.h ] || pkgs+=(librdmacm-dev)
+if [ "${#pkgs[@]}" -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" \
+    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"; }
+fi
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -46,6 +59,9 @@ bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 
 step "AddressSanitizer: DMA module, memory tests, deregistration race, placement fuzz targets"
 bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
+
+step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, and its bandwidth (scripts/verbs-abi-test.sh)"
+bash scripts/verbs-abi-test.sh
 
 step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-suite.sh)"
 # Fails with a message when qemu cannot be installed or a namespace/tap cannot be created.
