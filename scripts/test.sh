@@ -70,6 +70,9 @@ bash tests/interop/run-suite.sh
 step "siw interop over this stack's own TCP/IP (smoltcp on a veth bridged to the guest's tap)"
 bash tests/interop/run-smol.sh
 
+step "verbs drop-in against siw in the guest: Debian's rping and ib_*_bw -R, both directions (tests/interop/run-verbs-abi.sh)"
+bash tests/interop/run-verbs-abi.sh
+
 step "fuzz-peer against siw in the guest, both roles (tests/interop/run-fuzz.sh)"
 bash tests/interop/run-fuzz.sh
 

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Debian's unmodified rping and perftest on the host, on the drop-in verbs libraries
+# (verbs-abi/: this stack's engine, no kernel RDMA), against the same programs on Linux siw in
+# the qemu guest (stock siw, its defaults), both directions, in one guest boot:
+#
+#   rping-a       guest `rping -s`        <- host `rping -c -C 10 -V` (drop-in)
+#   rping-b       guest `rping -c -C 10 -V` -> host `rping -s` (drop-in)
+#   ib_T_bw-a     guest `ib_T_bw -R` server <- host `ib_T_bw -R` client (drop-in), T = write, read, send
+#   ib_T_bw-b     guest `ib_T_bw -R` client -> host `ib_T_bw -R` server (drop-in)
+#
+# Each case needs both sides to exit 0 (rping: 10 validated pings; perftest: a result line
+# with a positive average), and the guest NIC's capture to decode without a protocol
+# violation (`iwarp dissect` over the whole boot; tshark per port when installed). Prints
+# PASS/FAIL per case; exits non-zero when one failed or the harness could not run.
+#
+# Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
+# libraries; default: scripts/verbs-abi.sh --release), IW_IMG (guest image; built if unset),
+# IWARP_INTEROP_OUT (default target/interop-verbs-abi). Traffic stays inside the namespace
+# lib.sh creates (docs/interop.md#network-rule); the guest and every process are bounded.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop-verbs-abi}"
+rm -rf "$OUT"; mkdir -p "$OUT"
+FAILS=0
+result() { # PASS|FAIL name detail
+  printf '%-5s verbs-abi/%-12s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt" >&2
+  [ "$1" = PASS ] || FAILS=$((FAILS + 1))
+}
+
+[ "$(id -u)" = 0 ] || iw_die "needs root (network namespace, tap)"
+IWARP_BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
+[ -x "$IWARP_BIN" ] || iw_die "$IWARP_BIN is not built (cargo build --release --bin iwarp)"
+LIBS="${IWARP_VERBS_ABI_DIR:-}"
+[ -n "$LIBS" ] || LIBS="$(cd "$ROOT" && bash scripts/verbs-abi.sh --release 2> "$OUT/build.log" | tail -1)"
+LIBS="$(cd "$LIBS" && pwd)"
+for p in rping ib_write_bw ib_read_bw ib_send_bw; do
+  command -v "$p" > /dev/null || iw_die "$p is not installed (rdmacm-utils, perftest)"
+done
+export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
+[ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+TSHARK=""; command -v tshark > /dev/null && TSHARK=tshark
+
+iw_setup_ns
+G="$IW_GUEST_IP" H="$IW_HOST_IP"
+PT="-s 65536 -n 100"
+DROPIN=(env LD_LIBRARY_PATH="$LIBS")
+
+# The guest: servers for the host's clients (rping 7501, perftest 7511-7513), ready once they
+# listen; after "go", its clients against the host's servers (rping 7521, perftest 7531-7533);
+# then the servers' output. Short: the command travels on the kernel command line.
+# shellcheck disable=SC2016
+gcmd='W(){ i=0; while ! netstat -ltn | grep -q ":$1 "; do i=$((i+1)); [ $i -gt 200 ] && break; sleep 0.1; done; }; '
+gcmd+="(timeout 150 rping -s -a $G -p 7501 -v > /tmp/r 2>&1; echo RPING-SRV-RC=\$? >> /tmp/r) & "
+# shellcheck disable=SC2016
+gcmd+='S(){ timeout 150 ib_$1_bw -R -d siw0 -p $2 '"$PT"' > /tmp/p$2 2>&1; echo PT-SRV-RC $2=$? >> /tmp/p$2; }; '
+gcmd+="S write 7511 & S read 7512 & S send 7513 & W 7501; W 7511; W 7512; W 7513; "
+gcmd+="echo IWARP-READY; nc -l -p 7000 > /dev/null; "
+gcmd+="timeout 60 rping -c -a $H -p 7521 -C 10 -V -v > /tmp/c 2>&1; echo RPING-CLI-RC=\$?; sed 's/^/[rping-cli] /' /tmp/c; "
+# shellcheck disable=SC2016
+gcmd+='C(){ timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$H $PT"' > /tmp/c 2>&1; echo PT-CLI-RC $2=$?; sed "s/^/[pt-cli $2] /" /tmp/c; }; '
+gcmd+="C write 7531; C read 7532; C send 7533; sleep 1; sed 's/^/[rping-srv] /' /tmp/r; "
+gcmd+='for p in 7511 7512 7513; do sed "s/^/[pt-srv $p] /" /tmp/p$p; done; echo IWARP-CASES-DONE'
+
+# The host's servers (drop-in), waiting for the guest's clients.
+iw_ns_bg 300 "$OUT/rping-b.host.log" "${DROPIN[@]}" rping -s -a "$H" -p 7521 -S 65535
+declare -A hpid=() hrc=()
+hpid[rping-b]=$IW_BG_PID
+port=7531
+for t in write read send; do
+  # shellcheck disable=SC2086
+  iw_ns_bg 300 "$OUT/ib_${t}_bw-b.host.log" "${DROPIN[@]}" "ib_${t}_bw" -R -F -p "$port" $PT
+  hpid[ib_${t}_bw-b]=$IW_BG_PID
+  port=$((port + 1))
+done
+
+t0=$SECONDS
+iw_boot "$OUT" --siw stock --max 400 --pcap "$OUT/guest-nic.pcap" --cmd "$gcmd"
+iw_wait_marker IWARP-READY 120 || { cat "$IW_SERIAL" >&2; iw_die "the guest did not come up"; }
+iw_log "guest up after $((SECONDS - t0)) s"
+
+# The host's clients (drop-in), one after the other.
+rc=0
+iw_ns timeout -k 2 90 "${DROPIN[@]}" rping -c -a "$G" -p 7501 -C 10 -V -v > "$OUT/rping-a.host.log" 2>&1 || rc=$?
+hrc[rping-a]=$rc
+port=7511
+for t in write read send; do
+  rc=0
+  # shellcheck disable=SC2086
+  iw_ns timeout -k 2 90 "${DROPIN[@]}" "ib_${t}_bw" -R -F -p "$port" $PT "$G" > "$OUT/ib_${t}_bw-a.host.log" 2>&1 || rc=$?
+  hrc[ib_${t}_bw-a]=$rc
+  port=$((port + 1))
+done
+# "go": the guest's clients.
+for _ in $(seq 1 50); do
+  iw_ns bash -c "exec 3<>/dev/tcp/$G/7000" 2> /dev/null && break
+  sleep 0.2
+done
+iw_wait_exit 300 || true
+iw_log "guest exit ${IW_GUEST_RC:-none} after $((SECONDS - t0)) s"
+for k in "${!hpid[@]}"; do
+  pid="${hpid[$k]}"
+  sleep 0.2
+  kill -0 "$pid" 2> /dev/null && kill "$pid" 2> /dev/null
+  rc=0; wait "$pid" 2> /dev/null || rc=$?
+  hrc[$k]=$rc
+done
+SERIAL="$OUT/serial.log"
+[ -n "$IW_GUEST_RC" ] || result FAIL guest "no exit marker (timeout or crash), see $SERIAL"
+
+# The capture: every connection decodes, with no protocol violation.
+dis_rc=0
+"$IWARP_BIN" dissect "$OUT/guest-nic.pcap" > "$OUT/dissect.txt" 2> "$OUT/dissect.err" || dis_rc=$?
+if [ "$dis_rc" = 0 ]; then
+  result PASS dissect "$(tail -1 "$OUT/dissect.txt")"
+else
+  result FAIL dissect "exit $dis_rc: $(tail -1 "$OUT/dissect.err") $(tail -1 "$OUT/dissect.txt")"
+fi
+# tshark_port PORT: "" when fine (or tshark missing), else why.
+tshark_port() {
+  [ -n "$TSHARK" ] || return 0
+  local mal
+  mal="$(tshark -r "$OUT/guest-nic.pcap" --disable-protocol rpcordma -Y "tcp.port == $1 && _ws.malformed" 2> /dev/null | wc -l)"
+  [ "$mal" = 0 ] || echo "tshark: $mal malformed frames on port $1"
+}
+pings() { tr -d '\r' < "$1" | grep -ac "$2" || true; }
+bw() { tr -d '\r' < "$1" | grep -aE "${2}65536 +100 +[0-9.]+ +[0-9.]+" | head -1 | awk '{print $(NF-1)}'; }
+positive() { awk -v b="$1" 'BEGIN { exit !(b + 0 > 0) }'; }
+
+# rping
+why=""
+[ "${hrc[rping-a]}" = 0 ] || why+="host client exit ${hrc[rping-a]}; "
+n="$(pings "$OUT/rping-a.host.log" '^ping data: rdma-ping-')"; [ "$n" = 10 ] || why+="host client saw $n/10 pings; "
+grep -aq "RPING-SRV-RC=0" "$SERIAL" || why+="siw server: $(grep -a 'RPING-SRV-RC' "$SERIAL" | head -1); "
+why+="$(tshark_port 7501)"
+[ -z "$why" ] && result PASS rping-a "siw rping -s <- drop-in rping -c: 10 validated pings" || result FAIL rping-a "$why"
+why=""
+grep -aq "RPING-CLI-RC=0" "$SERIAL" || why+="siw client: $(grep -a 'RPING-CLI-RC' "$SERIAL" | head -1); "
+n="$(pings "$SERIAL" '^\[rping-cli\] ping data: rdma-ping-')"; [ "$n" = 10 ] || why+="siw client saw $n/10 pings; "
+# the drop-in server ends on the client's disconnect (0), or was stopped (143) if it never did
+[ "${hrc[rping-b]}" = 0 ] || why+="host server exit ${hrc[rping-b]}: $(tail -n 2 "$OUT/rping-b.host.log" | tr '\n' '|'); "
+why+="$(tshark_port 7521)"
+[ -z "$why" ] && result PASS rping-b "siw rping -c -> drop-in rping -s: 10 validated pings" || result FAIL rping-b "$why"
+
+# perftest
+for side in a b; do
+  port=$([ $side = a ] && echo 7511 || echo 7531)
+  for t in write read send; do
+    id="ib_${t}_bw-$side" why=""
+    [ "${hrc[$id]}" = 0 ] || why+="host exit ${hrc[$id]}: $(tail -n 2 "$OUT/$id.host.log" | cut -c1-200 | tr '\n' '|'); "
+    hbw="$(bw "$OUT/$id.host.log" " *" || true)"
+    [ -n "$hbw" ] && positive "$hbw" || why+="host printed no result line; "
+    if [ $side = a ]; then tag="pt-srv $port" re="PT-SRV-RC $port=0"; else tag="pt-cli $port" re="PT-CLI-RC $port=0"; fi
+    grep -aq "$re" "$SERIAL" || why+="siw side: $(grep -a "\[$tag\]" "$SERIAL" | tail -n 2 | cut -c1-160 | tr '\n' '|'); "
+    gbw="$(bw "$SERIAL" "\[$tag\] *" || true)"
+    [ -n "$gbw" ] && positive "$gbw" || why+="siw printed no result line; "
+    why+="$(tshark_port "$port")"
+    role="siw ib_${t}_bw -R server <- drop-in client"
+    [ $side = b ] && role="siw ib_${t}_bw -R client -> drop-in server"
+    [ -z "$why" ] && result PASS "$id" "$role: avg MB/s host $hbw, siw $gbw (TCG guest)" || result FAIL "$id" "$why"
+    port=$((port + 1))
+  done
+done
+
+[ "$FAILS" = 0 ] || { echo "[interop-verbs-abi] FAILED: $FAILS case(s); logs in $OUT" >&2; exit 1; }
+echo "[interop-verbs-abi] the drop-in against siw: all cases passed" >&2
