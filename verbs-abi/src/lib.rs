@@ -10,7 +10,7 @@
 //! design.) The layers:
 //!
 //! - [`sys`]: the C types, generated from rdma-core 44's headers (`gen-sys.sh`) and checked
-//!   against them by a C program (`tests/layout.rs`).
+//!   against them by a C program (verbs-abi/tests/abi.rs).
 //! - `ffi`: the boundary: errno, panics caught at every exported function, the registries
 //!   that turn a C pointer back into an object (a pointer this library did not hand out is
 //!   refused with an error, never dereferenced), symbol versions.
