@@ -74,8 +74,8 @@ pub use placement::{
 };
 pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use stag_table::{
-    Access, AccessError, Addressing, Entry, EntryKind, Placement, ProtectionDomainId, RegionSpec, TableError,
-    TaggedBufferTable,
+    Access, AccessError, Addressing, Entry, EntryKind, InvalidateError, Placement, ProtectionDomainId,
+    RegionSpec, TableError, TaggedBufferTable,
 };
 pub use terminate::{TerminateCode, TerminateLayer};
 pub use untagged::{PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};

@@ -27,7 +27,8 @@ fuzz_target!(|data: &[u8]| {
     let (reply, _) = policy.respond(&FrameRepr::parse(&req).unwrap(), b"").unwrap();
     let params = policy.accept_reply(&reply).unwrap();
     let mut conn = Connection::new(&params, QpConfig::default());
-    let (mut table, pd) = (TaggedBufferTable::new(16), ProtectionDomainId(1));
+    // Seed 0, as rdmap/tests/hostile.rs `fuzz_stags`: the seeds' STags name these regions.
+    let (mut table, pd) = (TaggedBufferTable::with_seed(16, 0), ProtectionDomainId(1));
     let specs = [
         (Access::REMOTE_WRITE.union(Access::LOCAL_WRITE), Addressing::VirtualAddress),
         (Access::REMOTE_WRITE, Addressing::ZeroBased),
