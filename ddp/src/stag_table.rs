@@ -16,7 +16,8 @@
 //!    ([`AccessError::InvalidStag`]; a window whose parent region is gone or invalid is invalid
 //!    too);
 //! 2. the entry's protection domain is the stream's ([`AccessError::StagNotAssociated`]);
-//! 3. the entry grants the access needed ([`AccessError::AccessRights`]);
+//! 3. the entry (and, for a window, its region too) grants the access needed
+//!    ([`AccessError::AccessRights`]);
 //! 4. `TO + len` does not wrap ([`AccessError::ToWrap`]) and `[TO, TO + len)` lies inside the
 //!    entry ([`AccessError::BaseOrBounds`]).
 //!
@@ -58,11 +59,10 @@
 //! - a peer that knows no STag hits one with probability `n / ((2^24 - 1) * 2^8)`, about
 //!   `n * 2^-32` (2.3e-7 for a thousand entries);
 //! - a peer that knows one valid STag learns nothing useful about the others' indices
-//!   without the permutation's multipliers, so the same figure holds for them; for the
-//!   entry at the index it knows, once that entry is registered anew or re-keyed by the
-//!   stack, each guess of the new key hits with probability 1/255. Keys the application
-//!   picks itself (fast-register, window bind, re-validation) are as guessable as it makes
-//!   them.
+//!   without the permutation's multipliers, so the same figure holds for them; once a new
+//!   entry is registered at the index it knows, each guess of the new key hits with
+//!   probability 1/255. Keys the application picks itself (fast-register, window bind,
+//!   re-validation) are as guessable as it makes them.
 //!
 //! The generator and the permutation are not cryptographic: they defeat blind guessing, not
 //! an adversary that can watch many STags of one table and solve for the permutation.
