@@ -737,6 +737,141 @@ fn send_with_invalidate_revokes_the_stag() {
     assert!(p.b.bytes(&target).iter().all(|&b| b == 0));
 }
 
+/// B's window of `len` bytes at `off` of `region`, remote write, bound at once.
+fn bind(side: &mut Side, region: &Buf, off: u64, len: u64) -> STag {
+    let spec = RegionSpec {
+        base_va: region.va + off,
+        len,
+        access: Access::REMOTE_WRITE,
+        addressing: Addressing::VirtualAddress,
+    };
+    side.table.bind_window(region.stag, side.pd, spec).unwrap()
+}
+
+fn send_invalidate(wr_id: u64, stag: STag, src: &Buf) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Send { solicited: false, invalidate: Some(stag) },
+        sgl: src.sge_at(0, 8).into(),
+        signaled: true,
+    }
+}
+
+#[test]
+fn send_with_invalidate_of_a_window_then_of_its_region() {
+    // What a peer may invalidate: a memory window (type 2) of the queue pair's protection
+    // domain, which unbinds it; then the region, once no window is bound to it.
+    let mut p = Pair::new(false, false);
+    let region = p.b.register(256, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+    let recv = p.b.register(64, Access::LOCAL_WRITE, 0);
+    let window = bind(&mut p.b, &region, 64, 64);
+    let src = p.a.register(64, Access::NONE, 7);
+    p.b.post_recv(5, vec![recv.sge()]);
+    p.b.post_recv(6, vec![recv.sge()]);
+    p.a.post_send(send_invalidate(1, window, &src));
+    p.run();
+    assert_eq!(p.b.completions[0].invalidated, Some(window));
+    assert!(!p.b.table.get(window).unwrap().valid);
+    assert!(p.b.table.get(region.stag).unwrap().valid, "only the window");
+    p.a.post_send(send_invalidate(2, region.stag, &src));
+    p.run();
+    assert!(p.b.events.is_empty(), "{:?}", p.b.events);
+    assert_eq!(p.b.completions[1].invalidated, Some(region.stag));
+    assert!(!p.b.table.get(region.stag).unwrap().valid);
+    // The region can be made valid again with a new key (the application's re-validation).
+    let again = p.b.table.rekey(region.stag, region.stag.key().wrapping_add(1)).unwrap();
+    assert!(p.b.table.get(again).unwrap().valid);
+}
+
+#[test]
+fn send_with_invalidate_of_a_region_with_a_window_bound_is_refused() {
+    let mut stags = None;
+    let p = provoke(
+        |p| {
+            let region = p.b.register(256, Access::REMOTE_WRITE, 0);
+            stags = Some((region.stag, bind(&mut p.b, &region, 0, 64)));
+            let src = p.a.register(64, Access::NONE, 7);
+            send_invalidate(1, region.stag, &src)
+        },
+        TerminateCode::rdmap(2, 0x09),
+        (true, true, false),
+    );
+    // Nothing was invalidated.
+    let (region, window) = stags.unwrap();
+    assert!(p.b.table.get(region).unwrap().valid, "the region was invalidated");
+    assert!(p.b.table.get(window).unwrap().valid, "the window was invalidated");
+}
+
+#[test]
+fn send_with_invalidate_of_a_local_only_region_is_refused() {
+    // B's receive buffer's region (local write only) is not the peer's to invalidate.
+    for access in [Access::LOCAL_WRITE, Access::NONE] {
+        let mut target = None;
+        let p = provoke(
+            |p| {
+                let local = p.b.register(64, access, 0);
+                target = Some(local.stag);
+                let src = p.a.register(64, Access::NONE, 7);
+                send_invalidate(1, local.stag, &src)
+            },
+            TerminateCode::rdmap(1, 0x09),
+            (true, true, false),
+        );
+        let target = target.unwrap();
+        assert!(p.b.table.get(target).unwrap().valid, "{access}: invalidated");
+    }
+}
+
+#[test]
+fn read_response_whose_source_is_invalidated_mid_flight_is_terminated() {
+    // A Read Response of several segments: after its first segment went out, B's application
+    // invalidates (then, in a second run, deregisters) the source region. The next segment
+    // cannot be read: B terminates with the RDMAP code its source now fails with (invalid
+    // STag, 0/1/0x00), sends nothing more from the region, and A's Read fails.
+    for deregister in [false, true] {
+        let mut p = Pair::new(false, false);
+        let len = 3 * MULPDU + 7;
+        let src = p.b.register(len, Access::REMOTE_READ, 0);
+        p.b.write(&src, 0, &pattern(len, 9)).unwrap();
+        let sink = p.a.register(len, Access::LOCAL_WRITE, 0);
+        p.a.post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+            sgl: sink.sge().into(),
+            signaled: true,
+        });
+        // A's Read Request reaches B.
+        let mut bytes = Vec::new();
+        p.a.conn.poll_transmit(&mut TableMemory { table: &mut p.a.table, pd: p.a.pd }, &mut bytes, 1 << 20);
+        p.b.conn.handle_bytes(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &bytes);
+        // B sends the first segment of the response only.
+        let mut first = Vec::new();
+        let n = p.b.conn.poll_transmit(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &mut first, 1);
+        assert!(n > MULPDU / 2 && n <= p.b.conn.max_fpdu_len(), "one FPDU: {n}");
+        p.a.conn.handle_bytes(&mut TableMemory { table: &mut p.a.table, pd: p.a.pd }, &first);
+        if deregister {
+            p.b.table.deregister(src.stag).unwrap();
+        } else {
+            p.b.table.invalidate(src.stag).unwrap();
+        }
+        p.run();
+        let code = TerminateCode::rdmap(1, 0x00);
+        assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(code)), "{:?}", p.b.events);
+        let Some(QpEvent::RemoteTerminate { header, .. }) = p.a.events.first().copied() else {
+            panic!("A saw no Terminate: {:?}", p.a.events)
+        };
+        assert_eq!(header.cause, code);
+        assert_eq!(p.a.completions.len(), 1, "{:?}", p.a.completions);
+        assert_eq!(p.a.completions[0].wr_id, 3);
+        assert_ne!(p.a.completions[0].status, WcStatus::Success);
+        // Only the first segment's bytes reached the sink.
+        let got = p.a.bytes(&sink);
+        let first_len = TAGGED_ROOM;
+        assert_eq!(&got[..first_len], &pattern(len, 9)[..first_len]);
+        assert!(got[first_len..].iter().all(|&b| b == 0), "bytes after the first segment arrived");
+    }
+}
+
 // --- faults in the byte stream ------------------------------------------------------------
 
 #[test]

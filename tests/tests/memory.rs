@@ -237,6 +237,57 @@ fn invalidated_window_is_an_invalid_stag() {
     assert!(mr.to_vec().iter().all(|&b| b == 0));
 }
 
+/// A region with a memory window bound keeps its registration while the window is bound: a
+/// local invalidate of it fails (as a deregistration does), so no fast-register can give it
+/// fewer rights or a shorter range under the window, which would keep the rights it was bound
+/// with. Once the window is invalidated (unbound), the region may be invalidated and
+/// registered anew, and the old window's STag reaches nothing.
+#[test]
+fn region_with_a_window_bound_is_not_invalidated_or_registered_anew() {
+    let p = default_pair(PollMode::Adaptive);
+    let mr = p.server.pd.alloc_mr(vec![0u8; 4096]).unwrap();
+    p.server.send(1, mr.fast_register_op(0x42, 4096, RW), vec![]);
+    p.server.expect_ok(1, WcOpcode::FastRegister, "fast-register");
+    let mw = p.server.pd.alloc_mw().unwrap();
+    p.server.send(2, mw.bind_op(0x10, &mr, 0, 4096, Access::REMOTE_WRITE), vec![]);
+    p.server.expect_ok(2, WcOpcode::BindWindow, "bind");
+    // Invalidate the region, then fast-register it read-only: the first step fails, the second
+    // is flushed with the queue pair.
+    p.server.send(3, SendOp::LocalInvalidate { stag: mr.rkey() }, vec![]);
+    p.server.send(4, mr.fast_register_op(0x43, 16, Access::REMOTE_READ), vec![]);
+    let wc = p.server.wait("invalidate");
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.status),
+        (3, WcOpcode::LocalInvalidate, WcStatus::LocalProtectionError)
+    );
+    assert_eq!(p.server.wait("fast-register").status, WcStatus::WrFlushError);
+    assert!(mw.is_valid(), "the window is untouched");
+    left_rts(&p, "invalidator");
+    assert!(mr.to_vec().iter().all(|&b| b == 0));
+
+    // Unbound first, the region may go through the same steps; the window's STag is dead.
+    let p = default_pair(PollMode::Adaptive);
+    let mr = p.server.pd.alloc_mr(vec![0u8; 4096]).unwrap();
+    p.server.send(1, mr.fast_register_op(0x42, 4096, RW), vec![]);
+    let mw = p.server.pd.alloc_mw().unwrap();
+    p.server.send(2, mw.bind_op(0x10, &mr, 0, 4096, Access::REMOTE_WRITE), vec![]);
+    p.server.send(3, SendOp::LocalInvalidate { stag: mw.rkey() }, vec![]);
+    p.server.send(4, SendOp::LocalInvalidate { stag: mr.rkey() }, vec![]);
+    p.server.send(5, mr.fast_register_op(0x43, 16, Access::REMOTE_READ), vec![]);
+    for (id, op) in [
+        (1, WcOpcode::FastRegister),
+        (2, WcOpcode::BindWindow),
+        (3, WcOpcode::LocalInvalidate),
+        (4, WcOpcode::LocalInvalidate),
+        (5, WcOpcode::FastRegister),
+    ] {
+        p.server.expect_ok(id, op, "memory work request");
+    }
+    assert!(!mw.is_valid());
+    assert_eq!(write_is_terminated(&p, mw.rkey(), mr.addr(), 8), invalid_stag());
+    assert!(mr.to_vec().iter().all(|&b| b == 0));
+}
+
 /// Binding outside the region, or with rights the region lacks, fails the work request (and,
 /// as any failed work request in verbs, the queue pair).
 #[test]

@@ -371,11 +371,12 @@ impl QueuePair {
                 if let (Some(RxBuffer::Recv(_)), Some(len)) = (&*completed, completed_len) {
                     let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
                     if let Some(stag) = invalidate {
-                        mem.invalidate_remote(stag).map_err(|e| match e {
-                            AccessError::StagNotAssociated | AccessError::AccessRights => {
+                        mem.invalidate_remote(stag).map_err(|e| {
+                            if e.is_protection_error() {
                                 RdmapError::InvalidateNotPermitted { stag }
+                            } else {
+                                RdmapError::CannotInvalidate { stag }
                             }
-                            _ => RdmapError::CannotInvalidate { stag },
                         })?;
                     }
                     if let Some(wr) = completed.take().and_then(RxBuffer::into_recv) {
@@ -394,6 +395,11 @@ impl QueuePair {
             }
             Opcode::ReadRequest => {
                 let req = fixed_body(op, seg, mo, READ_REQUEST_LEN, ReadRequest::parse)?;
+                // No Read Response can reach a sink range that ends past 2^64 - 1 (its tagged
+                // offsets would wrap): refused now, not kept in an IRD slot it would never leave.
+                if req.sink_to.checked_add(u64::from(req.size)).is_none() {
+                    return Err(RdmapError::ReadSinkWraps { sink_to: req.sink_to, size: req.size }.into());
+                }
                 // A zero-length Read reads nothing and is not checked: the RFC 6581 Read RTR.
                 if req.size > 0 {
                     mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)
