@@ -196,7 +196,15 @@ impl QueuePair {
                     self.message(None, target, Opcode::AtomicResponse, body.len(), Source::Inline(body))
                 }
             };
-            self.resp_cur = Some(message.ok()?);
+            match message {
+                Ok(m) => self.resp_cur = Some(m),
+                Err(_) => {
+                    // A response that cannot be segmented (the receive path refuses requests
+                    // that would need one) is never dropped silently: the stream ends.
+                    self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                    return None;
+                }
+            }
         }
         let mut t = self.resp_cur.take()?;
         let n = match self.emit_segment(mem, &mut t, buf, refs) {
