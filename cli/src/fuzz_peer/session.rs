@@ -113,7 +113,7 @@ impl Outcome {
 pub(crate) fn check_answer(u: &[u8]) -> Result<Option<String>, String> {
     let (h, hlen) = HeaderRepr::parse(u).map_err(|e| format!("malformed DDP segment: {e}"))?;
     if Control::from_byte(h.rdmap_control).opcode != Opcode::Terminate {
-        return iwarp::dissect::ddp::decode(u, true).map(|_| None);
+        return iwarp_dissect::ddp::decode(u, true).map(|_| None);
     }
     let body = u.get(hlen..).unwrap_or_default();
     let rfc = TerminateHeader::parse(body).map_err(|e| format!("Terminate: {e}"))?;
@@ -127,7 +127,7 @@ pub(crate) fn check_answer(u: &[u8]) -> Result<Option<String>, String> {
             "Terminate with an undefined code: {} in the RFC's layout, {} in siw's (control word {})",
             rfc.cause,
             siw.cause,
-            iwarp::dissect::hex(body.get(..4).unwrap_or_default())
+            iwarp_dissect::hex(body.get(..4).unwrap_or_default())
         ));
     };
     parse(body).map_err(|e| format!("Terminate ({cause}) cut short: {e}"))?;

@@ -1,10 +1,10 @@
-//! Seed ULPDUs from captures (`--seed-pcap`): the dissector (src/dissect/) reads the file,
+//! Seed ULPDUs from captures (`--seed-pcap`): the dissector (dissect/src/) reads the file,
 //! reassembles every TCP connection and deframes every FPDU; its ULPDUs, both directions,
 //! become templates that cases mutate.
 
 use std::path::Path;
 
-use iwarp::dissect::{self, DissectError, Options};
+use iwarp_dissect::{self as dissect, DissectError, Options};
 
 /// At most this many distinct seeds are kept.
 const MAX_SEEDS: usize = 4096;
@@ -39,7 +39,9 @@ mod tests {
     use super::*;
 
     fn data(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/siw").join(name)
+        // The tests crate's captures, tests/data/siw/ at the workspace root.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".."));
+        root.join("tests/data/siw").join(name)
     }
 
     #[test]

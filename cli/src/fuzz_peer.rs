@@ -45,7 +45,7 @@ const MINIMIZE_BUDGET: Duration = Duration::from_secs(60);
 ///
 /// With --target ADDR:PORT the peer is a responder running an rping server (`rping -s -P` on
 /// Linux siw, or `iwarp rping -s -P`); this tool connects as rping's client. With --listen
-/// [ADDR:]PORT the peer is an initiator that keeps connecting (a loop of `rping -c -C 1`); this
+/// PORT (or ADDR:PORT) the peer is an initiator that keeps connecting (a loop of `rping -c -C 1`); this
 /// tool answers as rping's server, every case on one connection and the health probe on the
 /// next.
 ///

@@ -5,9 +5,10 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use iwarp::dissect::ddp::{Body, DdpHeader, Model, ReadRequestInfo, Segment, TerminateReading};
-use iwarp::dissect::{
-    self, CaptureInfo, Connection, DissectError, FpduInfo, FrameInfo, Note, Options, Sink, Summary, Violation,
+use iwarp_dissect::ddp::{Body, DdpHeader, Model, ReadRequestInfo, Segment, TerminateReading};
+use iwarp_dissect::{
+    self as dissect, CaptureInfo, Connection, DissectError, FpduInfo, FrameInfo, Note, Options, Sink,
+    Summary, Violation,
 };
 
 /// Exit status when the capture decoded with protocol violations.

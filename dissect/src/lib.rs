@@ -22,19 +22,19 @@
 //! mid-connection or is truncated, a gap).
 //!
 //! ```no_run
-//! let report = iwarp::dissect::dissect_file("trace.pcap".as_ref(), &Default::default()).unwrap();
+//! let report = iwarp_dissect::dissect_file("trace.pcap".as_ref(), &Default::default()).unwrap();
 //! println!("{} MPA connections, {} violations", report.mpa_connections(), report.violations.len());
 //!
 //! // Streaming: count the FPDUs without keeping them.
 //! struct Count(usize);
-//! impl iwarp::dissect::Sink for Count {
-//!     fn fpdu(&mut self, _conn: usize, _fpdu: &iwarp::dissect::FpduInfo) {
+//! impl iwarp_dissect::Sink for Count {
+//!     fn fpdu(&mut self, _conn: usize, _fpdu: &iwarp_dissect::FpduInfo) {
 //!         self.0 += 1;
 //!     }
 //! }
 //! let bytes = std::fs::read("trace.pcap").unwrap();
 //! let mut count = Count(0);
-//! let summary = iwarp::dissect::dissect_to(&bytes, &Default::default(), &mut count).unwrap();
+//! let summary = iwarp_dissect::dissect_to(&bytes, &Default::default(), &mut count).unwrap();
 //! assert_eq!(count.0, summary.fpdus);
 //! ```
 

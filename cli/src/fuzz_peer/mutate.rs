@@ -562,7 +562,7 @@ impl fmt::Display for Op {
             Op::FrameRevision(v) => write!(f, "MPA revision {v}"),
             Op::FrameFlags(x) => write!(f, "MPA flags ^ 0x{x:02x}"),
             Op::FramePdLen(v) => write!(f, "MPA PD_Length = {v}"),
-            Op::FrameIrdOrd(w) => write!(f, "MPA IRD/ORD word {}", iwarp::dissect::hex(w)),
+            Op::FrameIrdOrd(w) => write!(f, "MPA IRD/ORD word {}", iwarp_dissect::hex(w)),
             Op::FramePrivateData(n) => write!(f, "MPA private data +{n} bytes"),
             Op::FrameKey { at, xor } => write!(f, "MPA key byte {at} ^ 0x{xor:02x}"),
             Op::FrameCut(n) => write!(f, "MPA frame cut to {n} bytes"),
@@ -585,12 +585,12 @@ impl fmt::Display for Op {
             Op::Field { field, value } => write!(f, "DDP {} {value}", field.name()),
             Op::Truncate(n) => write!(f, "ULPDU cut to {n} bytes"),
             Op::Opcode(v) => {
-                write!(f, "RDMAP opcode 0x{v:x} ({})", iwarp::dissect::opcode_name(*v))
+                write!(f, "RDMAP opcode 0x{v:x} ({})", iwarp_dissect::opcode_name(*v))
             }
             Op::RdmapVersion(v) => write!(f, "RDMAP version {v}"),
             Op::ReadRequestField { field, value } => write!(f, "Read Request {} {value}", field.name()),
             Op::TerminateBody { control, tail } => {
-                write!(f, "Terminate body {} + {} bytes", iwarp::dissect::hex(control), tail.len())
+                write!(f, "Terminate body {} + {} bytes", iwarp_dissect::hex(control), tail.len())
             }
             Op::AtomicBody(b) => {
                 write!(f, "Atomic Request body of {} bytes, op word 0x{:08x}", b.len(), get_be(b, 0, 4))
@@ -1638,7 +1638,7 @@ mod tests {
             Template::Seed(0),
         ] {
             let u = conv.build(&t, &seeds);
-            let seg = iwarp::dissect::ddp::decode(&u, false).unwrap_or_else(|e| panic!("{t}: {e}"));
+            let seg = iwarp_dissect::ddp::decode(&u, false).unwrap_or_else(|e| panic!("{t}: {e}"));
             assert!(seg.header.last, "{t}");
         }
         // The seed's MSN fits the conversation.
