@@ -2,10 +2,9 @@
 //! over 127.0.0.1, against a raw-TCP baseline measured in the same run.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use iwarp::PollMode;
 use serde_json::{Value, json};
@@ -13,7 +12,11 @@ use serde_json::{Value, json};
 mod plot;
 mod raw;
 mod rdma;
+mod results;
 mod smolraw;
+
+pub(crate) use results::Op;
+use results::{BenchError, Budget, Latency, RawRow, Row, Throughput, ratio, show_size};
 
 /// Exit status when a measurement failed (a completion did not come, or came with an error).
 const EXIT_FAILED: u8 = 1;
@@ -109,27 +112,6 @@ pub(crate) struct Args {
     peer_ip: Option<(std::net::Ipv4Addr, u8)>,
 }
 
-/// An operation to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub(crate) enum Op {
-    /// RDMA Write.
-    Write,
-    /// RDMA Read.
-    Read,
-    /// Send / Receive.
-    Send,
-}
-
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::Write => "write",
-            Op::Read => "read",
-            Op::Send => "send",
-        }
-    }
-}
-
 /// On or off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum OnOff {
@@ -217,161 +199,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("the duration must be above 0 and at most 86400 seconds, not {s}"));
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-/// A measurement failure.
-#[derive(Debug)]
-pub(crate) struct BenchError(String);
-
-impl fmt::Display for BenchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BenchError {}
-
-/// How long one measurement runs: a number of iterations, or a duration.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Budget {
-    iters: Option<u64>,
-    duration: Duration,
-}
-
-impl Budget {
-    /// Whether `n` iterations begun at `start` spend the budget.
-    fn spent(&self, n: u64, start: Instant) -> bool {
-        match self.iters {
-            Some(iters) => n >= iters,
-            None => start.elapsed() >= self.duration,
-        }
-    }
-}
-
-/// A bandwidth measurement.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Throughput {
-    msgs: u64,
-    bytes: u64,
-    secs: f64,
-}
-
-impl Throughput {
-    fn gbyte_s(&self) -> f64 {
-        self.bytes as f64 / self.secs.max(1e-9) / 1e9
-    }
-
-    fn mmsg_s(&self) -> f64 {
-        self.msgs as f64 / self.secs.max(1e-9) / 1e6
-    }
-
-    fn to_json(self) -> Value {
-        json!({
-            "gbyte_s": self.gbyte_s(),
-            "gbit_s": self.gbyte_s() * 8.0,
-            "mmsg_s": self.mmsg_s(),
-            "msgs": self.msgs,
-            "bytes": self.bytes,
-            "secs": self.secs,
-        })
-    }
-}
-
-/// Round-trip times as they are measured, in a histogram of bounded size (3 significant
-/// digits from 1 ns to a minute), however long the run.
-pub(crate) struct Samples {
-    hist: Option<hdrhistogram::Histogram<u64>>,
-    n: usize,
-}
-
-impl Samples {
-    pub(crate) fn new() -> Samples {
-        Samples { hist: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 3).ok(), n: 0 }
-    }
-
-    /// Records one round trip.
-    pub(crate) fn push(&mut self, d: Duration) {
-        self.n += 1;
-        if let Some(h) = &mut self.hist {
-            h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
-        }
-    }
-
-    /// Round trips recorded.
-    pub(crate) fn len(&self) -> usize {
-        self.n
-    }
-}
-
-/// Round-trip times of a ping-pong.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Latency {
-    p50_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    max_us: f64,
-    samples: usize,
-}
-
-impl Latency {
-    fn from_samples(samples: Samples) -> Latency {
-        let Some(h) = samples.hist else { return Latency { samples: samples.n, ..Latency::default() } };
-        let us = |ns: u64| ns as f64 / 1e3;
-        Latency {
-            p50_us: us(h.value_at_quantile(0.50)),
-            p99_us: us(h.value_at_quantile(0.99)),
-            p999_us: us(h.value_at_quantile(0.999)),
-            max_us: us(h.max()),
-            samples: samples.n,
-        }
-    }
-
-    fn to_json(self) -> Value {
-        json!({
-            "p50_us": self.p50_us,
-            "p99_us": self.p99_us,
-            "p999_us": self.p999_us,
-            "max_us": self.max_us,
-            "samples": self.samples,
-        })
-    }
-}
-
-/// One size of the raw-TCP baseline.
-#[derive(Debug, Clone, Copy)]
-struct RawRow {
-    stream: Throughput,
-    ping_pong: Latency,
-}
-
-/// One operation at one size.
-#[derive(Debug, Clone, Copy)]
-struct Row {
-    op: Op,
-    size: usize,
-    bw: Throughput,
-    lat: Latency,
-    raw: RawRow,
-    /// smoltcp runs: the kernel-TCP stream over 127.0.0.1, for comparison.
-    kernel: Option<Throughput>,
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 { a / b } else { 0.0 }
-}
-
-impl Row {
-    fn bw_ratio(&self) -> f64 {
-        ratio(self.bw.gbyte_s(), self.raw.stream.gbyte_s())
-    }
-
-    fn rate_ratio(&self) -> f64 {
-        ratio(self.bw.mmsg_s(), self.raw.stream.mmsg_s())
-    }
-
-    fn lat_ratio(&self) -> f64 {
-        ratio(self.lat.p50_us, self.raw.ping_pong.p50_us)
-    }
 }
 
 /// The message-rate summary: 64-byte Sends against a raw stream of 64-byte messages.
@@ -624,16 +451,6 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         received,
         sent,
     })
-}
-
-/// 64, 256, 1K, 4K, 1M, 1.5K...
-fn show_size(size: usize) -> String {
-    for (unit, name) in [(1usize << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
-        if size >= unit && size.is_multiple_of(unit) {
-            return format!("{}{name}", size / unit);
-        }
-    }
-    size.to_string()
 }
 
 fn config_line(args: &Args, report: &Report) -> String {

@@ -1,6 +1,6 @@
 //! `iwarp dissect FILE`: decode the MPA traffic of a capture.
 
-use crate::io_message;
+use crate::toolbox::io_message;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;

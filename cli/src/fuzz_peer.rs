@@ -26,8 +26,8 @@ use iwarp::netdev::PcapWriter;
 use iwarp::{Device, DeviceConfig};
 use serde::Serialize;
 
-use crate::io_message;
 use crate::rping::{Probe, probe_client, probe_server};
+use crate::toolbox::io_message;
 use console::Console;
 use minimize::{Attempt, minimize};
 use mutate::{Case, CrcChoice, GenConfig, Layer, Point, Recipe, Side, generate, known_finding};

@@ -11,6 +11,7 @@ mod dissect;
 mod fuzz_peer;
 mod perftest;
 mod rping;
+mod toolbox;
 mod transport;
 
 /// Tools for the userspace iWARP (RDMA over TCP) stack.
@@ -33,23 +34,6 @@ enum Command {
     Perftest(perftest::Args),
     // The help text comes from `rping::Args`' doc comment.
     Rping(rping::Args),
-}
-
-/// The message of an I/O error without its "(os error N)" suffix: what the commands print.
-pub(crate) fn io_message(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
-}
-
-/// A connection-manager error as the commands print it.
-pub(crate) fn cm_message(e: &iwarp::CmError) -> String {
-    match e {
-        iwarp::CmError::Io(io) => io_message(io),
-        e => e.to_string(),
-    }
 }
 
 /// Installs a `tracing` subscriber writing to stderr when `IWARP_LOG` is set (a filter such

@@ -6,25 +6,21 @@
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag
 //! u32, size u32, big-endian); go-aheads are 16 zero bytes.
 
-use crate::{cm_message, io_message};
+use crate::toolbox::{self, Capture, Fail, flush_stack_capture, open_capture, open_stack, register, resolve};
+use crate::toolbox::{cm_message, io_message};
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iwarp::mpa::{CrcPolicy, Policy, RtrTypes};
 use iwarp::{
-    Access, CmError, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
-    QpEvent, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QpEvent,
+    QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use iwarp::{ListenOptions, Listener};
 
-/// Exit status of a failed run (connection refused or rejected, Terminate, timeout, data
-/// mismatch). Bad flags exit with 2 (clap's usage error).
-const EXIT_FAILURE: u8 = 1;
-/// Exit status of a usage error found after parsing.
-const EXIT_USAGE: u8 = 2;
 /// rping's TCP port.
 const DEFAULT_PORT: u16 = 7174;
 /// rping's smallest ping size (an artefact of its range check, kept for compatibility).
@@ -177,27 +173,7 @@ impl Budget {
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    let result = if args.server { server(args) } else { client(args) };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Fail::Usage(m)) => {
-            eprintln!("rping: {m}");
-            ExitCode::from(EXIT_USAGE)
-        }
-        Err(Fail::Run(m)) => {
-            eprintln!("rping: {m}");
-            ExitCode::from(EXIT_FAILURE)
-        }
-    }
-}
-
-/// Why a run failed.
-#[derive(Debug)]
-enum Fail {
-    /// A flag combination clap cannot check.
-    Usage(String),
-    /// Anything else.
-    Run(String),
+    toolbox::exit("rping", if args.server { server(args) } else { client(args) })
 }
 
 /// Why a wait for a completion ended without it.
@@ -319,40 +295,6 @@ fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
     }
 }
 
-/// Opens the smoltcp stack of `--transport smoltcp` (with `--pcap`: capturing its frames).
-fn open_stack(args: &Args) -> Result<Option<iwarp::netdev::SmolStack>, Fail> {
-    let Some((dev, config)) = args.transport.check().map_err(Fail::Usage)? else {
-        return Ok(None);
-    };
-    let stack = crate::transport::open_stack(&dev, config).map_err(Fail::Run)?;
-    if let Some(path) = &args.pcap {
-        crate::transport::capture(&stack, path).map_err(Fail::Usage)?;
-    }
-    Ok(Some(stack))
-}
-
-/// Flushes the frames a smoltcp stack recorded (`--pcap`).
-fn flush_stack_capture(stack: Option<&iwarp::netdev::SmolStack>) {
-    if let Some(stack) = stack
-        && let Err(e) = stack.flush_capture()
-    {
-        eprintln!("rping: writing the capture: {e}");
-    }
-}
-
-/// A pcap file shared by this process's connections.
-pub(crate) type Capture = std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>;
-
-/// Opens the `--pcap` file, if one was asked for.
-fn open_capture(args: &Args) -> Result<Option<Capture>, Fail> {
-    match &args.pcap {
-        Some(path) => iwarp::netdev::PcapWriter::create(path)
-            .map(|w| Some(w.shared()))
-            .map_err(|e| Fail::Usage(format!("cannot create {}: {e}", path.display()))),
-        None => Ok(None),
-    }
-}
-
 /// One connection's queue pair and its 16-byte message buffers.
 struct Conn {
     qp: QueuePair,
@@ -454,29 +396,12 @@ impl Conn {
 fn event_stop(ev: QpEvent, what: &str) -> Stop {
     match ev {
         QpEvent::LlpLost => Stop::Closed,
-        QpEvent::RemoteTerminate { header, siw } => Stop::Failed(format!(
-            "the peer sent a Terminate while waiting for {what}: {} (read as siw lays it out: {})",
-            header.cause, siw.cause
-        )),
-        QpEvent::LocalTerminate(code) => Stop::Failed(format!(
-            "terminated the connection after a protocol error by the peer while waiting for {what}: {code}"
-        )),
+        ev => Stop::Failed(toolbox::event_text(ev, Some(what))),
     }
-}
-
-fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, Fail> {
-    pd.register(len, access).map_err(|e| Fail::Run(e.to_string()))
 }
 
 /// rping's buffer rights: local write, remote read, remote write.
 const BUF_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
-
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, Fail> {
-    let mut addrs = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Fail::Run(format!("cannot resolve {host}: {}", io_message(&e))))?;
-    addrs.next().ok_or_else(|| Fail::Run(format!("cannot resolve {host}: no address")))
-}
 
 fn usize_of(n: u32) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
@@ -496,7 +421,7 @@ fn client(args: &Args) -> Result<(), Fail> {
     };
     let addr = resolve(host, args.port)?;
     let size = usize_of(args.size);
-    let stack = open_stack(args)?;
+    let stack = open_stack(&args.transport, args.pcap.as_deref())?;
     let device = Device::open(DeviceConfig::default());
     let pd = device.alloc_pd();
     let cq = device.create_cq(32);
@@ -504,7 +429,7 @@ fn client(args: &Args) -> Result<(), Fail> {
     let send_mr = register(&pd, INFO_LEN, Access::NONE)?;
     let start_mr = register(&pd, size, BUF_ACCESS)?;
     let rdma_mr = register(&pd, size, BUF_ACCESS)?;
-    let capture = if stack.is_some() { None } else { open_capture(args)? };
+    let capture = open_capture(args.pcap.as_deref(), stack.as_ref())?;
     let opts = ConnectOptions {
         transport: crate::transport::transport(stack.as_ref()),
         ..connect_options(args, capture.as_ref())
@@ -532,7 +457,7 @@ fn client(args: &Args) -> Result<(), Fail> {
     }
     let result = client_pings(args, &mut conn, &start_mr, &rdma_mr, size);
     conn.close();
-    flush_stack_capture(stack.as_ref());
+    flush_stack_capture("rping", stack.as_ref());
     if args.debug && result.is_ok() {
         eprintln!("rping: client done, disconnected");
     }
@@ -707,7 +632,7 @@ fn server(args: &Args) -> Result<(), Fail> {
         eprintln!("rping: -V has no effect on the server");
     }
     let host = args.addr.as_deref().unwrap_or("0.0.0.0");
-    let stack = open_stack(args)?;
+    let stack = open_stack(&args.transport, args.pcap.as_deref())?;
     let bind = match &stack {
         // smoltcp listens on the stack's own address.
         Some(stack) => SocketAddr::from((stack.ip(), args.port)),
@@ -726,7 +651,7 @@ fn server(args: &Args) -> Result<(), Fail> {
         let shown = listener.local_addr().unwrap_or(bind);
         eprintln!("rping: listening on {shown}");
     }
-    let capture = if stack.is_some() { None } else { open_capture(args)? };
+    let capture = open_capture(args.pcap.as_deref(), stack.as_ref())?;
     let settings = Arc::new(ServerSettings {
         budget: Budget { used: 0.into(), limit: args.max_memory << 20 },
         opts: connect_options(args, capture.as_ref()),
@@ -765,7 +690,7 @@ fn server(args: &Args) -> Result<(), Fail> {
         } else {
             let result =
                 serve(served, peer, &settings).map_err(|m| Fail::Run(format!("connection from {peer}: {m}")));
-            flush_stack_capture(stack.as_ref());
+            flush_stack_capture("rping", stack.as_ref());
             return result;
         }
     }
@@ -789,32 +714,14 @@ fn accept_next(
     deadline: Option<Instant>,
     debug: bool,
 ) -> Result<iwarp::ConnectRequest, Fail> {
-    loop {
-        let slice = match deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Fail::Run("no connection arrived in time (--accept-timeout)".into()));
-                }
-                left.min(Duration::from_secs(1))
-            }
-            None => Duration::from_secs(1),
-        };
-        match listener.accept(slice) {
-            Ok(req) => {
-                if debug {
-                    let ird_ord = req.peer_ird_ord().map_or_else(
-                        || "no IRD/ORD (MPA rev 1)".to_string(),
-                        |w| format!("IRD {} ORD {}", w.ird, w.ord),
-                    );
-                    eprintln!("rping: connection request from {}: {ird_ord}", req.peer_addr());
-                }
-                return Ok(req);
-            }
-            Err(CmError::Timeout) => {}
-            Err(e) => eprintln!("rping: a connection attempt failed: {}", cm_message(&e)),
-        }
+    let req = toolbox::accept_next("rping", listener, deadline)?;
+    if debug {
+        let ird_ord = req
+            .peer_ird_ord()
+            .map_or_else(|| "no IRD/ORD (MPA rev 1)".to_string(), |w| format!("IRD {} ORD {}", w.ird, w.ord));
+        eprintln!("rping: connection request from {}: {ird_ord}", req.peer_addr());
     }
+    Ok(req)
 }
 
 /// What every server connection shares.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Op, Row, show_size};
+use super::results::{Op, Row, show_size};
 
 const WIDTH: f64 = 960.0;
 const PANEL_H: f64 = 300.0;

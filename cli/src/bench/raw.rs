@@ -6,7 +6,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{BenchError, Budget, Latency, Samples, Throughput};
+use super::results::{BenchError, Budget, Latency, Samples, Throughput};
 
 /// How long a socket may go without progress before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);

@@ -16,7 +16,7 @@ use iwarp::{
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{BenchError, Budget, Latency, Op, Samples, Throughput};
+use super::results::{BenchError, Budget, Latency, Op, Samples, Throughput};
 
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);

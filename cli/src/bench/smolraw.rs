@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use iwarp::netdev::{Link, LinkError, SmolLink, SmolStack};
 
-use super::{BenchError, Budget, Latency, Samples, Throughput};
+use super::results::{BenchError, Budget, Latency, Samples, Throughput};
 
 /// The longest a transfer may stall before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);

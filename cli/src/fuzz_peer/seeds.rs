@@ -17,7 +17,7 @@ pub(crate) fn load(paths: &[impl AsRef<Path>]) -> Result<Vec<Vec<u8>>, String> {
         let path = path.as_ref();
         let shown = path.display();
         let report = dissect::dissect_file(path, &Options { keep_ulpdu: true }).map_err(|e| match e {
-            DissectError::Io(e) => format!("cannot open {shown}: {}", crate::io_message(&e)),
+            DissectError::Io(e) => format!("cannot open {shown}: {}", crate::toolbox::io_message(&e)),
             DissectError::NotACapture => format!("{shown} is not a pcap or pcapng capture"),
         })?;
         let mut fpdus = 0;

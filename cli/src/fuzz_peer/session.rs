@@ -540,7 +540,7 @@ pub(crate) fn run_initiator(
     t: Timing,
 ) -> Result<Outcome, String> {
     let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
-        .map_err(|e| format!("cannot connect to {addr}: {}", crate::io_message(&e)))?;
+        .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
     let mut s = Session::new(stream, Side::Initiator);
     // rping's Request: revision 2, IRD/ORD 1/1 (and, offered, peer-to-peer with Write and Read
     // RTRs, as siw's initiator with peer_to_peer=1).
@@ -614,11 +614,11 @@ pub(crate) fn run_initiator(
 /// Accepts the next connection on `listener` within `limit`.
 pub(crate) fn accept(listener: &TcpListener, limit: Duration) -> Result<TcpStream, String> {
     let deadline = Instant::now() + limit;
-    listener.set_nonblocking(true).map_err(|e| crate::io_message(&e))?;
+    listener.set_nonblocking(true).map_err(|e| crate::toolbox::io_message(&e))?;
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
-                stream.set_nonblocking(false).map_err(|e| crate::io_message(&e))?;
+                stream.set_nonblocking(false).map_err(|e| crate::toolbox::io_message(&e))?;
                 return Ok(stream);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -628,7 +628,7 @@ pub(crate) fn accept(listener: &TcpListener, limit: Duration) -> Result<TcpStrea
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("accept failed: {}", crate::io_message(&e))),
+            Err(e) => return Err(format!("accept failed: {}", crate::toolbox::io_message(&e))),
         }
     }
 }
