@@ -8,12 +8,12 @@
 //!
 //! The two directions are deframed side by side and their FPDUs handed to the [`Sink`] one at a
 //! time, in the order of the frames that completed them: nothing of a connection is kept but
-//! its reassembled streams and the sequence state of [`super::ddp::Checker`].
+//! its reassembled streams and the sequence state of [`crate::check::Checker`].
 
 use iwarp_mpa::frame::{REPLY_KEY, REQUEST_KEY};
 use iwarp_mpa::{CrcCheck, DeframeError, Deframed, Deframer, FrameKind, FrameRepr};
 
-use super::ddp::Checker;
+use super::check::Checker;
 use super::tcp::{self, Reassembler};
 use super::{
     Connection, CrcVerdict, DdpControl, Dir, FpduInfo, FrameInfo, IrdOrdInfo, Negotiated, Note, Options,
