@@ -13,9 +13,7 @@
 
 mod common;
 
-use common::{
-    OTHER_PD, Victim, connect, connect_ext, deframe_all, parse_terminate, segment, tagged, untagged,
-};
+use common::{End, OTHER_PD, connect, connect_ext, deframe_all, parse_terminate, segment, tagged, untagged};
 use iwarp_ddp::header::{SegmentKind, UNTAGGED_HEADER_LEN};
 use iwarp_ddp::stag_table::{Access, Addressing, RegionSpec};
 use iwarp_ddp::{Msn, STag, TaggedOffset, TerminateCode, TerminateLayer};
@@ -49,7 +47,7 @@ enum Copies {
 
 struct Scenario {
     attacker: Connection,
-    v: Victim,
+    v: End,
     crc: bool,
     markers: bool,
     /// Every work request posted on the victim.
@@ -61,7 +59,7 @@ impl Scenario {
     /// buffers of [`RECV_LEN`] bytes.
     fn new(crc: bool, markers: bool, recvs: u64) -> Scenario {
         let (attacker, victim) = connect(crc, markers, 2);
-        let mut v = Victim::new(victim);
+        let mut v = End::new(victim);
         let rw = Access::REMOTE_WRITE.union(Access::LOCAL_WRITE);
         assert_eq!(v.register(256, rw, Addressing::VirtualAddress), DST);
         assert_eq!(v.register(256, Access::REMOTE_READ, Addressing::VirtualAddress), RO);
@@ -775,9 +773,9 @@ fn terminate_from_the_peer_is_not_answered() {
 //   handshake, before a Connection exists.
 
 /// A responder victim (it waits for the initiator's first FPDU before sending anything).
-fn responder_victim(crc: bool) -> (Connection, Victim) {
+fn responder_victim(crc: bool) -> (Connection, End) {
     let (victim, attacker) = connect(crc, false, 2);
-    let mut v = Victim::new(victim);
+    let mut v = End::new(victim);
     v.register(256, Access::REMOTE_WRITE, Addressing::VirtualAddress);
     (attacker, v)
 }
