@@ -80,6 +80,10 @@ pub(crate) struct Args {
     /// peer's engine.
     #[arg(long)]
     shared_device: bool,
+    /// Large payloads straight between the sockets and registered memory (read into place,
+    /// written from where they are); off: copied through the engine's buffers, for comparison.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    zero_copy: OnOff,
     /// A pause before each round trip of the latency measurements (raw TCP's too), e.g.
     /// 10ms: sparse messages, which find the engines asleep [default: 0].
     #[arg(long, value_parser = parse_gap)]
@@ -397,6 +401,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         qps: usize::from(args.qps),
         window: usize::from(args.window),
         shared_device: args.shared_device,
+        zero_copy: args.zero_copy == OnOff::On,
         gap: gap(args),
         max_size: sizes.iter().copied().chain([RATE_SIZE]).max().unwrap_or(RATE_SIZE),
         pcap: match &args.pcap {
@@ -468,10 +473,13 @@ fn config_line(args: &Args, report: &Report) -> String {
         _ => "127.0.0.1".to_string(),
     };
     let raw_kind = if args.transport.smoltcp() { "smoltcp raw TCP" } else { "raw TCP" };
-    let layout = if args.shared_device {
-        "client and server on one shared device"
-    } else {
-        "client and server on separate devices (engines)"
+    let layout = match (args.shared_device, args.zero_copy == OnOff::On) {
+        (true, true) => "client and server on one shared device",
+        (false, true) => "client and server on separate devices (engines)",
+        (true, false) => "client and server on one shared device, payloads copied (--zero-copy off)",
+        (false, false) => {
+            "client and server on separate devices (engines), payloads copied (--zero-copy off)"
+        }
     };
     let gap =
         if gap(args).is_zero() { String::new() } else { format!(", {:?} between round trips", gap(args)) };
@@ -616,6 +624,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "window": args.window,
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
             "shared_device": args.shared_device,
+            "zero_copy": args.zero_copy == OnOff::On,
             "gap_us": gap(args).as_secs_f64() * 1e6,
             "idle_bytes_per_qp": report.idle_bytes_per_qp,
             "rx_bytes": report.received.0,

@@ -54,6 +54,8 @@ pub(super) struct Config {
     pub(super) max_size: usize,
     /// Both ends on one device.
     pub(super) shared_device: bool,
+    /// Payloads straight between the links and registered memory (DeviceConfig::zero_copy).
+    pub(super) zero_copy: bool,
     /// A pause between the round trips of the latency measurements.
     pub(super) gap: Duration,
     /// Where to record the connections, if anywhere.
@@ -193,7 +195,8 @@ pub(super) fn resident_bytes() -> Option<u64> {
 impl Bench {
     /// Opens the devices and connects `cfg.qps` queue pairs.
     pub(super) fn open(cfg: Config) -> Result<Bench, BenchError> {
-        let dev_config = DeviceConfig { poll_mode: cfg.poll, ..DeviceConfig::default() };
+        let dev_config =
+            DeviceConfig { poll_mode: cfg.poll, zero_copy: cfg.zero_copy, ..DeviceConfig::default() };
         let mut devices = vec![Device::open(dev_config)];
         if !cfg.shared_device {
             devices.push(Device::open(dev_config));
