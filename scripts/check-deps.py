@@ -2,9 +2,10 @@
 """Checks that the workspace crates depend on each other only as docs/architecture.md says.
 
 mpa and ddp depend on no workspace crate, rdmap only on mpa and ddp, netdev on none of the
-protocol crates; the root package may use them all, and verbs-abi (the C ABI drop-in) only the
-root package. Normal and build dependencies count;
-dev-dependencies (tests, benches) do not.
+protocol crates; the root package (the library) may use them all; the capture dissector
+(iwarp-dissect) only the protocol crates; the command line (iwarp-cli) the library and the
+dissector; the C ABI drop-in (iwarp-verbs-abi) only the library. Normal and build
+dependencies count; dev-dependencies (tests, benches) do not.
 """
 import json
 import subprocess
@@ -16,6 +17,8 @@ ALLOWED = {
     "iwarp-rdmap": {"iwarp-mpa", "iwarp-ddp"},
     "iwarp-netdev": set(),
     "iwarp": {"iwarp-mpa", "iwarp-ddp", "iwarp-rdmap", "iwarp-netdev"},
+    "iwarp-dissect": {"iwarp-mpa", "iwarp-ddp", "iwarp-rdmap"},
+    "iwarp-cli": {"iwarp", "iwarp-dissect"},
     "iwarp-tests": set(),
     # The C ABI drop-in (libibverbs.so.1 / librdmacm.so.1) sits on top of the public API.
     "iwarp-verbs-abi": {"iwarp"},

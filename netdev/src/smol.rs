@@ -16,8 +16,6 @@
 //! TCP is tuned for RDMA traffic: large socket buffers (window scaling follows from them),
 //! Nagle off, delayed ACK off by default.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
@@ -29,19 +27,10 @@ use smoltcp::socket::tcp::{self, RecvError, State};
 use smoltcp::time::{Duration as SmolDuration, Instant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
+pub(crate) use crate::rand::random_u64;
 pub use crate::smol_device::DeviceStats;
 use crate::smol_device::FrameDevice;
 use crate::{Link, LinkError};
-
-/// A random 64-bit number (std's per-process hash keys mixed with the clock).
-pub(crate) fn random_u64() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
 
 /// A random locally administered unicast MAC address.
 pub fn random_mac() -> [u8; 6] {
