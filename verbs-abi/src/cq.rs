@@ -10,13 +10,15 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
 use iwarp::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::device::{CONTEXTS, Context, MAX_CQE};
+use crate::context::{CONTEXTS, Context, MAX_CQE};
 use crate::events::{EventPipe, read_record};
-use crate::ffi::{CStruct, Registry, Result, ZeroedC, errno_call, minus1_call, ptr_call, set_errno, zeroed};
+use crate::ffi::{
+    AddrMap, CStruct, Registry, Result, ZeroedC, errno_call, minus1_call, ptr_call, set_errno, zeroed,
+};
 use crate::runtime;
 use crate::sys::*;
 
@@ -66,10 +68,30 @@ impl Cq {
         if engine == qpn && last != 0 {
             return app;
         }
-        let app = crate::qp::app_qp_num(qpn).unwrap_or(qpn);
+        let app = app_qp_num(qpn).unwrap_or(qpn);
         self.last_qpn.store(u64::from(qpn) << 32 | u64::from(app), Ordering::Relaxed);
         app
     }
+}
+
+/// The application's queue pair number for each connection's engine number (a completion
+/// carries the engine's; `ibv_wc::qp_num` is the application's).
+static ENGINE_QPNS: RwLock<AddrMap<u32, u32>> =
+    RwLock::new(AddrMap::with_hasher(std::hash::BuildHasherDefault::new()));
+
+/// Records that the engine's queue pair `engine_qpn` is the application's `app_qpn`.
+pub(crate) fn record_qp_num(engine_qpn: u32, app_qpn: u32) {
+    ENGINE_QPNS.write().unwrap_or_else(PoisonError::into_inner).insert(engine_qpn, app_qpn);
+}
+
+/// Forgets the engine's queue pair `engine_qpn` (destroyed).
+pub(crate) fn forget_qp_num(engine_qpn: u32) {
+    ENGINE_QPNS.write().unwrap_or_else(PoisonError::into_inner).remove(&engine_qpn);
+}
+
+/// The application's number of the queue pair the engine numbers `engine_qpn`.
+fn app_qp_num(engine_qpn: u32) -> Option<u32> {
+    ENGINE_QPNS.read().unwrap_or_else(PoisonError::into_inner).get(&engine_qpn).copied()
 }
 
 pub(crate) static CQS: Registry<Cq> = Registry::new();

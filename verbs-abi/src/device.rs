@@ -7,10 +7,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
 use std::sync::{Arc, LazyLock};
 
-use crate::events::{EventPipe, read_record};
-use crate::ffi::{
-    CStruct, Registry, Result, ZeroedC, cstr, errno_call, fill_chars, minus1_call, ptr_call, zeroed,
+use crate::context::{
+    CONTEXTS, Context, MAX_CQE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, VENDOR_ID, VENDOR_PART_ID,
 };
+use crate::events::{EventPipe, read_record};
+use crate::ffi::{CStruct, Result, ZeroedC, cstr, errno_call, fill_chars, minus1_call, ptr_call, zeroed};
 use crate::runtime::{self, MAX_MR};
 use crate::sys::*;
 
@@ -27,19 +28,6 @@ unsafe impl ZeroedC for ibv_port_attr {}
 // SAFETY: as above.
 unsafe impl ZeroedC for ibv_gid_entry {}
 
-/// The vendor id in `ibv_query_device` (an unassigned OUI: programs that special-case
-/// vendors, as perftest does for Mellanox, Chelsio and Intel, take the generic path).
-pub const VENDOR_ID: u32 = 0x0069_7770;
-/// The vendor part id.
-pub const VENDOR_PART_ID: u32 = 1;
-/// Scatter/gather elements per work request, at most.
-pub const MAX_SGE: u32 = 16;
-/// Work requests per queue, at most.
-pub const MAX_QP_WR: u32 = 16384;
-/// Completions per completion queue, at most.
-pub const MAX_CQE: u32 = 1 << 20;
-/// Outstanding RDMA Reads per queue pair, either way (IRD and ORD), at most.
-pub const MAX_RD_ATOM: u32 = 128;
 /// The port's MAC address, from which the GID and the GUIDs are made.
 const MAC: [u8; 6] = [0x02, 0x69, 0x77, 0x61, 0x72, 0x70];
 
@@ -86,40 +74,22 @@ fn gid() -> ibv_gid {
     ibv_gid { raw }
 }
 
-/// An open device context (`ibv_open_device`; librdmacm's ids share one).
-pub struct Context {
-    c: CStruct<verbs_context>,
-    async_events: EventPipe,
-}
-
-pub(crate) static CONTEXTS: Registry<Context> = Registry::new();
-
-impl Context {
-    /// Opens a context (starting the device on first use).
-    pub(crate) fn open() -> Result<Arc<Context>> {
-        runtime::runtime()?;
-        let async_events = EventPipe::new()?;
-        let mut v: verbs_context = zeroed();
-        v.sz = size_of::<verbs_context>() as size_t;
-        v.query_port = Some(query_port_ex);
-        v.context.device = device_ptr();
-        v.context.ops = crate::qp::context_ops();
-        v.context.cmd_fd = -1;
-        v.context.async_fd = async_events.fd();
-        v.context.num_comp_vectors = 1;
-        // The extended-context marker (`__VERBS_ABI_IS_EXTENDED`): the headers' inline
-        // functions then find `query_port` and the `sz` bound in the verbs_context around it.
-        v.context.abi_compat = usize::MAX as *mut c_void;
-        let ctx = Arc::new(Context { c: CStruct::new(v), async_events });
-        CONTEXTS.insert(ctx.ibv(), ctx.clone());
-        Ok(ctx)
-    }
-
-    /// The `ibv_context` the application holds.
-    pub(crate) fn ibv(&self) -> *mut ibv_context {
-        // SAFETY: a field address inside the live structure; nothing is read.
-        unsafe { &raw mut (*self.c.ptr()).context }
-    }
+/// Opens a context (starting the device on first use).
+pub(crate) fn open_context() -> Result<Arc<Context>> {
+    runtime::runtime()?;
+    let async_events = EventPipe::new()?;
+    let mut v: verbs_context = zeroed();
+    v.sz = size_of::<verbs_context>() as size_t;
+    v.query_port = Some(query_port_ex);
+    v.context.device = device_ptr();
+    v.context.ops = crate::qp::context_ops();
+    v.context.cmd_fd = -1;
+    v.context.async_fd = async_events.fd();
+    v.context.num_comp_vectors = 1;
+    // The extended-context marker (`__VERBS_ABI_IS_EXTENDED`): the headers' inline
+    // functions then find `query_port` and the `sz` bound in the verbs_context around it.
+    v.context.abi_compat = usize::MAX as *mut c_void;
+    Ok(Context::register(v, async_events))
 }
 
 /// The context librdmacm's ids use (`rdma_cm_id::verbs`), opened once.
@@ -128,7 +98,7 @@ pub(crate) fn cm_context() -> Result<Arc<Context>> {
     if let Some(c) = CM.get() {
         return Ok(c.clone());
     }
-    let ctx = Context::open()?;
+    let ctx = open_context()?;
     Ok(CM.get_or_init(|| ctx).clone())
 }
 
@@ -216,7 +186,7 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     ptr_call("ibv_open_device", || {
         check_device(device)?;
-        Ok(Context::open()?.ibv())
+        Ok(open_context()?.ibv())
     })
 }
 
@@ -537,7 +507,7 @@ fn async_fd(context: *mut ibv_context, event: *mut ibv_async_event) -> Result<c_
     if event.is_null() {
         return Err(libc::EINVAL);
     }
-    Ok(ctx.async_events.fd())
+    Ok(ctx.async_fd())
 }
 
 /// Acknowledges an asynchronous event (nothing to do).

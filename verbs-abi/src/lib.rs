@@ -31,6 +31,7 @@ mod ffi;
 
 pub mod cm;
 mod config;
+mod context;
 pub mod cq;
 pub mod device;
 mod events;

@@ -12,13 +12,13 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use iwarp::{Access, MemoryRegion, PostError, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, Sge, Sgl};
 
+use crate::context::{MAX_QP_WR, MAX_SGE};
 use crate::cq::{CQS, Cq};
-use crate::device::{MAX_QP_WR, MAX_SGE};
-use crate::ffi::{AddrMap, CStruct, Registry, Result, ZeroedC, errno_call, ptr_call, set_errno, zeroed};
+use crate::ffi::{CStruct, Registry, Result, ZeroedC, errno_call, ptr_call, set_errno, zeroed};
 use crate::sys::*;
 use crate::verbs::{PDS, Pd, lookup_lkey};
 
@@ -57,14 +57,15 @@ pub struct Qp {
 pub(crate) static QPS: Registry<Qp> = Registry::new();
 /// Queue pairs by the application's number (rdma_cm's `conn_param.qp_num`).
 static QP_NUMS: Registry<Qp> = Registry::new();
-/// The application's queue pair number for each connection's engine number.
-static ENGINE_QPNS: RwLock<AddrMap<u32, u32>> =
-    RwLock::new(AddrMap::with_hasher(std::hash::BuildHasherDefault::new()));
 static NEXT_QP_NUM: AtomicU32 = AtomicU32::new(0x100);
 
-/// The application's number of the queue pair the engine numbers `engine_qpn`.
-pub(crate) fn app_qp_num(engine_qpn: u32) -> Option<u32> {
-    ENGINE_QPNS.read().unwrap_or_else(PoisonError::into_inner).get(&engine_qpn).copied()
+/// What else runs when a queue pair is destroyed: the connection manager, once it has made
+/// an id, clears the id that held the queue pair (see [`on_destroy`]).
+static ON_DESTROY: OnceLock<fn(*mut ibv_qp)> = OnceLock::new();
+
+/// Sets what runs with every `ibv_destroy_qp` (once; later calls keep the first).
+pub(crate) fn on_destroy(hook: fn(*mut ibv_qp)) {
+    let _ = ON_DESTROY.set(hook);
 }
 
 /// The queue pair the application numbers `qp_num`.
@@ -104,7 +105,7 @@ impl Qp {
     /// connection leaves RTS.
     pub(crate) fn go_live(self: &Arc<Qp>, qp: QueuePair, on_down: Box<dyn Fn() + Send + Sync>) -> Result<()> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        ENGINE_QPNS.write().unwrap_or_else(PoisonError::into_inner).insert(qp.qp_num(), self.qp_num);
+        crate::cq::record_qp_num(qp.qp_num(), self.qp_num);
         let weak: Weak<Qp> = Arc::downgrade(self);
         qp.on_state_change(move |state| {
             if state != QpState::Rts {
@@ -315,8 +316,11 @@ pub(crate) fn destroy(qp: *mut ibv_qp) -> Result<()> {
     QP_NUMS.remove_key(obj.qp_num as usize);
     if let Some(q) = obj.connection() {
         q.disconnect();
+        crate::cq::forget_qp_num(q.qp_num());
     }
-    crate::cm::qp_destroyed(qp);
+    if let Some(hook) = ON_DESTROY.get() {
+        hook(qp);
+    }
     obj.pd.users.fetch_sub(1, Ordering::AcqRel);
     obj.send_cq.users.fetch_sub(1, Ordering::AcqRel);
     obj.recv_cq.users.fetch_sub(1, Ordering::AcqRel);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use iwarp::{Access, MemoryRegion, ProtectionDomain, RegionMemory};
 
-use crate::device::{CONTEXTS, Context};
+use crate::context::{CONTEXTS, Context};
 use crate::ffi::{AddrMap, CStruct, Registry, Result, ZeroedC, errno_call, ptr_call, set_errno, zeroed};
 use crate::runtime;
 use crate::sys::*;

@@ -1,7 +1,7 @@
 //! The drop-in's binary interface: sonames and symbol versions (`objdump`), the imports of
 //! Debian's rdma-core programs, the C structure layouts against rdma-core's own headers (a C
 //! program compiled with them), `ibv_devices` / `ibv_devinfo`, and the C test of the ABI's
-//! corners (tests/c/corners.c).
+//! corners (verbs-abi/tests/c/corners.c).
 //!
 //! Tools: objdump and cc (binutils, gcc); the rdma-core headers (libibverbs-dev,
 //! librdmacm-dev) and programs (ibverbs-utils, rdmacm-utils, perftest), which
@@ -473,12 +473,12 @@ fn c_abi_corners() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("corners-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("corners");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/corners.c");
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/corners.c"));
     let libs = libdir();
     let out = Command::new("cc")
         .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Werror", "-pthread", "-o"])
         .arg(&exe)
-        .arg(&src)
+        .arg(src)
         .arg(format!("-L{}", libs.display()))
         .args(["-lrdmacm", "-libverbs"])
         .output()

@@ -35,8 +35,9 @@ use std::time::Duration;
 
 use iwarp::{CmError, ConnectRequest};
 
+use crate::context::MAX_RD_ATOM;
 use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
-use crate::device::{MAX_RD_ATOM, cm_context};
+use crate::device::cm_context;
 use crate::events::{EventPipe, read_record};
 use crate::ffi::{
     AddrMap, CStruct, Registry, Result, ZeroedC, cstr, minus1_call, ptr_call, set_errno, zeroed,
@@ -167,6 +168,7 @@ impl CmId {
             state: Mutex::new(IdState::default()),
             down: AtomicBool::new(false),
         });
+        qp::on_destroy(qp_destroyed);
         IDS.insert(id.ibv(), id.clone());
         id
     }
