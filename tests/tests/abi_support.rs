@@ -188,6 +188,9 @@ fn a_polled_completion_frees_its_queue_slot() {
             next += 1;
         }
     }
+    // The last four requests may still be in flight (the loop keeps the queue full): wait for
+    // the last one's completion before the queue is used for Sends.
+    while spin("the last write's completion").wr_id != next - 1 {}
     // Receives: the server keeps 4 posted and reposts each as soon as it is polled; the client
     // sends only when a receive is known to be posted (one at a time, in lock step).
     let inbox = p.server.pd.register(64, Access::LOCAL_WRITE).unwrap();
