@@ -713,11 +713,9 @@ fn run_checks(args: &Args, peer: Peer, checks: &[Check], runner: &mut Runner, su
         let expect = check.expect(peer);
         let verdict = match &trial.outcome {
             Some(o) => terminates::judge(&expect, o, siw_log.as_deref()),
-            None => terminates::Verdict {
-                pass: false,
-                expected: String::new(),
-                got: "no connection".to_string(),
-            },
+            None => {
+                terminates::Verdict { pass: false, expected: String::new(), got: "no connection".to_string() }
+            }
         };
         summary.cases += 1;
         *summary.points.entry(check.case.point.to_string()).or_insert(0) += 1;
@@ -753,7 +751,8 @@ fn run_checks(args: &Args, peer: Peer, checks: &[Check], runner: &mut Runner, su
             let fatal = f.kind >= FailKind::Liveness;
             summary.failures.push(record_check_failure(args, peer, check, &f, &trial));
             if fatal {
-                summary.stopped = if f.kind == FailKind::Console { "guest crash" } else { "liveness failure" };
+                summary.stopped =
+                    if f.kind == FailKind::Console { "guest crash" } else { "liveness failure" };
                 break;
             }
         }
@@ -784,7 +783,8 @@ fn record_check_failure(args: &Args, peer: Peer, check: &Check, f: &Failure, tri
     }
     let peer_name = if peer == Peer::Siw { "siw" } else { "iwarp" };
     reproduce.push_str(&format!(" --terminates {peer_name} --only {}", check.name));
-    let mut text = format!("fuzz-peer: FAILURE ({}) in check {}: {}\n  {}\n", f.kind, check.name, check.case, f.message);
+    let mut text =
+        format!("fuzz-peer: FAILURE ({}) in check {}: {}\n  {}\n", f.kind, check.name, check.case, f.message);
     text.push_str(&format!("  reproduce: {reproduce}\n"));
     if let Some(p) = &pcap {
         text.push_str(&format!("  saved: {p}\n"));

@@ -79,6 +79,8 @@ pub(crate) enum Template {
     /// An RDMA Read Request whose source is the buffer the peer's own Read Request named as
     /// its sink (a real, remotely accessible buffer of the peer's; made up when there is none).
     ReadBack,
+    /// A Send with Invalidate of the STag the peer's Read Request named as its sink.
+    InvalidateSink,
     /// The Read Response to the peer's Read Request.
     ReadResponse,
     /// A Terminate.
@@ -100,6 +102,7 @@ impl fmt::Display for Template {
             Template::Write => f.write_str("Write"),
             Template::ReadRequest => f.write_str("Read Request"),
             Template::ReadBack => f.write_str("Read Request of the peer's sink buffer"),
+            Template::InvalidateSink => f.write_str("Send with Invalidate of the peer's sink STag"),
             Template::ReadResponse => f.write_str("Read Response"),
             Template::Terminate => f.write_str("Terminate"),
             Template::AtomicRequest => f.write_str("Atomic Request"),
@@ -239,6 +242,12 @@ impl Conv {
             Template::Write => self.write(),
             Template::ReadRequest => self.read_request(),
             Template::ReadBack => self.read_back(),
+            Template::InvalidateSink => {
+                let mut u = untagged(Opcode::SendInvalidate, 0, self.msn[0], 0, true, &self.send_payload());
+                let stag = self.peer_read.map_or(SOME_STAG, |r| r.sink_stag);
+                put_be(&mut u, 2, 4, u64::from(stag));
+                u
+            }
             Template::ReadResponse => self.read_response(),
             Template::Terminate => {
                 let body = TerminateMessage::new(TerminateCode::rdmap(2, 0x06)).to_vec();

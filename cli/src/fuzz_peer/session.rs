@@ -642,7 +642,8 @@ fn open_to_read(addr: SocketAddr, case: &Case, t: Timing) -> Result<(Session, Re
         crc: if case.crc { CrcPolicy::Wanted } else { CrcPolicy::Off },
         ..Policy::default()
     };
-    let request = policy.request(&[]).and_then(|r| r.to_vec().map_err(Into::into)).map_err(|e| e.to_string())?;
+    let request =
+        policy.request(&[]).and_then(|r| r.to_vec().map_err(Into::into)).map_err(|e| e.to_string())?;
     s.write(&request);
     s.wait_for(t.step, |s| s.peer.frame.is_some());
     let crc = match s.peer_frame() {

@@ -11,10 +11,11 @@ use std::fmt::Write as _;
 
 use iwarp::ddp::terminate::{ddp_type, rdmap_type};
 use iwarp::ddp::{TerminateCode, TerminateLayer};
+use iwarp::mpa::Framer;
 use iwarp::rdmap::{Control, Opcode, ReadRequest, TerminateMessage};
 use serde::Serialize;
 
-use super::mutate::{Case, Field, Op, Point, RrField, Side, Template, Val, tagged, untagged};
+use super::mutate::{Case, Field, Op, Point, RrField, Side, Template, Val, get_be, tagged, untagged};
 use super::session::{Event, Outcome};
 
 /// Whose behaviour the checks expect.
@@ -70,7 +71,7 @@ pub(crate) struct Want {
 
 impl Want {
     fn describe(&self) -> String {
-        describe(self.layout, self.cause, self.flags, self.copy, self.segment_len)
+        describe(self, "")
     }
 }
 
@@ -85,8 +86,9 @@ pub(crate) enum Expect {
         /// siw's `got TERMINATE. layer L, type T, code C`.
         logged: Option<(u8, u8, u8)>,
     },
-    /// Take the message without a Terminate and keep the connection (until this tool closes it).
-    Carry,
+    /// Take the message without a Terminate and keep the connection (until this tool closes
+    /// it), answering with a message with this opcode if one is given.
+    Carry(Option<Opcode>),
 }
 
 impl Expect {
@@ -97,7 +99,8 @@ impl Expect {
                 format!("a close without a Terminate; siw logs layer {l}, type {t}, code {c}")
             }
             Expect::Close { logged: None } => "a close without a Terminate".to_string(),
-            Expect::Carry => "no Terminate, the connection kept".to_string(),
+            Expect::Carry(None) => "no Terminate, the connection kept".to_string(),
+            Expect::Carry(Some(op)) => format!("a {}, no Terminate, the connection kept", op.name()),
         }
     }
 }
@@ -193,8 +196,16 @@ fn a_send_to_queue_5() -> Vec<u8> {
     untagged(Opcode::Send, 5, 2, 0, true, &[0x5a; 16])
 }
 
+/// The FPDU (CRC off) of a Send with Solicited Event that ends, as its second segment (MSN 2,
+/// MO 8), the 8-byte first segment of a Send: two opcodes in one message.
+fn send_se_second_half() -> Vec<u8> {
+    let u = untagged(Opcode::SendSe, 0, 2, 8, true, &[0x5a; 8]);
+    Framer::new(false, false).frame_to_vec(&u).unwrap_or_default()
+}
+
 fn a_read_request() -> Vec<u8> {
-    let body = ReadRequest { sink_stag: 0x4d01, sink_to: 0x1000, size: 64, source_stag: 0x2a01, source_to: 0 };
+    let body =
+        ReadRequest { sink_stag: 0x4d01, sink_to: 0x1000, size: 64, source_stag: 0x2a01, source_to: 0 };
     untagged(Opcode::ReadRequest, 1, 1, 0, true, &body.to_bytes())
 }
 
@@ -313,7 +324,7 @@ pub(crate) fn checks() -> Vec<Check> {
                 T::ReadResponse,
                 vec![Op::Opcode(0), set(Field::To, u64::MAX - 7), Op::PayloadLen(16)],
             ),
-            siw: siw(ddp(TAGGED, 0x01), "MD", Some(O::Write), Some(16)),
+            siw: siw(ddp(ddp_type::LOCAL_CATASTROPHIC, 0x00), "MD", Some(O::Write), Some(16)),
             iwarp: rfc(ddp(TAGGED, 0x03), "MD", Some(O::Write), Some(30)),
         },
         Check {
@@ -385,6 +396,28 @@ pub(crate) fn checks() -> Vec<Check> {
             iwarp: rfc(rdmap(PROT, 0x03), "MDR", Some(O::ReadRequest), Some(46)),
         },
         Check {
+            name: "read-request-source-wrap",
+            about: "a Read Request of the peer's sink STag at TO 2^64 - 8",
+            side: t,
+            case: at_read(
+                T::ReadBack,
+                vec![Op::ReadRequestField { field: RrField::SourceTo, value: Val::Set(u64::MAX - 7) }],
+            ),
+            siw: close(),
+            iwarp: rfc(rdmap(PROT, 0x04), "MDR", Some(O::ReadRequest), Some(46)),
+        },
+        Check {
+            name: "read-request-sink-wrap",
+            about: "a Read Request whose 64-byte sink starts at TO 2^64 - 8",
+            side: t,
+            case: at_read(
+                T::ReadBack,
+                vec![Op::ReadRequestField { field: RrField::SinkTo, value: Val::Set(u64::MAX - 7) }],
+            ),
+            siw: Expect::Carry(Some(O::ReadResponse)),
+            iwarp: rfc(rdmap(PROT, 0x04), "MDR", Some(O::ReadRequest), Some(46)),
+        },
+        Check {
             name: "read-request-msn-range",
             about: "a Read Request one MSN ahead",
             side: t,
@@ -418,12 +451,23 @@ pub(crate) fn checks() -> Vec<Check> {
             iwarp: rfc(rdmap(OPER, 0x09), "MD", Some(O::SendInvalidate), Some(34)),
         },
         Check {
+            name: "send-invalidate-foreign-stag",
+            about: "a Send with Invalidate of another connection's buffer",
+            side: t,
+            case: at_read(T::InvalidateSink, vec![Op::ForeignStag]),
+            siw: siw(rdmap(PROT, 0x09), "MDR", Some(O::SendInvalidate), Some(16)),
+            iwarp: rfc(rdmap(PROT, 0x09), "MD", Some(O::SendInvalidate), Some(34)),
+        },
+        Check {
             name: "interleaved-sends",
             about: "a Send with SE as the second segment of a Send",
             side: t,
-            case: case(Point::Mid, T::Send, vec![Op::Opcode(0x5)]),
+            case: at_read(
+                T::Send,
+                vec![Op::DdpBits(0x40), Op::PayloadLen(8), Op::Trailing(send_se_second_half())],
+            ),
             siw: close(),
-            iwarp: Expect::Carry,
+            iwarp: Expect::Carry(None),
         },
         // --- LLP -----------------------------------------------------------------------------
         Check {
@@ -506,6 +550,22 @@ pub(crate) fn checks() -> Vec<Check> {
         siw: siw(llp(0x06), "", None, None),
         iwarp: rfc(llp(0x06), "", None, None),
     });
+    // Replies siw refuses without a Terminate (siw_proc_mpareply: an unknown revision, markers,
+    // a rejection). This stack takes markers (it sends them from then on).
+    for (name, about, op, iwarp) in [
+        ("reply-revision-3", "an MPA Reply of revision 3", Op::FrameRevision(3), close()),
+        ("reply-markers", "an MPA Reply that asks for markers", Op::FrameFlags(0x80), Expect::Carry(None)),
+        ("reply-reject", "an MPA Reply with the Reject flag", Op::FrameFlags(0x20), close()),
+    ] {
+        v.push(Check {
+            name,
+            about,
+            side: r,
+            case: case(Point::Handshake, T::ReadRequest, vec![op]),
+            siw: close(),
+            iwarp,
+        });
+    }
     v
 }
 
@@ -522,49 +582,51 @@ pub(crate) fn select(only: &[String], side: Side) -> Result<Vec<Check>, String> 
         .collect())
 }
 
-fn describe(
-    layout: Layout,
-    cause: TerminateCode,
-    flags: [bool; 3],
-    copy: Option<Opcode>,
-    segment_len: Option<u16>,
-) -> String {
-    let mut s = format!("{cause} ({})", layout.name());
-    let f: Vec<&str> = ["M", "D", "R"].iter().zip(flags).filter(|(_, on)| *on).map(|(n, _)| *n).collect();
+/// `w` in words; `copied`: the copied header's fields, when known.
+fn describe(w: &Want, copied: &str) -> String {
+    let mut s = format!("{} ({})", w.cause, w.layout.name());
+    let f: Vec<&str> = ["M", "D", "R"].iter().zip(w.flags).filter(|(_, on)| *on).map(|(n, _)| *n).collect();
     if !f.is_empty() {
         let _ = write!(s, ", {}", f.join(" "));
     }
-    if let Some(op) = copy {
-        let _ = write!(s, ", copied header: {}", op.name());
+    if let Some(op) = w.copy {
+        let _ = write!(s, ", copied header: {}{copied}", op.name());
     }
-    if let Some(n) = segment_len {
+    if let Some(n) = w.segment_len {
         let _ = write!(s, ", segment length {n}");
     }
     s
+}
+
+/// The fields of a copied DDP header: ` (QN q MSN m MO o)` or ` (STag s TO t)`.
+fn copied_fields(h: &[u8]) -> String {
+    if h.first().is_some_and(|b| b & 0x80 != 0) {
+        format!(" (STag {:#010x} TO {:#x})", get_be(h, 2, 4), get_be(h, 6, 8))
+    } else {
+        format!(" (QN {} MSN {} MO {})", get_be(h, 6, 4), get_be(h, 10, 4), get_be(h, 14, 4))
+    }
 }
 
 /// The Terminate bodies among `ulpdus`.
 fn terminate_bodies(ulpdus: &[Vec<u8>]) -> Vec<&[u8]> {
     ulpdus
         .iter()
-        .filter(|u| {
-            u.len() >= 18
-                && u[0] & 0x80 == 0
-                && Control::from_byte(u[1]).opcode == Opcode::Terminate
-        })
+        .filter(|u| u.len() >= 18 && u[0] & 0x80 == 0 && Control::from_byte(u[1]).opcode == Opcode::Terminate)
         .map(|u| &u[18..])
         .collect()
 }
 
-/// A received Terminate read in `layout`: what the check compares.
-fn read(body: &[u8], layout: Layout) -> Result<Want, String> {
+/// A received Terminate read in `layout`: what the check compares, and the copied header's
+/// fields.
+fn read(body: &[u8], layout: Layout) -> Result<(Want, String), String> {
     let m = layout.parse(body)?;
     let h = m.header;
-    let copy = m
-        .ddp_header
-        .and_then(|c| c.as_bytes().get(1).copied())
-        .map(|b| Control::from_byte(b).opcode);
-    Ok(Want { layout, cause: h.cause, flags: [h.m, h.d, h.r], copy, segment_len: m.ddp_segment_len })
+    let copy = m.ddp_header.and_then(|c| c.as_bytes().get(1).copied()).map(|b| Control::from_byte(b).opcode);
+    let fields = m.ddp_header.map(|c| copied_fields(c.as_bytes())).unwrap_or_default();
+    Ok((
+        Want { layout, cause: h.cause, flags: [h.m, h.d, h.r], copy, segment_len: m.ddp_segment_len },
+        fields,
+    ))
 }
 
 /// The verdict on one check.
@@ -587,34 +649,50 @@ pub(crate) fn judge(expect: &Expect, o: &Outcome, siw_lines: Option<&[String]>) 
         got.push("the case's point was not reached".to_string());
     }
     match expect {
-        Expect::Terminate(want) => {
-            match bodies.as_slice() {
-                [] => {
-                    pass = false;
-                    got.push("no Terminate".to_string());
+        Expect::Terminate(want) => match bodies.as_slice() {
+            [] => {
+                pass = false;
+                got.push("no Terminate".to_string());
+            }
+            [body] => match read(body, want.layout) {
+                Ok((seen, fields)) => {
+                    let word = iwarp_dissect::hex(body.get(..4).unwrap_or_default());
+                    let same = seen.cause == want.cause
+                        && seen.flags == want.flags
+                        && (!want.flags[1] || seen.copy == want.copy)
+                        && (!want.flags[0] || seen.segment_len == want.segment_len);
+                    pass &= same;
+                    got.push(format!("Terminate {word}: {}", describe(&seen, &fields)));
                 }
-                [body] => match read(body, want.layout) {
-                    Ok(seen) => {
-                        let word = iwarp_dissect::hex(body.get(..4).unwrap_or_default());
-                        let same = seen.cause == want.cause
-                            && seen.flags == want.flags
-                            && (!want.flags[1] || seen.copy == want.copy)
-                            && (!want.flags[0] || seen.segment_len == want.segment_len);
-                        pass &= same;
-                        got.push(format!("Terminate {word}: {}", seen.describe()));
-                    }
-                    Err(e) => {
-                        pass = false;
-                        got.push(e);
-                    }
-                },
-                more => {
+                Err(e) => {
                     pass = false;
-                    got.push(format!("{} Terminates", more.len()));
+                    got.push(e);
+                }
+            },
+            more => {
+                pass = false;
+                got.push(format!("{} Terminates", more.len()));
+            }
+        },
+        Expect::Carry(answer) => {
+            if let Some(op) = answer {
+                let found =
+                    o.ulpdus.iter().find(|u| u.get(1).is_some_and(|b| Control::from_byte(*b).opcode == *op));
+                match found {
+                    Some(u) if u[0] & 0x80 != 0 && u.len() >= 14 => {
+                        got.push(format!(
+                            "a {} to TO {:#x}",
+                            op.name(),
+                            u64::from_be_bytes(u[6..14].try_into().unwrap_or_default())
+                        ));
+                    }
+                    Some(_) => got.push(format!("a {}", op.name())),
+                    None => {
+                        pass = false;
+                        got.push(format!("no {}", op.name()));
+                    }
                 }
             }
-        }
-        Expect::Carry => {
             if bodies.is_empty() {
                 got.push("no Terminate".to_string());
             } else {
@@ -655,14 +733,14 @@ pub(crate) fn judge(expect: &Expect, o: &Outcome, siw_lines: Option<&[String]>) 
     } else {
         got.push("the peer kept the connection open".to_string());
     }
-    pass &= peer_closed == !matches!(expect, Expect::Carry);
+    pass &= peer_closed == !matches!(expect, Expect::Carry(_));
     Verdict { pass, expected: expect.describe(), got: got.join(", ") }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fuzz_peer::mutate::{Buffer, Conv, apply_ulpdu, burst, get_be};
+    use crate::fuzz_peer::mutate::{Buffer, Conv, apply_ulpdu, burst};
     use iwarp::rdmap::TerminateHeader;
 
     /// A conversation at the point of the checks: the advertisement sent (MSN 1 on queue 0
@@ -698,7 +776,10 @@ mod tests {
         let t = select(&[], Side::Initiator).unwrap();
         let r = select(&[], Side::Responder).unwrap();
         assert_eq!(t.len() + r.len(), all.len());
-        assert_eq!(r.iter().map(|c| c.name).collect::<Vec<_>>(), ["reply-bad-key", "reply-ird-insufficient"]);
+        assert_eq!(
+            r.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["reply-bad-key", "reply-ird-insufficient", "reply-revision-3", "reply-markers", "reply-reject"]
+        );
         let one = select(&["crc-error".to_string()], Side::Initiator).unwrap();
         assert_eq!((one.len(), one[0].case.crc), (1, true));
         assert!(select(&["crc-error".to_string()], Side::Responder).unwrap().is_empty());
@@ -726,7 +807,10 @@ mod tests {
         let u = bytes("write-invalid-stag");
         assert_eq!((&u[..2], get_be(&u, 2, 4), get_be(&u, 6, 8), u.len()), (&[0xc1, 0x40][..], 1, 0, 30));
         let u = bytes("write-base-bounds");
-        assert_eq!((u[1], get_be(&u, 2, 4), get_be(&u, 6, 8), u.len()), (0x40, 0x12_3400, 0x5555_0001_1000, 78));
+        assert_eq!(
+            (u[1], get_be(&u, 2, 4), get_be(&u, 6, 8), u.len()),
+            (0x40, 0x12_3400, 0x5555_0001_1000, 78)
+        );
         let u = bytes("write-to-wrap");
         assert_eq!((u[1], get_be(&u, 6, 8), u.len()), (0x40, u64::MAX - 7, 30));
         let u = bytes("read-response-wrong-stag");
@@ -736,11 +820,25 @@ mod tests {
         // Read Requests: of the peer's sink buffer, or of an STag that does not exist.
         let u = bytes("read-request-base-bounds");
         let r = ReadRequest::parse(&u[18..]).unwrap();
-        assert_eq!((r.source_stag, r.source_to, r.size, r.sink_stag), (0x12_3400, 0x5555_0001_1000, 64, 0x4d01));
+        assert_eq!(
+            (r.source_stag, r.source_to, r.size, r.sink_stag),
+            (0x12_3400, 0x5555_0001_1000, 64, 0x4d01)
+        );
         let u = bytes("read-request-msn-range");
         assert_eq!((get_be(&u, 6, 4), get_be(&u, 10, 4)), (1, 2));
-        assert_eq!(ReadRequest::parse(&bytes("read-request-invalid-stag")[18..]).unwrap().source_stag, 0x2a01);
+        assert_eq!(
+            ReadRequest::parse(&bytes("read-request-invalid-stag")[18..]).unwrap().source_stag,
+            0x2a01
+        );
         assert_eq!(bytes("read-request-with-payload").len(), 18 + 60);
+        // Two segments of one message, the second a Send with SE: the first's L is clear.
+        let c = checks().into_iter().find(|c| c.name == "interleaved-sends").unwrap();
+        let u = bytes("interleaved-sends");
+        assert_eq!((&u[..2], get_be(&u, 10, 4), get_be(&u, 14, 4), u.len()), (&[0x01, 0x43][..], 2, 0, 26));
+        let Some(Op::Trailing(f)) = c.case.ops.last() else { panic!() };
+        // The second segment: its own length and controls, the first's reserved field, QN and MSN.
+        assert_eq!((&f[..4], &f[4..16]), (&[0, 26, 0x41, 0x45][..], &u[2..14]));
+        assert_eq!((get_be(f, 12, 4), get_be(f, 16, 4), f.len()), (2, 8, 2 + 26 + 4));
         let u = bytes("send-invalidate-unknown-stag");
         assert_eq!((u[1], get_be(&u, 2, 4), get_be(&u, 6, 4)), (0x44, 0x00ab_cd00, 0));
         // Bursts: the copies take the next MSNs; a tagged copy is the same message.
@@ -762,7 +860,9 @@ mod tests {
     fn our_terminates_are_this_stacks() {
         // The control words as this stack sends them (RFC layout), and how siw's bit-fields
         // read them: layer from the low nibble, error type from the high one.
-        let want: [(&str, [u8; 4], usize, (u8, u8, u8)); 5] = [
+        /// A check's name, the control word, the body's length, how siw's bit-fields read it.
+        type Row = (&'static str, [u8; 4], usize, (u8, u8, u8));
+        let want: [Row; 5] = [
             ("ours-ddp-invalid-qn", [0x12, 0x01, 0xc0, 0], 4 + 2 + 18, (2, 1, 0x01)),
             ("ours-ddp-invalid-stag", [0x11, 0x00, 0xc0, 0], 4 + 2 + 14, (1, 1, 0x00)),
             ("ours-rdmap-read-invalid-stag", [0x01, 0x00, 0xe0, 0], 4 + 2 + 18 + 28, (1, 0, 0x00)),
@@ -772,7 +872,10 @@ mod tests {
         for (name, word, len, (l, t, c)) in want {
             let u = bytes(name);
             // A Terminate: untagged, last, QN 2, MSN 1, MO 0.
-            assert_eq!((&u[..2], get_be(&u, 6, 4), get_be(&u, 10, 4), get_be(&u, 14, 4)), (&[0x41, 0x47][..], 2, 1, 0));
+            assert_eq!(
+                (&u[..2], get_be(&u, 6, 4), get_be(&u, 10, 4), get_be(&u, 14, 4)),
+                (&[0x41, 0x47][..], 2, 1, 0)
+            );
             let body = &u[18..];
             assert_eq!((&body[..4], body.len()), (&word[..], len), "{name}");
             let m = TerminateMessage::parse(body).unwrap();
@@ -791,7 +894,8 @@ mod tests {
 
     fn outcome(ulpdus: Vec<Vec<u8>>, peer_closed_first: bool) -> Outcome {
         let at = std::time::Duration::ZERO;
-        let events = vec![Event::Fin { ours: !peer_closed_first, at }, Event::Fin { ours: peer_closed_first, at }];
+        let events =
+            vec![Event::Fin { ours: !peer_closed_first, at }, Event::Fin { ours: peer_closed_first, at }];
         Outcome { ulpdus, events, peer_closed: true, reached: true, ..Outcome::default() }
     }
 
@@ -812,8 +916,8 @@ mod tests {
         assert!(v.pass, "{v:?}");
         assert_eq!(
             v.got,
-            "Terminate 21010300: DDP type 2 code 0x01 (siw's layout), M D, copied header: Send, segment \
-             length 16, the peer closed the connection"
+            "Terminate 21010300: DDP type 2 code 0x01 (siw's layout), M D, copied header: Send (QN 5 MSN \
+             2 MO 0), segment length 16, the peer closed the connection"
         );
         // The same Terminate is not what this stack sends, and the peer must close.
         assert!(!judge(&qn.expect(Peer::Iwarp), &o, None).pass);
@@ -839,9 +943,17 @@ mod tests {
         unreached.reached = false;
         assert!(!judge(&e, &unreached, None).pass);
         // A peer that carries on: no Terminate, and this tool closes first.
-        let v = judge(&Expect::Carry, &outcome(vec![], false), None);
+        let v = judge(&Expect::Carry(None), &outcome(vec![], false), None);
         assert_eq!((v.pass, v.got.as_str()), (true, "no Terminate, the peer kept the connection open"));
-        assert!(!judge(&Expect::Carry, &outcome(vec![], true), None).pass);
-        assert!(!judge(&Expect::Carry, &outcome(vec![term(&body)], false), None).pass);
+        assert!(!judge(&Expect::Carry(None), &outcome(vec![], true), None).pass);
+        assert!(!judge(&Expect::Carry(None), &outcome(vec![term(&body)], false), None).pass);
+        // ... with the answer it gives.
+        let resp = tagged(Opcode::ReadResponse, 0x1234, u64::MAX - 7, true, &[0; 64]);
+        let v = judge(&Expect::Carry(Some(Opcode::ReadResponse)), &outcome(vec![resp], false), None);
+        assert_eq!(
+            (v.pass, v.got.as_str()),
+            (true, "a ReadResp to TO 0xfffffffffffffff8, no Terminate, the peer kept the connection open")
+        );
+        assert!(!judge(&Expect::Carry(Some(Opcode::ReadResponse)), &outcome(vec![], false), None).pass);
     }
 }
