@@ -157,7 +157,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     progress: u64,
     /// Run the Terminate checks for this role, with PEER's expected answers (siw: Linux siw
-    /// 6.1, its quirks included; iwarp: this stack), instead of fuzzing.
+    /// 6.1, its quirks included; iwarp: this stack), instead of fuzzing. With --p2p: the
+    /// checks for a peer that initiates in peer-to-peer mode (--listen).
     #[arg(long, value_enum, value_name = "PEER",
           conflicts_with_all = ["recipe", "case", "points", "layers", "seed_pcap", "skip_known", "cases"])]
     terminates: Option<Peer>,
@@ -512,10 +513,11 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
     }
     let checks = match args.terminates {
         Some(_) => {
-            let checks = terminates::select(&args.only, side)?;
+            let checks = terminates::select(&args.only, side, args.p2p)?;
             if checks.is_empty() {
                 let role = if side == Side::Initiator { "--target" } else { "--listen" };
-                return Err(format!("none of the Terminate checks named is one for {role}"));
+                let p2p = if args.p2p { " with --p2p" } else { "" };
+                return Err(format!("none of the Terminate checks named is one for {role}{p2p}"));
             }
             Some(checks)
         }

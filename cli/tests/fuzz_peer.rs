@@ -170,7 +170,7 @@ fn our_rping_server_survives() {
 fn our_rping_clients_survive() {
     let port = free_port();
     let stop = Arc::new(AtomicBool::new(false));
-    let looper = client_loop(port, stop.clone());
+    let looper = client_loop(port, &[], stop.clone());
     let listen = format!("127.0.0.1:{port}");
     let o = iwarp(&[
         "fuzz-peer",
@@ -192,14 +192,19 @@ fn our_rping_clients_survive() {
     assert!(v["failures"].as_array().unwrap().is_empty());
 }
 
-/// A loop of `iwarp rping -c -C 1` towards `port` until `stop` (two minutes at most).
-fn client_loop(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+/// A loop of `iwarp rping -c -C 1 EXTRA` towards `port` until `stop` (two minutes at most).
+fn client_loop(
+    port: u16,
+    extra: &'static [&'static str],
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let p = port.to_string();
         let deadline = Instant::now() + Duration::from_secs(120);
         while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             let _ = Command::new(BIN)
                 .args(["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1", "--timeout", "3"])
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
@@ -262,23 +267,31 @@ fn terminate_checks_against_our_rping() {
     assert!(stdout(&o).contains("\nFAIL send-invalid-qn (a Send to queue 5): expected a Terminate: DDP type 2 code 0x01 (siw's layout)"), "{}", stdout(&o));
     drop(server);
 
-    // The peer initiates: its MPA Reply checks.
-    let port = free_port();
-    let stop = Arc::new(AtomicBool::new(false));
-    let looper = client_loop(port, stop.clone());
-    let listen = format!("127.0.0.1:{port}");
-    let o = iwarp(&["fuzz-peer", "--listen", &listen, "--terminates", "iwarp", "--json"]);
-    stop.store(true, Ordering::Relaxed);
-    looper.join().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    let v = json(&o);
-    let names: Vec<&str> =
-        v["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(
-        names,
-        ["reply-bad-key", "reply-ird-insufficient", "reply-revision-3", "reply-markers", "reply-reject"]
-    );
-    assert!(v["checks"].as_array().unwrap().iter().all(|c| c["pass"] == true), "{v}");
+    // The peer initiates: its MPA Reply checks, and with --p2p the one for a peer-to-peer client.
+    let replies =
+        ["reply-bad-key", "reply-ird-insufficient", "reply-revision-3", "reply-markers", "reply-reject"];
+    for (p2p, want) in [(&[][..], &replies[..]), (&["--p2p"][..], &["reply-no-matching-rtr"][..])] {
+        let port = free_port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let looper = client_loop(port, p2p, stop.clone());
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["fuzz-peer", "--listen", &listen, "--terminates", "iwarp", "--json"];
+        args.extend_from_slice(p2p);
+        let o = iwarp(&args);
+        stop.store(true, Ordering::Relaxed);
+        looper.join().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{p2p:?}: {}{}", stdout(&o), stderr(&o));
+        let v = json(&o);
+        let checks = v["checks"].as_array().unwrap();
+        let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, want);
+        assert!(checks.iter().all(|c| c["pass"] == true), "{v}");
+        if !p2p.is_empty() {
+            let want =
+                "Terminate 20070000: LLP type 0 code 0x07 (RFC layout), the peer closed the connection";
+            assert_eq!(checks[0]["got"], want);
+        }
+    }
 }
 
 /// The captures of the findings (tests/data/fuzz-peer/) decode and show what

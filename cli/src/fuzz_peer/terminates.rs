@@ -566,11 +566,25 @@ pub(crate) fn checks() -> Vec<Check> {
             iwarp,
         });
     }
+    // With --p2p (the peer initiates in peer-to-peer mode, as siw built with peer_to_peer=1
+    // does, offering Write and Read RTRs): a Reply that agrees to peer-to-peer with no RTR type.
+    v.push(Check {
+        name: "reply-no-matching-rtr",
+        about: "a peer-to-peer MPA Reply that picks no offered RTR type",
+        side: r,
+        case: Case {
+            p2p: true,
+            ..case(Point::Handshake, T::ReadRequest, vec![Op::FrameIrdOrd([0x80, 0x01, 0x00, 0x01])])
+        },
+        siw: siw(llp(0x07), "", None, None),
+        iwarp: rfc(llp(0x07), "", None, None),
+    });
     v
 }
 
-/// The checks named in `only` (all when empty) for `side`, or the unknown name.
-pub(crate) fn select(only: &[String], side: Side) -> Result<Vec<Check>, String> {
+/// The checks named in `only` (all when empty) for `side` and for a peer that initiates in
+/// peer-to-peer mode or not (`p2p`: only the checks that need it), or the unknown name.
+pub(crate) fn select(only: &[String], side: Side, p2p: bool) -> Result<Vec<Check>, String> {
     let all = checks();
     if let Some(bad) = only.iter().find(|n| !all.iter().any(|c| c.name == n.as_str())) {
         let names: Vec<&str> = all.iter().map(|c| c.name).collect();
@@ -578,7 +592,8 @@ pub(crate) fn select(only: &[String], side: Side) -> Result<Vec<Check>, String> 
     }
     Ok(all
         .into_iter()
-        .filter(|c| c.side == side && (only.is_empty() || only.iter().any(|n| n == c.name)))
+        .filter(|c| c.side == side && c.case.p2p == p2p)
+        .filter(|c| only.is_empty() || only.iter().any(|n| n == c.name))
         .collect())
 }
 
@@ -773,17 +788,20 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), all.len());
         assert!(all.len() >= 30);
-        let t = select(&[], Side::Initiator).unwrap();
-        let r = select(&[], Side::Responder).unwrap();
-        assert_eq!(t.len() + r.len(), all.len());
+        let t = select(&[], Side::Initiator, false).unwrap();
+        let r = select(&[], Side::Responder, false).unwrap();
+        let p = select(&[], Side::Responder, true).unwrap();
+        assert!(select(&[], Side::Initiator, true).unwrap().is_empty());
+        assert_eq!(t.len() + r.len() + p.len(), all.len());
         assert_eq!(
             r.iter().map(|c| c.name).collect::<Vec<_>>(),
             ["reply-bad-key", "reply-ird-insufficient", "reply-revision-3", "reply-markers", "reply-reject"]
         );
-        let one = select(&["crc-error".to_string()], Side::Initiator).unwrap();
+        assert_eq!(p.iter().map(|c| c.name).collect::<Vec<_>>(), ["reply-no-matching-rtr"]);
+        let one = select(&["crc-error".to_string()], Side::Initiator, false).unwrap();
         assert_eq!((one.len(), one[0].case.crc), (1, true));
-        assert!(select(&["crc-error".to_string()], Side::Responder).unwrap().is_empty());
-        let e = select(&["nope".to_string()], Side::Initiator).unwrap_err();
+        assert!(select(&["crc-error".to_string()], Side::Responder, false).unwrap().is_empty());
+        let e = select(&["nope".to_string()], Side::Initiator, false).unwrap_err();
         assert!(e.starts_with("no Terminate check named 'nope' (there are: send-invalid-qn, "), "{e}");
         // No check ends its connection before the peer's answer, and none needs a capture.
         assert!(all.iter().all(|c| c.case.end().is_none() && !matches!(c.case.template, Template::Seed(_))));
