@@ -227,7 +227,7 @@ fn terminate_checks_against_our_rping() {
     let v = json(&o);
     assert_eq!((v["mode"].as_str(), v["expectations"].as_str()), (Some("target"), Some("iwarp")));
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 36, "{v}");
+    assert_eq!(checks.len(), 59, "{v}");
     assert!(checks.iter().all(|c| c["pass"] == true) && v["failures"].as_array().unwrap().is_empty(), "{v}");
     let got = |name: &str| {
         let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no check {name}"));

@@ -532,6 +532,114 @@ pub(crate) fn checks() -> Vec<Check> {
             iwarp: close(),
         });
     }
+    // Every other code this stack sends (docs/protocol-notes.md#terminate-codes), with the
+    // copies it would take. siw's bit-fields read the RFC layout's type as the layer and the
+    // layer as the type.
+    let send_inv = untagged(Opcode::SendInvalidate, 0, 2, 0, true, &[0x5a; 16]);
+    for (name, about, code, offending) in [
+        ("ours-rdmap-local-catastrophic", "this stack\'s Terminate RDMAP 0/0x00", rdmap(0, 0x00), None),
+        (
+            "ours-rdmap-read-base-bounds",
+            "RDMAP 1/0x01, a Read Request copied",
+            rdmap(PROT, 0x01),
+            Some(&rr[..]),
+        ),
+        (
+            "ours-rdmap-access-rights",
+            "this stack\'s Terminate RDMAP 1/0x02, a Write copied",
+            rdmap(PROT, 0x02),
+            Some(&write[..]),
+        ),
+        (
+            "ours-rdmap-read-not-associated",
+            "RDMAP 1/0x03, a Read Request copied",
+            rdmap(PROT, 0x03),
+            Some(&rr[..]),
+        ),
+        (
+            "ours-rdmap-read-to-wrap",
+            "this stack\'s Terminate RDMAP 1/0x04, a Read Request copied",
+            rdmap(PROT, 0x04),
+            Some(&rr[..]),
+        ),
+        (
+            "ours-rdmap-invalidate-protection",
+            "RDMAP 1/0x09, a Send with Invalidate copied",
+            rdmap(PROT, 0x09),
+            Some(&send_inv[..]),
+        ),
+        ("ours-rdmap-version", "this stack\'s Terminate RDMAP 2/0x05", rdmap(OPER, 0x05), None),
+        (
+            "ours-rdmap-catastrophic-stream",
+            "RDMAP 2/0x07, a Read Request copied",
+            rdmap(OPER, 0x07),
+            Some(&rr[..]),
+        ),
+        (
+            "ours-rdmap-cannot-invalidate",
+            "RDMAP 2/0x09, a Send with Invalidate copied",
+            rdmap(OPER, 0x09),
+            Some(&send_inv[..]),
+        ),
+        ("ours-rdmap-unspecified", "this stack\'s Terminate RDMAP 2/0xff", rdmap(OPER, 0xff), None),
+        (
+            "ours-ddp-base-bounds",
+            "this stack\'s Terminate DDP 1/0x01, a Write copied",
+            ddp(TAGGED, 0x01),
+            Some(&write[..]),
+        ),
+        (
+            "ours-ddp-not-associated",
+            "this stack\'s Terminate DDP 1/0x02, a Write copied",
+            ddp(TAGGED, 0x02),
+            Some(&write[..]),
+        ),
+        (
+            "ours-ddp-to-wrap",
+            "this stack\'s Terminate DDP 1/0x03, a Write copied",
+            ddp(TAGGED, 0x03),
+            Some(&write[..]),
+        ),
+        ("ours-ddp-tagged-version", "this stack\'s Terminate DDP 1/0x04", ddp(TAGGED, 0x04), None),
+        (
+            "ours-ddp-no-buffer",
+            "this stack\'s Terminate DDP 2/0x02, a Send copied",
+            ddp(UNTAGGED, 0x02),
+            Some(&send[..]),
+        ),
+        (
+            "ours-ddp-msn-range",
+            "this stack\'s Terminate DDP 2/0x03, a Send copied",
+            ddp(UNTAGGED, 0x03),
+            Some(&send[..]),
+        ),
+        (
+            "ours-ddp-invalid-mo",
+            "this stack\'s Terminate DDP 2/0x04, a Send copied",
+            ddp(UNTAGGED, 0x04),
+            Some(&send[..]),
+        ),
+        (
+            "ours-ddp-too-long",
+            "this stack\'s Terminate DDP 2/0x05, a Send copied",
+            ddp(UNTAGGED, 0x05),
+            Some(&send[..]),
+        ),
+        ("ours-ddp-untagged-version", "this stack\'s Terminate DDP 2/0x06", ddp(UNTAGGED, 0x06), None),
+        ("ours-llp-fpdu-start", "this stack\'s Terminate LLP 0/0x03", llp(0x03), None),
+        ("ours-llp-bad-reply", "this stack\'s Terminate LLP 0/0x04", llp(0x04), None),
+        ("ours-llp-insufficient-ird", "this stack\'s Terminate LLP 0/0x06", llp(0x06), None),
+        ("ours-llp-no-matching-rtr", "this stack\'s Terminate LLP 0/0x07", llp(0x07), None),
+    ] {
+        v.push(Check {
+            name,
+            about,
+            side: t,
+            case: at_read(T::Terminate, ours(code, offending)),
+            siw: logged(code.error_type, code.layer.to_u8(), code.code),
+            iwarp: close(),
+        });
+    }
     // --- the peer initiates: its MPA Reply checks ---------------------------------------------
     let r = Side::Responder;
     v.push(Check {
@@ -902,6 +1010,24 @@ mod tests {
             assert_eq!((siw.layer.to_u8(), siw.error_type, siw.code), (l, t, c), "{name}");
             let check = checks().into_iter().find(|k| k.name == name).unwrap();
             assert_eq!(check.expect(Peer::Siw), logged(l, t, c));
+        }
+        // Every one of this stack's Terminates: a defined code, the body round-trips, and siw's
+        // bit-fields read it with layer and type swapped, as the check expects siw to log.
+        let ours: Vec<Check> = checks().into_iter().filter(|c| c.name.starts_with("ours-")).collect();
+        assert_eq!(ours.len(), 28);
+        for check in ours {
+            let u = bytes(check.name);
+            let m = TerminateMessage::parse(&u[18..]).unwrap();
+            assert!(m.header.cause.is_defined(), "{}", check.name);
+            assert_eq!(m.to_vec(), &u[18..], "{}", check.name);
+            let siw = TerminateHeader::parse_siw(&u[18..]).unwrap().cause;
+            assert_eq!(
+                check.expect(Peer::Siw),
+                logged(siw.layer.to_u8(), siw.error_type, siw.code),
+                "{}",
+                check.name
+            );
+            assert_eq!(check.expect(Peer::Iwarp), close());
         }
         // The copies are the offending messages' headers.
         let m = TerminateMessage::parse(&bytes("ours-rdmap-read-invalid-stag")[18..]).unwrap();
