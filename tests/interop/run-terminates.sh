@@ -29,10 +29,11 @@ LISTEN_PORT=7301
 export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
 [ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
 
-# Each role: at most about 40 checks of a second or two each (the case, the peer's close, a
-# health probe), bounded by PER_ROLE; a guest lives as long as its roles and the boot, and no
-# longer.
-PER_ROLE=60
+# Each role: up to about 60 checks, each the case, the peer's close and a health probe (about
+# 0.1 s each against the target, a second against siw's client loops; a failed health probe,
+# 10 s, ends the role), bounded by PER_ROLE; a guest lives as long as its roles and the boot,
+# and no longer. A passing run takes 30 to 50 s, both boots included.
+PER_ROLE=45
 # printk level 5: siw's pr_warn lines (how it read our Terminates) and any WARN reach the console.
 guest_cmd() { # SECS
   echo "echo 5 > /proc/sys/kernel/printk
