@@ -3,8 +3,8 @@
 # check that every cited path exists, the check that source files import no circle, every
 # test, a short fuzz smoke run of every fuzz target, the registered-memory code under
 # AddressSanitizer, short `iwarp fuzz-peer` runs against this stack's rping and against siw,
-# the siw interop suite and the Terminate checks against siw (qemu guest; needs root, see
-# docs/interop.md). Installs what it needs.
+# and the siw interop suite (qemu guest; needs root, see docs/interop.md). Installs what it
+# needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
