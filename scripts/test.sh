@@ -80,4 +80,7 @@ bash tests/interop/run-verbs-abi.sh
 step "fuzz-peer against siw in the guest, both roles (tests/interop/run-fuzz.sh)"
 bash tests/interop/run-fuzz.sh
 
+step "Terminate checks against siw in the guest (tests/interop/run-terminates.sh, docs/interop.md#terminate-checks)"
+bash tests/interop/run-terminates.sh
+
 step "all checks passed"

@@ -13,6 +13,7 @@ mod mutate;
 mod rng;
 mod seeds;
 mod session;
+mod terminates;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -32,6 +33,7 @@ use console::Console;
 use minimize::{Attempt, minimize};
 use mutate::{Case, CrcChoice, GenConfig, Layer, Point, Recipe, Side, generate, known_finding};
 use session::{Outcome, Timing};
+use terminates::{Check, Peer};
 
 /// Exit status when a case failed an oracle (or the peer failed the first health probe).
 const EXIT_FAILURES: u8 = 1;
@@ -39,6 +41,8 @@ const EXIT_FAILURES: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 /// The longest time spent minimising one failure.
 const MINIMIZE_BUDGET: Duration = Duration::from_secs(60);
+/// The silence (ms) that ends the peer's answer in a Terminate check, at least.
+const CHECK_QUIET_MS: u64 = 1000;
 
 /// Fuzz another iWARP implementation over the wire: mutated MPA, DDP and RDMAP at chosen points
 /// of a real rping conversation, with liveness, well-formedness and guest-console oracles.
@@ -67,6 +71,10 @@ const MINIMIZE_BUDGET: Duration = Duration::from_secs(60);
 /// still fail (--ops lists them).
 ///
 /// Progress goes to stderr; a summary to stdout (--json: one JSON document).
+///
+/// With --terminates PEER the cases are the Terminate checks instead: each Terminate the peer
+/// can be provoked into sending, and this stack's Terminates sent to it, one deterministic case
+/// each, judged against what PEER (siw or iwarp) is expected to do; a PASS or FAIL line each.
 ///
 /// Exit status: 0 when every case passed, 1 when a case failed (or the peer failed the health
 /// probe before the first case), 2 on bad flags or an unusable file.
@@ -148,6 +156,15 @@ pub(crate) struct Args {
     /// Seconds between progress lines on stderr (0: none).
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     progress: u64,
+    /// Run the Terminate checks for this role, with PEER's expected answers (siw: Linux siw
+    /// 6.1, its quirks included; iwarp: this stack), instead of fuzzing. With --p2p: the
+    /// checks for a peer that initiates in peer-to-peer mode (--listen).
+    #[arg(long, value_enum, value_name = "PEER",
+          conflicts_with_all = ["recipe", "case", "points", "layers", "seed_pcap", "skip_known", "cases"])]
+    terminates: Option<Peer>,
+    /// With --terminates: only these checks (names, comma-separated).
+    #[arg(long, value_name = "NAME,..", value_delimiter = ',', requires = "terminates")]
+    only: Vec<String>,
 }
 
 /// Operation indices (`--ops`).
@@ -204,6 +221,8 @@ impl Sink {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 enum FailKind {
+    /// The peer's answer to a Terminate check is not the one expected.
+    Expectation,
     /// The peer sent something malformed.
     Answer,
     /// The peer no longer completes a connection and a ping.
@@ -215,6 +234,7 @@ enum FailKind {
 impl std::fmt::Display for FailKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            FailKind::Expectation => "unexpected answer",
             FailKind::Answer => "malformed answer",
             FailKind::Liveness => "liveness",
             FailKind::Console => "guest console",
@@ -281,6 +301,25 @@ struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     unhealthy: Option<String>,
     failures: Vec<FailureRecord>,
+    /// With --terminates: whose expectations, and each check's verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expectations: Option<Peer>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    checks: Vec<CheckRecord>,
+}
+
+/// A Terminate check as reported.
+#[derive(Debug, Serialize)]
+struct CheckRecord {
+    name: &'static str,
+    about: &'static str,
+    pass: bool,
+    expected: String,
+    got: String,
+    /// siw's console messages during the check (with --console).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    siw_log: Vec<String>,
+    ms: u128,
 }
 
 struct Runner {
@@ -472,6 +511,18 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
     if args.case.is_some() && args.cases.is_some() {
         return Err("--case runs one case; --cases does not go with it".into());
     }
+    let checks = match args.terminates {
+        Some(_) => {
+            let checks = terminates::select(&args.only, side, args.p2p)?;
+            if checks.is_empty() {
+                let role = if side == Side::Initiator { "--target" } else { "--listen" };
+                let p2p = if args.p2p { " with --p2p" } else { "" };
+                return Err(format!("none of the Terminate checks named is one for {role}{p2p}"));
+            }
+            Some(checks)
+        }
+        None => None,
+    };
     let gencfg = GenConfig {
         side,
         points: if args.points.is_empty() {
@@ -500,12 +551,17 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {}", dir.display(), io_message(&e)))?;
     }
-    let console = match &args.console {
+    let mut console = match &args.console {
         Some(p) => {
             Some(Console::open(p).map_err(|e| format!("cannot read {}: {}", p.display(), io_message(&e)))?)
         }
         None => None,
     };
+    if let (Some(c), Some(_)) = (&mut console, &checks) {
+        c.keep_siw_lines();
+    }
+    // A Terminate check waits for the peer's close: up to a second of silence.
+    let quiet = if checks.is_some() { args.answer_wait.max(CHECK_QUIET_MS) } else { args.answer_wait };
     let seed = args.seed.unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         t.as_secs() ^ u64::from(t.subsec_nanos()) << 20
@@ -517,7 +573,7 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
         device: Arc::new(Device::open(DeviceConfig::default())),
         seeds,
         timing: Timing {
-            quiet: Duration::from_millis(args.answer_wait),
+            quiet: Duration::from_millis(quiet),
             step: Duration::from_secs(args.probe_timeout.min(5)),
         },
         probe_timeout: Duration::from_secs(args.probe_timeout),
@@ -544,6 +600,8 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
         stopped: "duration",
         unhealthy: None,
         failures: Vec::new(),
+        expectations: args.terminates,
+        checks: Vec::new(),
     };
     if let Some(f) = runner.console_failure() {
         summary.unhealthy = Some(format!("the console already shows: {}", f.message));
@@ -554,6 +612,13 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
     }
     if let Some(m) = &summary.unhealthy {
         eprintln!("fuzz-peer: {m}");
+        summary.probes = runner.probes;
+        return Ok(summary);
+    }
+    if let (Some(checks), Some(peer)) = (checks, args.terminates) {
+        run_checks(args, peer, &checks, &mut runner, &mut summary);
+        summary.duration_s = start.elapsed().as_secs_f64();
+        summary.cases_per_s = summary.cases as f64 / summary.duration_s.max(1e-9);
         summary.probes = runner.probes;
         return Ok(summary);
     }
@@ -634,6 +699,116 @@ fn fuzz(args: &Args) -> Result<Summary, String> {
     summary.cases_per_s = summary.cases as f64 / summary.duration_s.max(1e-9);
     summary.probes = runner.probes;
     Ok(summary)
+}
+
+/// Runs the Terminate checks, one case and one health probe each, in order; a line on stderr
+/// per check. A liveness or console failure ends the run.
+fn run_checks(args: &Args, peer: Peer, checks: &[Check], runner: &mut Runner, summary: &mut Summary) {
+    summary.stopped = "cases";
+    for check in checks {
+        if let Some(c) = runner.console.as_mut() {
+            c.take_siw_lines();
+        }
+        let began = Instant::now();
+        let trial = runner.trial(&check.case, true);
+        let siw_log = runner.console.as_mut().map(Console::take_siw_lines);
+        let expect = check.expect(peer);
+        let verdict = match &trial.outcome {
+            Some(o) => terminates::judge(&expect, o, siw_log.as_deref()),
+            None => {
+                terminates::Verdict { pass: false, expected: String::new(), got: "no connection".to_string() }
+            }
+        };
+        summary.cases += 1;
+        *summary.points.entry(check.case.point.to_string()).or_insert(0) += 1;
+        if let Some(o) = &trial.outcome {
+            summary.reached += u64::from(o.reached);
+            summary.terminates += o.terminates.len() as u64;
+            summary.peer_closed += u64::from(o.peer_closed);
+        }
+        let failure = trial.failure.clone().or_else(|| {
+            (!verdict.pass).then(|| Failure {
+                kind: FailKind::Expectation,
+                message: format!("expected {}; got {}", verdict.expected, verdict.got),
+            })
+        });
+        let record = CheckRecord {
+            name: check.name,
+            about: check.about,
+            pass: failure.is_none(),
+            expected: verdict.expected.clone(),
+            got: verdict.got.clone(),
+            siw_log: siw_log.unwrap_or_default(),
+            ms: began.elapsed().as_millis(),
+        };
+        eprintln!("fuzz-peer: {}", check_line(&record, failure.as_ref()));
+        if args.verbose {
+            eprintln!("  {}", check.case);
+            for l in &record.siw_log {
+                eprintln!("  console: {l}");
+            }
+        }
+        summary.checks.push(record);
+        if let Some(f) = failure {
+            let fatal = f.kind >= FailKind::Liveness;
+            summary.failures.push(record_check_failure(args, peer, check, &f, &trial));
+            if fatal {
+                summary.stopped =
+                    if f.kind == FailKind::Console { "guest crash" } else { "liveness failure" };
+                break;
+            }
+        }
+    }
+}
+
+/// A check's PASS or FAIL line.
+fn check_line(r: &CheckRecord, failure: Option<&Failure>) -> String {
+    match failure {
+        None => format!("PASS {} ({}): {}", r.name, r.about, r.got),
+        Some(f) if f.kind == FailKind::Expectation => {
+            format!("FAIL {} ({}): expected {}; got {}", r.name, r.about, r.expected, r.got)
+        }
+        Some(f) => format!("FAIL {} ({}): {}: {}; got {}", r.name, r.about, f.kind, f.message, r.got),
+    }
+}
+
+/// Saves a failed check's capture and the command that runs it again.
+fn record_check_failure(args: &Args, peer: Peer, check: &Check, f: &Failure, trial: &Trial) -> FailureRecord {
+    let base = format!("terminate-{}", check.name);
+    let pcap = save(args.save_failures.as_deref(), &format!("{base}.pcap"), &trial.pcap);
+    let mut reproduce = String::from("iwarp fuzz-peer");
+    if let Some(t) = &args.target {
+        reproduce.push_str(&format!(" --target {t}"));
+    }
+    if let Some(l) = &args.listen {
+        reproduce.push_str(&format!(" --listen {l}"));
+    }
+    let peer_name = if peer == Peer::Siw { "siw" } else { "iwarp" };
+    reproduce.push_str(&format!(" --terminates {peer_name} --only {}", check.name));
+    let mut text =
+        format!("fuzz-peer: FAILURE ({}) in check {}: {}\n  {}\n", f.kind, check.name, check.case, f.message);
+    text.push_str(&format!("  reproduce: {reproduce}\n"));
+    if let Some(p) = &pcap {
+        text.push_str(&format!("  saved: {p}\n"));
+    }
+    let text = text.trim_end().to_string();
+    if let Some(dir) = &args.save_failures {
+        let _ = std::fs::write(dir.join(format!("{base}.txt")), format!("{text}\n"));
+    }
+    FailureRecord {
+        case: check.case.index,
+        kind: f.kind,
+        message: f.message.clone(),
+        point: check.case.point,
+        template: check.case.template.to_string(),
+        ops: check.case.op_texts(),
+        minimized_ops: None,
+        not_minimized: Some("a Terminate check".to_string()),
+        reproduce,
+        pcap,
+        minimized_pcap: None,
+        text,
+    }
 }
 
 /// Reports, saves and (when the peer allows it) minimises a failure.
@@ -748,6 +923,19 @@ fn print_summary(args: &Args, s: &Summary) {
         ));
         if let Some(m) = &s.unhealthy {
             t.push_str(&format!("  {m}\n"));
+        }
+        if let Some(peer) = s.expectations {
+            let passed = s.checks.iter().filter(|c| c.pass).count();
+            t.push_str(&format!(
+                "  Terminate checks with {} expectations: {passed} passed, {} failed\n",
+                if peer == Peer::Siw { "siw's" } else { "this stack's" },
+                s.checks.len() - passed
+            ));
+            for c in &s.checks {
+                let f = s.failures.iter().find(|f| f.text.contains(&format!("in check {}:", c.name)));
+                let failure = f.map(|f| Failure { kind: f.kind, message: f.message.clone() });
+                t.push_str(&format!("{}\n", check_line(c, failure.as_ref())));
+            }
         }
         for f in &s.failures {
             t.push_str(&format!("{}\n", f.text));

@@ -1,4 +1,5 @@
-//! `iwarp fuzz-peer`: flags, a dead peer, this stack's rping surviving, findings saved, minimised and reproduced.
+//! `iwarp fuzz-peer`: flags, a dead peer, this stack's rping surviving, the Terminate checks,
+//! findings saved, minimised and reproduced.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
 
 mod common;
@@ -169,21 +170,7 @@ fn our_rping_server_survives() {
 fn our_rping_clients_survive() {
     let port = free_port();
     let stop = Arc::new(AtomicBool::new(false));
-    let looper = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let p = port.to_string();
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let _ = Command::new(BIN)
-                    .args(["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1", "--timeout", "3"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+    let looper = client_loop(port, &[], stop.clone());
     let listen = format!("127.0.0.1:{port}");
     let o = iwarp(&[
         "fuzz-peer",
@@ -203,6 +190,108 @@ fn our_rping_clients_survive() {
     let v = json(&o);
     assert_eq!((v["mode"].as_str(), v["cases"].as_u64()), (Some("listen"), Some(12)));
     assert!(v["failures"].as_array().unwrap().is_empty());
+}
+
+/// A loop of `iwarp rping -c -C 1 EXTRA` towards `port` until `stop` (two minutes at most).
+fn client_loop(
+    port: u16,
+    extra: &'static [&'static str],
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let p = port.to_string();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let _ = Command::new(BIN)
+                .args(["rping", "-c", "-a", "127.0.0.1", "-p", &p, "-C", "1", "--timeout", "3"])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+/// The Terminate checks with this stack's expectations (docs/interop.md#terminate-checks) on
+/// loopback: `iwarp rping -s -P` answers each provoked error with the Terminate expected and
+/// reports each of this tool's Terminates, decoded both ways; a loop of `iwarp rping -c` answers
+/// the bent MPA Replies as expected; and a check fails when the answer is not the one expected
+/// (this stack's answers judged with siw's expectations).
+#[test]
+fn terminate_checks_against_our_rping() {
+    let server = Server::start(&["-P", "--timeout", "5"]);
+    let target = format!("127.0.0.1:{}", server.port);
+    let o = iwarp(&["fuzz-peer", "--target", &target, "--terminates", "iwarp", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!((v["mode"].as_str(), v["expectations"].as_str()), (Some("target"), Some("iwarp")));
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 59, "{v}");
+    assert!(checks.iter().all(|c| c["pass"] == true) && v["failures"].as_array().unwrap().is_empty(), "{v}");
+    let got = |name: &str| {
+        let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no check {name}"));
+        c["got"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        got("send-invalid-qn"),
+        "Terminate 1201c000: DDP type 2 code 0x01 (RFC layout), M D, copied header: Send (QN 5 MSN 2 MO 0), \
+         segment length 34, the peer closed the connection"
+    );
+    assert_eq!(
+        got("read-request-ird-exceeded"),
+        "Terminate 0207e000: RDMAP type 2 code 0x07 (RFC layout), M D R, copied header: ReadReq (QN 1 MSN 2 \
+         MO 0), segment length 46, the peer closed the connection"
+    );
+    assert_eq!(
+        got("crc-error"),
+        "Terminate 20020000: LLP type 0 code 0x02 (RFC layout), the peer closed the connection"
+    );
+    assert_eq!(got("interleaved-sends"), "no Terminate, the peer kept the connection open");
+    assert_eq!(got("ours-llp-crc"), "no Terminate, the peer closed the connection");
+    // The server decoded this tool's Terminates (the ours-* checks, in this order).
+    for want in [
+        "DDP type 2 code 0x01 (read as siw lays it out: LLP type 1 code 0x01)",
+        "DDP type 1 code 0x00 (read as siw lays it out: DDP type 1 code 0x00)",
+        "RDMAP type 1 code 0x00 (read as siw lays it out: DDP type 0 code 0x00)",
+        "RDMAP type 2 code 0x06 (read as siw lays it out: LLP type 0 code 0x06)",
+        "LLP type 0 code 0x02 (read as siw lays it out: RDMAP type 2 code 0x02)",
+    ] {
+        let seen = server.wait_line(want);
+        let line = seen.last().unwrap();
+        assert!(line.contains("the peer sent a Terminate") && line.ends_with(want), "{line}");
+    }
+    // With siw's expectations this stack's answer (RFC layout, segment length 34) fails.
+    let o = iwarp(&["fuzz-peer", "--target", &target, "--terminates", "siw", "--only", "send-invalid-qn"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("\nFAIL send-invalid-qn (a Send to queue 5): expected a Terminate: DDP type 2 code 0x01 (siw's layout)"), "{}", stdout(&o));
+    drop(server);
+
+    // The peer initiates: its MPA Reply checks, and with --p2p the one for a peer-to-peer client.
+    let replies =
+        ["reply-bad-key", "reply-ird-insufficient", "reply-revision-3", "reply-markers", "reply-reject"];
+    for (p2p, want) in [(&[][..], &replies[..]), (&["--p2p"][..], &["reply-no-matching-rtr"][..])] {
+        let port = free_port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let looper = client_loop(port, p2p, stop.clone());
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["fuzz-peer", "--listen", &listen, "--terminates", "iwarp", "--json"];
+        args.extend_from_slice(p2p);
+        let o = iwarp(&args);
+        stop.store(true, Ordering::Relaxed);
+        looper.join().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{p2p:?}: {}{}", stdout(&o), stderr(&o));
+        let v = json(&o);
+        let checks = v["checks"].as_array().unwrap();
+        let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, want);
+        assert!(checks.iter().all(|c| c["pass"] == true), "{v}");
+        if !p2p.is_empty() {
+            let want =
+                "Terminate 20070000: LLP type 0 code 0x07 (RFC layout), the peer closed the connection";
+            assert_eq!(checks[0]["got"], want);
+        }
+    }
 }
 
 /// The captures of the findings (tests/data/fuzz-peer/) decode and show what

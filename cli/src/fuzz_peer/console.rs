@@ -1,5 +1,6 @@
 //! The guest-console oracle: a kernel's serial log (tests/interop/lib.sh writes the guest's to
-//! `serial.log`) must show no Oops, BUG, WARN, KASAN or similar line.
+//! `serial.log`) must show no Oops, BUG, WARN, KASAN or similar line. It also keeps, on
+//! request, the siw driver's own messages (`siw: ...`), which say how siw read what it got.
 
 use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -19,19 +20,34 @@ const MARKERS: [&str; 10] = [
     "Call Trace:",
 ];
 
+/// What starts the siw driver's messages.
+const SIW_PREFIX: &str = "siw: ";
+
 /// Reads a console log as it grows.
 #[derive(Debug)]
 pub(crate) struct Console {
     path: PathBuf,
     offset: u64,
     partial: Vec<u8>,
+    /// siw's messages since the last [`Console::take_siw_lines`], when kept.
+    siw_lines: Option<Vec<String>>,
 }
 
 impl Console {
     /// Watches `path` from its start (it must exist).
     pub(crate) fn open(path: &Path) -> io::Result<Console> {
         std::fs::metadata(path)?;
-        Ok(Console { path: path.to_path_buf(), offset: 0, partial: Vec::new() })
+        Ok(Console { path: path.to_path_buf(), offset: 0, partial: Vec::new(), siw_lines: None })
+    }
+
+    /// Keeps siw's messages from now on (the lines [`Console::check`] reads).
+    pub(crate) fn keep_siw_lines(&mut self) {
+        self.siw_lines.get_or_insert_with(Vec::new);
+    }
+
+    /// siw's messages read since the last call (without the kernel's timestamp).
+    pub(crate) fn take_siw_lines(&mut self) -> Vec<String> {
+        self.siw_lines.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The first new line that shows a crash or warning, if one was written since the last call.
@@ -54,6 +70,9 @@ impl Console {
             let text = String::from_utf8_lossy(line);
             if found.is_none() && MARKERS.iter().any(|m| text.contains(m)) {
                 found = Some(text.trim_end().to_string());
+            }
+            if let (Some(kept), Some(at)) = (&mut self.siw_lines, text.find(SIW_PREFIX)) {
+                kept.push(text[at..].trim_end().to_string());
             }
         }
         self.partial.drain(..end);
@@ -78,6 +97,13 @@ mod tests {
         assert_eq!(c.check().unwrap(), None);
         f.write_all(b"ndler\n[  13.0] WARNING: CPU: 0 PID: 7 at x\n").unwrap();
         assert_eq!(c.check().unwrap().as_deref(), Some("[  13.0] WARNING: CPU: 0 PID: 7 at x"));
+        // siw's own messages, once asked for.
+        assert!(c.take_siw_lines().is_empty());
+        c.keep_siw_lines();
+        f.write_all(b"[  14.1] siw: got TERMINATE. layer 2, type 1, code 1\r\n[  14.2] other\n").unwrap();
+        assert_eq!(c.check().unwrap(), None);
+        assert_eq!(c.take_siw_lines(), vec!["siw: got TERMINATE. layer 2, type 1, code 1".to_string()]);
+        assert!(c.take_siw_lines().is_empty());
         let _ = std::fs::remove_file(&p);
         assert!(Console::open(&p).is_err());
     }

@@ -76,6 +76,11 @@ pub(crate) enum Template {
     Write,
     /// An RDMA Read Request.
     ReadRequest,
+    /// An RDMA Read Request whose source is the buffer the peer's own Read Request named as
+    /// its sink (a real, remotely accessible buffer of the peer's; made up when there is none).
+    ReadBack,
+    /// A Send with Invalidate of the STag the peer's Read Request named as its sink.
+    InvalidateSink,
     /// The Read Response to the peer's Read Request.
     ReadResponse,
     /// A Terminate.
@@ -96,6 +101,8 @@ impl fmt::Display for Template {
             Template::Send => f.write_str("Send"),
             Template::Write => f.write_str("Write"),
             Template::ReadRequest => f.write_str("Read Request"),
+            Template::ReadBack => f.write_str("Read Request of the peer's sink buffer"),
+            Template::InvalidateSink => f.write_str("Send with Invalidate of the peer's sink STag"),
             Template::ReadResponse => f.write_str("Read Response"),
             Template::Terminate => f.write_str("Terminate"),
             Template::AtomicRequest => f.write_str("Atomic Request"),
@@ -181,6 +188,20 @@ impl Conv {
         untagged(Opcode::ReadRequest, 1, self.msn[1], 0, true, &body.to_bytes())
     }
 
+    /// A Read Request whose source is the sink of the peer's Read Request (or, without one,
+    /// [`Conv::read_request`]'s).
+    pub(crate) fn read_back(&self) -> Vec<u8> {
+        let Some(r) = self.peer_read else { return self.read_request() };
+        let body = ReadRequest {
+            sink_stag: OUR_BUFFER.stag,
+            sink_to: OUR_BUFFER.to,
+            size: r.size,
+            source_stag: r.sink_stag,
+            source_to: r.sink_to,
+        };
+        untagged(Opcode::ReadRequest, 1, self.msn[1], 0, true, &body.to_bytes())
+    }
+
     /// The Read Response to the peer's Read Request (or to a made-up one).
     pub(crate) fn read_response(&self) -> Vec<u8> {
         let (stag, to, size) = match self.peer_read {
@@ -220,6 +241,13 @@ impl Conv {
             Template::Send => self.send(),
             Template::Write => self.write(),
             Template::ReadRequest => self.read_request(),
+            Template::ReadBack => self.read_back(),
+            Template::InvalidateSink => {
+                let mut u = untagged(Opcode::SendInvalidate, 0, self.msn[0], 0, true, &self.send_payload());
+                let stag = self.peer_read.map_or(SOME_STAG, |r| r.sink_stag);
+                put_be(&mut u, 2, 4, u64::from(stag));
+                u
+            }
             Template::ReadResponse => self.read_response(),
             Template::Terminate => {
                 let body = TerminateMessage::new(TerminateCode::rdmap(2, 0x06)).to_vec();
@@ -460,6 +488,13 @@ pub(crate) enum Op {
     Repeat(u8),
     /// Bytes appended after the FPDU.
     Trailing(Vec<u8>),
+    /// The message sent this many more times in the same write, each copy well-framed and,
+    /// when untagged, with the next MSN on its queue (a burst of messages).
+    Burst(u8),
+    /// Before the case, open a second connection to the peer up to its Read Request and use
+    /// that connection's sink STag and TO in place of the case's own (a buffer of another
+    /// stream: another protection domain when the peer gives each connection its own).
+    ForeignStag,
     /// DDP: control octet bits flipped (T 0x80, L 0x40, reserved 0x3c, DV 0x03).
     DdpBits(u8),
     /// DDP: a header field.
@@ -515,9 +550,12 @@ impl Op {
             | Op::FramePrivateData(_)
             | Op::FrameKey { .. }
             | Op::FrameCut(_) => Layer::Mpa,
-            Op::CloseAfterHandshake | Op::ResetAfterHandshake | Op::Early | Op::SkipRtr | Op::End(_) => {
-                Layer::Conn
-            }
+            Op::CloseAfterHandshake
+            | Op::ResetAfterHandshake
+            | Op::Early
+            | Op::SkipRtr
+            | Op::End(_)
+            | Op::ForeignStag => Layer::Conn,
             Op::Length(_)
             | Op::LengthDelta(_)
             | Op::Pad(_)
@@ -526,7 +564,8 @@ impl Op {
             | Op::FpduCut(_)
             | Op::Split(_)
             | Op::Repeat(_)
-            | Op::Trailing(_) => Layer::Fpdu,
+            | Op::Trailing(_)
+            | Op::Burst(_) => Layer::Fpdu,
             Op::DdpBits(_) | Op::Field { .. } | Op::Truncate(_) => Layer::Ddp,
             Op::Opcode(_)
             | Op::RdmapVersion(_)
@@ -581,6 +620,8 @@ impl fmt::Display for Op {
             Op::Split(n) => write!(f, "written in {n} pieces"),
             Op::Repeat(k) => write!(f, "sent {} times", u16::from(*k) + 1),
             Op::Trailing(b) => write!(f, "{} trailing bytes", b.len()),
+            Op::Burst(k) => write!(f, "{} messages in a burst (next MSNs)", u16::from(*k) + 1),
+            Op::ForeignStag => f.write_str("STag and TO of another connection's buffer"),
             Op::DdpBits(x) => write!(f, "DDP control ^ 0x{x:02x} ({})", ddp_bits_name(*x)),
             Op::Field { field, value } => write!(f, "DDP {} {value}", field.name()),
             Op::Truncate(n) => write!(f, "ULPDU cut to {n} bytes"),
@@ -982,7 +1023,7 @@ fn terminate_body(rng: &mut Rng) -> Op {
 
 fn rdmap_op(rng: &mut Rng, template: &Template) -> Op {
     let body_w = |t: &Template| match t {
-        Template::ReadRequest => (6, 0, 0, 0),
+        Template::ReadRequest | Template::ReadBack => (6, 0, 0, 0),
         Template::Terminate => (0, 6, 0, 0),
         Template::AtomicRequest => (0, 1, 5, 0),
         Template::ImmediateData => (0, 1, 0, 4),
@@ -1393,6 +1434,25 @@ pub(crate) fn apply_fpdu(f: &mut Vec<u8>, ulpdu_len: usize, ops: &[Op]) {
             _ => {}
         }
     }
+}
+
+/// The copies of `ulpdu` that [`Op::Burst`] sends after it: untagged ones with the next MSNs.
+pub(crate) fn burst(ulpdu: &[u8], ops: &[Op]) -> Vec<Vec<u8>> {
+    let n = ops.iter().find_map(|o| match o {
+        Op::Burst(n) => Some(*n),
+        _ => None,
+    });
+    let untagged = ulpdu.len() >= 14 && ulpdu[0] & 0x80 == 0;
+    (1..=n.unwrap_or(0))
+        .map(|k| {
+            let mut copy = ulpdu.to_vec();
+            if untagged {
+                let msn = get_be(&copy, 10, 4);
+                put_be(&mut copy, 10, 4, msn.wrapping_add(u64::from(k)) & 0xffff_ffff);
+            }
+            copy
+        })
+        .collect()
 }
 
 /// The writes that deliver `bytes` under the delivery operations (repeats, trailing bytes,

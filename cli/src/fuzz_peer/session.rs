@@ -78,6 +78,8 @@ pub(crate) struct Outcome {
     pub(crate) problems: Vec<String>,
     /// The Terminates the peer sent, described.
     pub(crate) terminates: Vec<String>,
+    /// Every ULPDU the peer sent after its MPA frame, in order.
+    pub(crate) ulpdus: Vec<Vec<u8>>,
     /// Whether the peer closed or reset the connection.
     pub(crate) peer_closed: bool,
     /// Whether the case's bytes went out at the point it names.
@@ -420,6 +422,11 @@ impl Session {
         ulpdu.truncate(iwarp::mpa::fpdu::MAX_ULPDU);
         let Ok(mut f) = self.framer.frame_to_vec(&ulpdu) else { return };
         apply_fpdu(&mut f, ulpdu.len(), ops);
+        for copy in mutate::burst(&ulpdu, ops) {
+            if let Ok(more) = self.framer.frame_to_vec(&copy) {
+                f.extend_from_slice(&more);
+            }
+        }
         let pieces = deliver(f, ops);
         self.write_pieces(&pieces);
         self.out.reached = true;
@@ -457,6 +464,7 @@ impl Session {
         let (problems, terminates) = self.peer.verdict(self.flexible);
         self.out.problems.extend(problems);
         self.out.terminates = terminates;
+        self.out.ulpdus = std::mem::take(&mut self.peer.ulpdus);
         self.out
     }
 
@@ -539,6 +547,9 @@ pub(crate) fn run_initiator(
     seeds: &[Vec<u8>],
     t: Timing,
 ) -> Result<Outcome, String> {
+    // A buffer of another stream, when the case asks for one: that connection stays open (at
+    // its Read Request, unanswered) until this one is done.
+    let foreign = if case.has(&Op::ForeignStag) { Some(open_to_read(addr, case, t)?) } else { None };
     let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
         .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
     let mut s = Session::new(stream, Side::Initiator);
@@ -604,11 +615,51 @@ pub(crate) fn run_initiator(
             s.conv.peer_read = rr.and_then(|u| ReadRequest::parse(u.get(18..).unwrap_or_default()).ok());
         }
     }
+    if let (Some(own), Some((_, other))) = (&mut s.conv.peer_read, &foreign) {
+        own.sink_stag = other.sink_stag;
+        own.sink_to = other.sink_to;
+    }
     strike(&mut s, case, seeds);
     if case.point == Point::Handshake {
         s.conv.sent_on(0);
     }
-    Ok(s.finish(case, t))
+    let outcome = s.finish(case, t);
+    if let Some((other, _)) = foreign {
+        let _ = other.close(End::Close, Duration::ZERO);
+    }
+    Ok(outcome)
+}
+
+/// A well-formed connection to the responder at `addr`, as rping's client, up to the peer's
+/// Read Request (for [`Op::ForeignStag`]): the session and the request.
+fn open_to_read(addr: SocketAddr, case: &Case, t: Timing) -> Result<(Session, ReadRequest), String> {
+    let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
+        .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
+    let mut s = Session::new(stream, Side::Initiator);
+    let policy = Policy {
+        ird: 1,
+        ord: 1,
+        crc: if case.crc { CrcPolicy::Wanted } else { CrcPolicy::Off },
+        ..Policy::default()
+    };
+    let request =
+        policy.request(&[]).and_then(|r| r.to_vec().map_err(Into::into)).map_err(|e| e.to_string())?;
+    s.write(&request);
+    s.wait_for(t.step, |s| s.peer.frame.is_some());
+    let crc = match s.peer_frame() {
+        Some(r) if r.kind == FrameKind::Reply && !r.reject => r.crc || case.crc,
+        _ => return Err("the second connection got no MPA Reply".to_string()),
+    };
+    s.peer.start_fpdus(crc, false);
+    s.framer = Framer::new(crc, false);
+    let adv = s.conv.send();
+    s.send_plain(&adv);
+    s.conv.sent_on(0);
+    let rr = s.wait_message(t.step, |u| is_opcode(u, Opcode::ReadRequest));
+    match rr.and_then(|u| ReadRequest::parse(u.get(18..).unwrap_or_default()).ok()) {
+        Some(r) => Ok((s, r)),
+        None => Err("no Read Request on the second connection".to_string()),
+    }
 }
 
 /// Accepts the next connection on `listener` within `limit`.
