@@ -5,6 +5,10 @@
 #  - the whole-stack memory tests and the deregistration race (tests/tests/memory.rs,
 #    tests/tests/dereg_race.rs): a placement or Read Response after the buffer was given back
 #    and freed would be a heap-use-after-free,
+#  - the verbs drop-in (verbs-abi/, the C ABI crate): its tests run Debian's rping, perftest
+#    and the C programs of verbs-abi/tests/c/ on the instrumented library, with LLVM's shared
+#    ASan runtime preloaded into those uninstrumented programs (IWARP_VERBS_ABI_PRELOAD; from
+#    libclang-rt-14-dev); a canary checks that a bad access inside the library is reported,
 #  - short runs of the ddp_placement and qp_receive fuzz targets (cargo fuzz builds with ASan).
 # ASan needs nightly flags; RUSTC_BOOTSTRAP=1 enables them on the stable toolchain. The
 # sanitized builds go to target/asan, apart from the normal ones. Leak checking stays on: an
@@ -29,6 +33,15 @@ asan_test -p iwarp-ddp --lib -- dma:: placement::
 step "memory over real connections, and the deregistration race"
 IWARP_RACE_ROUNDS="${IWARP_RACE_ROUNDS:-100}" asan_test -p iwarp-tests --test memory --test dereg_race
 
+step "the verbs drop-in's tests on the instrumented library (rping, perftest, C programs)"
+runtime="$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.asan-x86_64.so 2>/dev/null | tail -1 || true)"
+if [ -z "$runtime" ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libclang-rt-14-dev >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libclang-rt-14-dev >/dev/null; }
+  runtime="$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.asan-x86_64.so | tail -1)"
+fi
+IWARP_VERBS_ABI_PRELOAD="$runtime" asan_test -p iwarp-verbs-abi
+
 step "fuzz targets ddp_placement and qp_receive (${seconds}s each)"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 cd fuzz
@@ -42,4 +55,4 @@ for t in ddp_placement qp_receive; do
   st=${PIPESTATUS[0]}
   if [ "$st" -ne 0 ]; then echo "fuzz target $t failed under ASan (status $st)" >&2; exit 1; fi
 done
-echo "asan: DMA tests, memory tests, deregistration race and fuzz targets ran clean"
+echo "asan: DMA tests, memory tests, deregistration race, the verbs drop-in and fuzz targets ran clean"

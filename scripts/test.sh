@@ -61,7 +61,7 @@ bash scripts/fuzz-peer-loopback.sh
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 
-step "AddressSanitizer: DMA module, memory tests, deregistration race, placement fuzz targets"
+step "AddressSanitizer: DMA module, memory tests, deregistration race, the verbs drop-in, placement fuzz targets"
 bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
 
 step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, and its bandwidth (scripts/verbs-abi-test.sh)"

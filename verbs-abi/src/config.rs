@@ -13,6 +13,7 @@
 //! | `IWARP_MARKERS` | `0`, `1` (ask the peer for MPA markers) | `0` |
 //! | `IWARP_P2P` | `0`, `1` (peer-to-peer mode: offer RTR as initiator) | `0` |
 //! | `IWARP_POLL` | `adaptive`, `busy`, `event` (the engine's poll mode) | `adaptive` |
+//! | `IWARP_CONNECT_RETRY_MS` | how long `rdma_connect` retries a refused TCP connection (0: never) | `1000` |
 //! | `IWARP_PCAP` | a file: every connection's traffic, as pcap | none |
 //! | `IWARP_DEVICE` | the device's name (`ibv_get_device_name`) | `iwarp0` |
 //! | `IWARP_LOG` | a `tracing` filter (`debug`, `iwarp=trace`, ...), to stderr | none |
@@ -59,6 +60,10 @@ pub struct Config {
     pub markers: bool,
     /// Peer-to-peer mode (RTR) as initiator.
     pub p2p: bool,
+    /// How long a refused connection is retried (perftest's server closes its listener
+    /// after the control connection and opens a new one a moment later; a client that is
+    /// faster than that is refused).
+    pub connect_retry: std::time::Duration,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// `tracing` filter.
@@ -152,8 +157,18 @@ impl Config {
         if device_name.len() >= 64 || !device_name.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!("IWARP_DEVICE={device_name}: at most 63 printable characters"));
         }
+        let connect_retry = match get("IWARP_CONNECT_RETRY_MS").filter(|s| !s.is_empty()) {
+            None => std::time::Duration::from_millis(1000),
+            Some(ms) => ms
+                .parse::<u64>()
+                .ok()
+                .filter(|&ms| ms <= 60_000)
+                .map(std::time::Duration::from_millis)
+                .ok_or_else(|| format!("IWARP_CONNECT_RETRY_MS={ms}: expected milliseconds, 0 to 60000"))?,
+        };
         Ok(Config {
             device_name,
+            connect_retry,
             poll_mode,
             transport,
             crc,
@@ -181,6 +196,8 @@ mod tests {
         assert_eq!(c.poll_mode, PollMode::Adaptive);
         assert!(matches!(c.transport, TransportConfig::Kernel));
         assert_eq!((c.crc, c.mpa_rev, c.markers, c.p2p), (CrcPolicy::Off, 2, false, false));
+        assert_eq!(c.connect_retry, std::time::Duration::from_secs(1));
+        assert_eq!(cfg(&[("IWARP_CONNECT_RETRY_MS", "0")]).unwrap().connect_retry, std::time::Duration::ZERO);
     }
 
     #[test]
@@ -203,6 +220,7 @@ mod tests {
             vec![("IWARP_TRANSPORT", "smoltcp"), ("IWARP_TAP", "t"), ("IWARP_IP", "10.0.0.1")],
             vec![("IWARP_P2P", "2")],
             vec![("IWARP_DEVICE", "has space")],
+            vec![("IWARP_CONNECT_RETRY_MS", "soon")],
         ] {
             let e = cfg(&bad).unwrap_err();
             assert!(e.contains(bad[bad.len() - 1].0) || e.contains(bad[0].0), "{e}");

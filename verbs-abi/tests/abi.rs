@@ -15,7 +15,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::mem::{offset_of, size_of};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -179,7 +179,7 @@ fn debian_programs_find_every_import() {
     eprintln!("{checked} programs checked");
 }
 
-fn which(program: &str) -> Option<std::path::PathBuf> {
+fn which(program: &str) -> Option<PathBuf> {
     let out = Command::new("sh").args(["-c", &format!("command -v {program}")]).output().ok()?;
     let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
     (out.status.success() && !p.is_empty()).then(|| p.into())
@@ -465,28 +465,57 @@ fn layouts_match_rdma_core_headers() {
     assert!(checks.len() > 100);
 }
 
+/// Compiles the C program `NAME.c` of verbs-abi/tests/c/ against the drop-in libraries.
+fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("c").join(format!("{name}.c"));
+    let mut cc = Command::new("cc");
+    cc.args(["-std=gnu11", "-O1", "-g", "-Wall", "-Werror", "-pthread"])
+        .args(extra)
+        .arg("-o")
+        .arg(&exe)
+        .arg(src)
+        .arg(format!("-L{}", libdir().display()))
+        .args(["-lrdmacm", "-libverbs"]);
+    if std::env::var_os("IWARP_VERBS_ABI_PRELOAD").is_some() {
+        // An instrumented library (scripts/asan.sh): its sanitizer symbols come from the
+        // runtime preloaded when the program runs (see `dropin`).
+        cc.arg("-Wl,--allow-shlib-undefined");
+    }
+    let out = cc.output().expect("cc");
+    assert!(out.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
 #[test]
 fn c_abi_corners() {
     if !have("cc") || !have_headers() {
         return skip("cc and the rdma-core headers (libibverbs-dev, librdmacm-dev)");
     }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("corners-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("corners");
-    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/corners.c"));
-    let libs = libdir();
-    let out = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .arg(format!("-L{}", libs.display()))
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .expect("cc");
-    assert!(out.status.success(), "compiling corners.c: {}", String::from_utf8_lossy(&out.stderr));
+    let exe = compile_c("corners", &[]);
     let out = wait_bounded(spawn(dropin(exe.to_str().unwrap())), Duration::from_secs(60), "corners");
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}");
     assert!(out.status.success(), "corners.c failed:\n{}", show(&out));
     assert!(!text.contains("not ok"), "{text}");
+}
+
+#[test]
+fn the_sanitizer_sees_inside_the_library() {
+    // Meaningful only with the library built under AddressSanitizer (scripts/asan.sh sets
+    // IWARP_VERBS_ABI_PRELOAD to the sanitizer's runtime); elsewhere there is nothing to see.
+    if std::env::var_os("IWARP_VERBS_ABI_PRELOAD").is_none() {
+        eprintln!("not under AddressSanitizer: nothing to check");
+        return;
+    }
+    if !have("cc") || !have_headers() {
+        return skip("cc and the rdma-core headers (libibverbs-dev, librdmacm-dev)");
+    }
+    let exe = compile_c("asan_canary", &["-Wno-use-after-free"]);
+    let out = wait_bounded(spawn(dropin(exe.to_str().unwrap())), Duration::from_secs(60), "asan_canary");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(86), "the canary was not stopped by the sanitizer:\n{}", show(&out));
+    assert!(err.contains("heap-use-after-free") && err.contains("ibv_query_device"), "{err}");
 }

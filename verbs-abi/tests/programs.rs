@@ -32,7 +32,7 @@ fn rping(size: u32, count: u32) {
     let mut s = dropin("rping");
     s.args(["-s", "-a", "127.0.0.1", "-p", &port, "-S", &size.to_string()]);
     let server = spawn(s);
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(wait_listening(port.parse().unwrap(), LIMIT), "rping's server did not listen on {port}");
     let mut c = dropin("rping");
     c.args([
         "-c",
@@ -92,13 +92,21 @@ fn perftest(tool: &str) {
     let mut s = dropin(tool);
     s.args(args);
     let server = spawn(s);
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(wait_listening(port.parse().unwrap(), LIMIT), "{tool}'s server did not listen on {port}");
     let mut c = dropin(tool);
     c.args(args).arg("127.0.0.1");
-    let client = wait_bounded(spawn(c), LIMIT, tool);
-    let server = wait_bounded(server, LIMIT, tool);
-    assert!(client.status.success(), "client: {}", show(&client));
-    assert!(server.status.success(), "server: {}", show(&server));
+    let (client, client_killed) = wait_or_kill(spawn(c), LIMIT);
+    // A server whose client failed may wait for it forever: it gets a short while.
+    let (server, server_killed) =
+        wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
+    assert!(
+        client.status.success() && server.status.success(),
+        "{tool}: client{}: {}\nserver{}: {}",
+        if client_killed { " (killed)" } else { "" },
+        show(&client),
+        if server_killed { " (killed)" } else { "" },
+        show(&server)
+    );
     for out in [&client, &server] {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Transport type : IW") && text.contains("Device         : iwarp0"), "{text}");

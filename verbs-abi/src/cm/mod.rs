@@ -26,12 +26,13 @@
 pub mod addr;
 pub mod stubs;
 
+use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iwarp::{CmError, ConnectRequest};
 
@@ -74,11 +75,13 @@ impl EventChannel {
         let pipe = EventPipe::new()?;
         let mut c: rdma_event_channel = zeroed();
         c.fd = pipe.fd();
-        Ok(Arc::new(EventChannel {
+        let ch = Arc::new(EventChannel {
             c: CStruct::new(c),
             pipe,
             queued: Mutex::new(AddrMap::with_hasher(Default::default())),
-        }))
+        });
+        DESTROYED_CHANNELS.lock().unwrap_or_else(PoisonError::into_inner).remove(&(ch.c.ptr() as usize));
+        Ok(ch)
     }
 
     fn queue(&self, event: Arc<Event>) {
@@ -327,8 +330,14 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     if let Some(ch) = CHANNELS.remove(channel) {
         ch.queued.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        DESTROYED_CHANNELS.lock().unwrap_or_else(PoisonError::into_inner).insert(channel as usize);
     }
 }
+
+/// Channels destroyed since (by address; an address is forgotten when a new channel gets it).
+/// A thread that comes to read one of them, such as rping's event thread racing the main
+/// thread's teardown, waits as a read of rdma-core's event file would: no event comes.
+static DESTROYED_CHANNELS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
 /// Creates an id; with a NULL `channel` the id is synchronous.
 ///
@@ -369,6 +378,13 @@ pub unsafe extern "C" fn rdma_create_id(
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     minus1_call("rdma_destroy_id", || {
         let obj = IDS.remove(id).ok_or(libc::EINVAL)?;
+        // As rdma-core: wait until the events delivered for this id are acknowledged (a
+        // program's event thread is then past its last event of the id; rping relies on it).
+        // Bounded, for a program that destroys an id before acknowledging its events.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while unacked(&obj) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let listener = {
             let mut st = obj.state();
             st.request = None;
@@ -380,6 +396,17 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         Ok(0)
     })
+}
+
+/// Whether an event delivered for `obj` is not acknowledged yet.
+fn unacked(obj: &Arc<CmId>) -> bool {
+    let found = std::sync::atomic::AtomicBool::new(false);
+    DELIVERED.for_each(|ev| {
+        if Arc::ptr_eq(&ev._id, obj) {
+            found.store(true, Ordering::Relaxed);
+        }
+    });
+    found.into_inner()
 }
 
 /// Binds the id to a local address (port 0: chosen when listening).
@@ -713,7 +740,21 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
             .name("iwarp-rdma-connect".into())
             .spawn(move || {
                 let (obj, qp) = (thread_obj, qp);
-                let result = rt.device.connect(dst, &qp.pd.pd, &qp.send_cq.cq, &qp.recv_cq.cq, &opts);
+                // A refused connection is tried again for a while: a server may be between two
+                // listeners on the port (perftest's is, right after its control connection).
+                let deadline = Instant::now() + rt.config.connect_retry;
+                let result = loop {
+                    let result = rt.device.connect(dst, &qp.pd.pd, &qp.send_cq.cq, &qp.recv_cq.cq, &opts);
+                    match result {
+                        Err(CmError::Io(ref e))
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused
+                                && Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        result => break result,
+                    }
+                };
                 match result {
                     Ok(connected) => {
                         let params = connected.qp.conn_params();
@@ -1038,7 +1079,10 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
     let fd = match minus1_call("rdma_get_cm_event", || channel_fd(channel, event).map(|(_, fd)| fd)) {
-        -1 => return -1,
+        -1 => {
+            wait_if_destroyed(channel);
+            return -1;
+        }
         fd => fd,
     };
     loop {
@@ -1053,7 +1097,20 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(
         match minus1_call("rdma_get_cm_event", || deliver(channel, n, event).map(c_int::from)) {
             1 => return 0,
             0 => continue,
-            _ => return -1,
+            _ => {
+                wait_if_destroyed(channel);
+                return -1;
+            }
+        }
+    }
+}
+
+/// Blocks for good when `channel` was destroyed: see [`DESTROYED_CHANNELS`].
+fn wait_if_destroyed(channel: *mut rdma_event_channel) {
+    if DESTROYED_CHANNELS.lock().unwrap_or_else(PoisonError::into_inner).contains(&(channel as usize)) {
+        // No value with a destructor is live here: a cancelled sleep unwinds through.
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
         }
     }
 }

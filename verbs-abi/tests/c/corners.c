@@ -121,6 +121,14 @@ static void *blocked_reader(void *arg)
 	return NULL;
 }
 
+static void *reads_destroyed_channel(void *arg)
+{
+	struct rdma_cm_event *ev;
+
+	rdma_get_cm_event(arg, &ev); /* never returns: the channel is gone (cancelled) */
+	return NULL;
+}
+
 struct accept_args {
 	struct rdma_event_channel *ch;
 	int ok;
@@ -510,7 +518,84 @@ int main(void)
 		rdma_freeaddrinfo(res);
 	}
 
-	rdma_destroy_id(listen_id);
+	/* --- a listener closed and opened again on its port (perftest's server does this
+	   between its control and data connections): a connect in between waits for the new
+	   one (IWARP_CONNECT_RETRY_MS, 1 s by default) instead of being refused at once --- */
+	{
+		struct ibv_qp_init_attr attr = { .cap = { 4, 4, 1, 1, 0 }, .qp_type = IBV_QPT_RC };
+		struct rdma_cm_id *late, *nobody;
+		struct timespec t0, t1;
+
+		fcntl(sch->fd, F_SETFL, O_NONBLOCK);
+		CHECK(rdma_destroy_id(listen_id) == 0, "the listener is destroyed");
+		REQUIRE(rdma_create_id(cch, &late, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (late client)");
+		CHECK(rdma_resolve_addr(late, NULL, (struct sockaddr *)&sin, 2000) == 0, "rdma_resolve_addr");
+		expect_event(cch, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+		CHECK(rdma_resolve_route(late, 2000) == 0, "rdma_resolve_route");
+		expect_event(cch, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+		REQUIRE(rdma_create_qp(late, NULL, &attr) == 0, "rdma_create_qp (late client)");
+		CHECK(rdma_connect(late, NULL) == 0, "rdma_connect while nothing listens on the port");
+		usleep(200000);
+		REQUIRE(rdma_create_id(sch, &listen_id, NULL, RDMA_PS_TCP) == 0 &&
+				rdma_bind_addr(listen_id, (struct sockaddr *)&sin) == 0 &&
+				rdma_listen(listen_id, 4) == 0,
+			"a new listener on the same port, 200 ms later");
+		ev = expect_event(sch, RDMA_CM_EVENT_CONNECT_REQUEST, 1);
+		if (ev) {
+			sid = ev->id;
+			rdma_ack_cm_event(ev);
+			struct ibv_qp_init_attr sattr = { .cap = { 4, 4, 1, 1, 0 }, .qp_type = IBV_QPT_RC };
+			CHECK(rdma_create_qp(sid, NULL, &sattr) == 0 && rdma_accept(sid, NULL) == 0,
+			      "the new listener accepts the waiting client");
+			expect_event(cch, RDMA_CM_EVENT_ESTABLISHED, 0);
+			expect_event(sch, RDMA_CM_EVENT_ESTABLISHED, 0);
+			rdma_disconnect(late);
+			expect_event(cch, RDMA_CM_EVENT_DISCONNECTED, 0);
+			expect_event(sch, RDMA_CM_EVENT_DISCONNECTED, 0);
+			rdma_destroy_qp(sid);
+			rdma_destroy_id(sid);
+		}
+		rdma_destroy_qp(late);
+		rdma_destroy_id(late);
+
+		/* Nobody comes back: the connect is refused once the retry time is over. */
+		CHECK(rdma_destroy_id(listen_id) == 0, "the new listener is destroyed too");
+		REQUIRE(rdma_create_id(cch, &nobody, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (third client)");
+		CHECK(rdma_resolve_addr(nobody, NULL, (struct sockaddr *)&sin, 2000) == 0, "rdma_resolve_addr");
+		expect_event(cch, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+		CHECK(rdma_resolve_route(nobody, 2000) == 0, "rdma_resolve_route");
+		expect_event(cch, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+		attr.send_cq = attr.recv_cq = NULL; /* (rdma_create_qp filled in the late client's) */
+		REQUIRE(rdma_create_qp(nobody, NULL, &attr) == 0, "rdma_create_qp (third client)");
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		CHECK(rdma_connect(nobody, NULL) == 0, "rdma_connect to a port nobody listens on");
+		ev = expect_event(cch, RDMA_CM_EVENT_REJECTED, 1);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		CHECK(ev && ev->status == -ECONNREFUSED, "REJECTED with -ECONNREFUSED, as the kernel's iWARP CM");
+		CHECK(t1.tv_sec - t0.tv_sec + (t1.tv_nsec - t0.tv_nsec) / 1e9 >= 0.9,
+		      "... after the retry time (%.2f s)", t1.tv_sec - t0.tv_sec + (t1.tv_nsec - t0.tv_nsec) / 1e9);
+		if (ev)
+			rdma_ack_cm_event(ev);
+		rdma_destroy_qp(nobody);
+		rdma_destroy_id(nobody);
+	}
+
+	/* --- a thread that reads a channel after its destruction waits (as on rdma-core's event
+	   file, where no event comes), rather than failing: rping's event thread does that when
+	   the main thread tears down first --------------------------------------------------- */
+	{
+		struct rdma_event_channel *gone = rdma_create_event_channel();
+		pthread_t t;
+		void *res = NULL;
+		REQUIRE(gone, "rdma_create_event_channel");
+		rdma_destroy_event_channel(gone);
+		REQUIRE(pthread_create(&t, NULL, reads_destroyed_channel, gone) == 0, "a thread reads it");
+		usleep(100000);
+		CHECK(pthread_tryjoin_np(t, &res) == EBUSY, "it is still waiting 100 ms later");
+		CHECK(pthread_cancel(t) == 0 && pthread_join(t, &res) == 0 && res == PTHREAD_CANCELED,
+		      "pthread_cancel ends it");
+	}
+
 	rdma_destroy_event_channel(sch);
 	rdma_destroy_event_channel(cch);
 	ibv_dereg_mr(mr);

@@ -63,9 +63,18 @@ pub(crate) fn libdir() -> &'static Path {
 }
 
 /// A command running on the drop-in libraries.
+///
+/// Under AddressSanitizer (scripts/asan.sh builds the crate with `-Zsanitizer=address`), the
+/// programs are not instrumented themselves, so the sanitizer's runtime named by
+/// `IWARP_VERBS_ABI_PRELOAD` is preloaded into them; the instrumented library then reports
+/// any bad access of its own and stops the program. Leak checking is off there: it would
+/// judge the programs' own allocations (perftest frees little before it exits).
 pub(crate) fn dropin(program: &str) -> Command {
     let mut c = Command::new(program);
     c.env("LD_LIBRARY_PATH", libdir()).env_remove("IWARP_PCAP");
+    if let Some(runtime) = std::env::var_os("IWARP_VERBS_ABI_PRELOAD") {
+        c.env("LD_PRELOAD", runtime).env("ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1:exitcode=86");
+    }
     c
 }
 
@@ -94,31 +103,58 @@ pub(crate) fn spawn(mut cmd: Command) -> Running {
     Running { child, out, err }
 }
 
-/// Waits for `r` at most `limit`; kills it (by its PID) when over.
-pub(crate) fn wait_bounded(mut r: Running, limit: Duration, what: &str) -> Output {
+/// Waits for `r` at most `limit`; kills it (by its PID) when over and says so.
+pub(crate) fn wait_or_kill(mut r: Running, limit: Duration) -> (Output, bool) {
     let deadline = Instant::now() + limit;
-    let status = loop {
+    let (status, killed) = loop {
         match r.child.try_wait().expect("wait") {
-            Some(status) => break status,
+            Some(status) => break (status, false),
             None if Instant::now() >= deadline => {
                 let _ = r.child.kill();
-                let _ = r.child.wait();
-                let (o, e) = (r.out.join().unwrap_or_default(), r.err.join().unwrap_or_default());
-                panic!(
-                    "{what}: still running after {limit:?}; killed\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&o),
-                    String::from_utf8_lossy(&e)
-                );
+                break (r.child.wait().expect("wait"), true);
             }
             None => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    Output { status, stdout: r.out.join().unwrap_or_default(), stderr: r.err.join().unwrap_or_default() }
+    (
+        Output { status, stdout: r.out.join().unwrap_or_default(), stderr: r.err.join().unwrap_or_default() },
+        killed,
+    )
+}
+
+/// Waits for `r` at most `limit`; kills it (by its PID) and fails when over.
+pub(crate) fn wait_bounded(r: Running, limit: Duration, what: &str) -> Output {
+    let (out, killed) = wait_or_kill(r, limit);
+    assert!(!killed, "{what}: still running after {limit:?}; killed\n{}", show(&out));
+    out
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; a race with other tests is unlikely).
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a port")
+}
+
+/// Waits (up to `limit`) until a TCP socket listens on `port` (/proc/net/tcp and tcp6 show
+/// it in state LISTEN), so a client never races its server's start; false if none came.
+pub(crate) fn wait_listening(port: u16, limit: Duration) -> bool {
+    let needle = format!(":{port:04X} ");
+    let deadline = Instant::now() + limit;
+    loop {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let text = std::fs::read_to_string(table).unwrap_or_default();
+            let listening = text.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && format!("{} ", f[1]).ends_with(&needle) && f[3] == "0A"
+            });
+            if listening {
+                return true;
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Describes an output for an assertion message.
