@@ -337,11 +337,44 @@ impl Latency {
     }
 }
 
+/// What the frames of a smoltcp stream cost: frames on the wire (both directions, each
+/// counted once) and the process's CPU time (every thread) over the measurement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameCost {
+    frames: u64,
+    cpu_secs: f64,
+    secs: f64,
+}
+
+impl FrameCost {
+    /// Frames per second of wall time.
+    fn per_sec(&self) -> f64 {
+        self.frames as f64 / self.secs.max(1e-9)
+    }
+
+    /// Frames per CPU-second: per core kept busy.
+    fn per_cpu_sec(&self) -> f64 {
+        self.frames as f64 / self.cpu_secs.max(1e-9)
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "frames": self.frames,
+            "frames_per_s": self.per_sec(),
+            "frames_per_cpu_s": self.per_cpu_sec(),
+            "cpu_s": self.cpu_secs,
+            "secs": self.secs,
+        })
+    }
+}
+
 /// One size of the raw-TCP baseline.
 #[derive(Debug, Clone, Copy)]
 struct RawRow {
     stream: Throughput,
     ping_pong: Latency,
+    /// smoltcp runs: what the stream's frames cost.
+    frames: Option<FrameCost>,
 }
 
 /// One operation at one size.
@@ -524,7 +557,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     }
     let mut kernel_rows = BTreeMap::new();
     for &size in &raw_sizes {
-        let (stream, ping_pong) = match stacks {
+        let (stream, ping_pong, frames) = match stacks {
             Some((client, server)) => {
                 let kernel = raw::stream(size, &budget)?;
                 if !args.quiet {
@@ -535,13 +568,13 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
                     );
                 }
                 kernel_rows.insert(size, kernel);
-                let stream = smolraw::stream(client, server, size, &budget)?;
+                let (stream, cost) = smolraw::stream(client, server, size, &budget)?;
                 let ping_pong = if sizes.contains(&size) {
                     smolraw::ping_pong(client, server, size, &budget)?
                 } else {
                     Latency::default()
                 };
-                (stream, ping_pong)
+                (stream, ping_pong, Some(cost))
             }
             None => {
                 let stream = raw::stream(size, &budget)?;
@@ -550,7 +583,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
                 } else {
                     Latency::default()
                 };
-                (stream, ping_pong)
+                (stream, ping_pong, None)
             }
         };
         progress(format!(
@@ -561,7 +594,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
             stream.mmsg_s(),
             ping_pong.p50_us
         ));
-        raw_rows.insert(size, RawRow { stream, ping_pong });
+        raw_rows.insert(size, RawRow { stream, ping_pong, frames });
     }
     let cfg = rdma::Config {
         poll: args.poll.mode(),
@@ -733,6 +766,27 @@ fn text_report(args: &Args, report: &Report) -> String {
             ));
         }
     }
+    if report.rows.iter().any(|r| r.raw.frames.is_some()) {
+        out.push_str(
+            "\nsmoltcp raw TCP frames (both directions) per second, and per CPU-second (per core busy)\n",
+        );
+        let mut seen = Vec::new();
+        for r in report.rows.iter() {
+            let Some(f) = r.raw.frames else { continue };
+            if seen.contains(&r.size) {
+                continue;
+            }
+            seen.push(r.size);
+            out.push_str(&format!(
+                "{:>6}: {:.0} kframes/s, {:.0} kframes per CPU-second, {:.2} cores busy, {:.0} stream bytes per frame\n",
+                show_size(r.size),
+                f.per_sec() / 1e3,
+                f.per_cpu_sec() / 1e3,
+                f.cpu_secs / f.secs.max(1e-9),
+                r.raw.stream.bytes as f64 / f.frames.max(1) as f64
+            ));
+        }
+    }
     let rate = report.rate;
     out.push_str(&format!(
         "\n64 B message rate: iwarp send {:.3} Mmsg/s, raw TCP stream {:.3} Mmsg/s, ratio {:.2}\n",
@@ -777,6 +831,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "iwarp": iwarp,
                 "raw": raw,
                 "kernel_tcp": r.kernel.map(|k| k.to_json()),
+                "raw_frames": r.raw.frames.map(|f| f.to_json()),
                 "ratio": {
                     "bandwidth": r.bw_ratio(),
                     "msg_rate": r.rate_ratio(),
