@@ -937,6 +937,25 @@ fn give_back(pool: &mut Vec<Vec<u8>>, tx: &mut Vec<u8>) {
     }
 }
 
+/// Hands the receives the application posted to the queue pair; whether there were any.
+fn take_posted_receives(slot: &mut ConnSlot) -> bool {
+    let shared = &slot.shared;
+    let mut any = false;
+    while let Some(wr) = shared.rq.pop() {
+        any = true;
+        let wr_id = wr.wr_id;
+        if let Err(e) = slot.conn.qp().post_recv(wr) {
+            tracing::debug!(wr_id, error = %e, "post_recv refused");
+            shared.recv_cq.push(WorkCompletion {
+                status: WcStatus::LocalLengthError,
+                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
+            });
+            shared.rq_retired();
+        }
+    }
+    any
+}
+
 /// Moves the queue pair's events and completions to the application: events first, so the
 /// reason for a flush is there before the flushed requests; each queue's waiters are woken
 /// once for the batch.
@@ -1005,18 +1024,8 @@ fn visit(
             shared.sq_retired(1);
         }
     }
-    while let Some(wr) = shared.rq.pop() {
-        v.work = true;
-        let wr_id = wr.wr_id;
-        if let Err(e) = slot.conn.qp().post_recv(wr) {
-            tracing::debug!(wr_id, error = %e, "post_recv refused");
-            shared.recv_cq.push(WorkCompletion {
-                status: WcStatus::LocalLengthError,
-                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
-            });
-            shared.rq_retired();
-        }
-    }
+    v.work |= take_posted_receives(slot);
+    let shared = &slot.shared;
     if shared.take_disconnect() {
         v.work = true;
         slot.conn.qp().close();
@@ -1032,6 +1041,10 @@ fn visit(
                 break;
             }
             reads += 1;
+            // Receives posted while this visit ran: the application may have answered the
+            // completions of an earlier visit and let its peer send into them, and what the
+            // peer sent may be what this read brings.
+            v.work |= take_posted_receives(slot);
             let link = &mut slot.link;
             match slot.conn.receive(&mut mem, rx, |bufs| link.recv_vectored(bufs)) {
                 Ok(step) if step.read == 0 => {

@@ -16,7 +16,9 @@
 //!
 //! This crate depends on none of the protocol crates (docs/architecture.md#dependency-rules).
 
+mod frame_io;
 mod mem;
+mod offload;
 mod pcap;
 mod smol;
 mod smol_device;
@@ -28,8 +30,9 @@ use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 
 pub use mem::{MemFaults, MemLink};
+pub use offload::{Offload, Offloads};
 pub use pcap::{CapturingLink, Direction, PcapFlow, PcapWriter, TCP_MSS};
-pub use smol::{DeviceStats, SmolConfig, SmolLink, SmolListener, SmolStack, random_mac};
+pub use smol::{DeviceStats, SmolConfig, SmolLink, SmolListener, SmolStack, interface_ipv4, random_mac};
 /// The smoltcp types in [`SmolStack`]'s API (time, TCP state).
 pub use smoltcp;
 pub use tcp::{LinkOptions, TcpLink, TcpListenerLink};

@@ -14,6 +14,7 @@ mod plot;
 mod raw;
 mod rdma;
 mod smolraw;
+mod veth;
 
 /// Exit status when a measurement failed (a completion did not come, or came with an error).
 const EXIT_FAILED: u8 = 1;
@@ -30,10 +31,13 @@ const RATE_SIZE: usize = 64;
 /// process over 127.0.0.1.
 ///
 /// With `--transport smoltcp --iface A --peer-iface B --ip ADDR/P --peer-ip ADDR/P` (the two
-/// ends of a veth pair, no kernel addresses on them) client and server each run their own
-/// smoltcp stack on one end; the baseline is then smoltcp's raw TCP between the same two
-/// interfaces (a plain byte stream and an echo), and kernel TCP over 127.0.0.1 is measured
-/// for comparison. `--pcap` then records the client interface's real frames.
+/// ends of a veth pair) client and server each run their own smoltcp stack on one end; the
+/// baseline is then smoltcp's raw TCP between the same two interfaces (a plain byte stream
+/// and an echo), and a kernel-TCP stream is measured for comparison: over the same veth pair
+/// when its ends are in two network namespaces (`--netns NS --peer-netns NS2`, the kernel's
+/// addresses on the two ends; scripts/bench-smol.sh sets this up), over 127.0.0.1 otherwise.
+/// What the smoltcp stacks' frames cost (frames per second and per CPU-second) and which
+/// offloads they use are reported too. `--pcap` then records the client interface's frames.
 ///
 /// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
 /// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
@@ -107,6 +111,18 @@ pub(crate) struct Args {
     /// smoltcp: the server stack's IPv4 address and prefix length.
     #[arg(long, value_name = "ADDR/PREFIX", value_parser = crate::transport::parse_cidr)]
     peer_ip: Option<(std::net::Ipv4Addr, u8)>,
+    /// smoltcp: the network namespace holding --iface (`ip netns add`). With --peer-netns
+    /// the kernel-TCP baseline runs over the same veth pair, between the kernel's addresses
+    /// of the two ends.
+    #[arg(long, value_name = "NAME", requires = "peer_netns")]
+    netns: Option<String>,
+    /// smoltcp: the network namespace holding --peer-iface.
+    #[arg(long, value_name = "NAME", requires = "netns")]
+    peer_netns: Option<String>,
+    /// smoltcp: segmentation and checksum offload on both stacks (auto: what the devices
+    /// offer).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    offload: OnOff,
 }
 
 /// An operation to measure.
@@ -337,8 +353,8 @@ impl Latency {
     }
 }
 
-/// What the frames of a smoltcp stream cost: frames on the wire (both directions, each
-/// counted once) and the process's CPU time (every thread) over the measurement.
+/// What the frames of a smoltcp stream cost: frames through the two devices (sent and
+/// received) and the process's CPU time (every thread) over the measurement.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FrameCost {
     frames: u64,
@@ -426,20 +442,26 @@ struct Report {
     received: (u64, u64),
     /// Bytes framed, of those written from registered memory, and copied for a full link.
     sent: (u64, u64, u64),
+    /// smoltcp runs: the offloads of the client's and the server's devices.
+    offloads: Option<(iwarp::netdev::Offloads, iwarp::netdev::Offloads)>,
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
 type Stacks = (iwarp::netdev::SmolStack, iwarp::netdev::SmolStack);
 
-/// Opens the two smoltcp stacks, or `None` for kernel TCP; `Err` is a one-line message and
-/// whether it is a usage error.
-fn open_stacks(args: &Args) -> Result<Option<Stacks>, (String, bool)> {
-    let Some((dev, config)) = args.transport.check().map_err(|m| (m, true))? else {
-        if args.peer_iface.is_some() || args.peer_ip.is_some() {
-            return Err(("--peer-iface and --peer-ip need --transport smoltcp".into(), true));
+/// Opens the two smoltcp stacks (each in its namespace, when given) and the veth path of the
+/// kernel-TCP baseline, or `None` for kernel TCP; `Err` is a one-line message and whether it
+/// is a usage error.
+fn open_stacks(args: &Args) -> Result<Option<(Stacks, Option<veth::VethPath>)>, (String, bool)> {
+    let Some((dev, mut config)) = args.transport.check().map_err(|m| (m, true))? else {
+        if args.peer_iface.is_some() || args.peer_ip.is_some() || args.netns.is_some() {
+            return Err(("--peer-iface, --peer-ip and --netns need --transport smoltcp".into(), true));
         }
         return Ok(None);
     };
+    let offload =
+        if args.offload == OnOff::On { iwarp::netdev::Offload::Auto } else { iwarp::netdev::Offload::Off };
+    config.offload = offload;
     let crate::transport::Dev::Raw(_) = dev else {
         return Err((
             "bench over smoltcp needs two interfaces (a veth pair): --iface NAME --peer-iface NAME2, not --tap".into(),
@@ -455,26 +477,48 @@ fn open_stacks(args: &Args) -> Result<Option<Stacks>, (String, bool)> {
     if peer_ip == config.ip {
         return Err((format!("--ip and --peer-ip are both {peer_ip}"), true));
     }
-    let peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
-    let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
-    let server = crate::transport::open_stack(&crate::transport::Dev::Raw(peer.clone()), peer_config)
-        .map_err(|m| (m, false))?;
+    let mut peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
+    peer_config.offload = offload;
+    let peer_dev = crate::transport::Dev::Raw(peer.clone());
+    let namespaces = args.netns.clone().map(veth::Netns).zip(args.peer_netns.clone().map(veth::Netns));
+    let (client, server, veth) = match namespaces {
+        None => {
+            let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
+            let server = crate::transport::open_stack(&peer_dev, peer_config).map_err(|m| (m, false))?;
+            (client, server, None)
+        }
+        Some((ns, peer_ns)) => {
+            let in_ns = |ns: &veth::Netns, dev: &crate::transport::Dev, config| {
+                ns.run(|| crate::transport::open_stack(dev, config))
+                    .map_err(|e| (e.to_string(), false))?
+                    .map_err(|m| (m, false))
+            };
+            let client = in_ns(&ns, &dev, config)?;
+            let server = in_ns(&peer_ns, &peer_dev, peer_config)?;
+            let path = veth::VethPath::new(ns, peer_ns, peer).map_err(|e| (e.to_string(), false))?;
+            (client, server, Some(path))
+        }
+    };
     if let Some(path) = &args.pcap {
         crate::transport::capture(&client, path).map_err(|m| (m, false))?;
     }
-    Ok(Some((client, server)))
+    Ok(Some(((client, server), veth)))
 }
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    let stacks = match open_stacks(args) {
-        Ok(s) => s,
+    let (stacks, veth) = match open_stacks(args) {
+        Ok(Some((s, v))) => (Some(s), v),
+        Ok(None) => (None, None),
         Err((m, usage)) => {
             eprintln!("error: bench: {m}");
             return ExitCode::from(if usage { 2 } else { EXIT_FAILED });
         }
     };
-    let result = measure(args, stacks.as_ref());
+    let result = measure(args, stacks.as_ref(), veth.as_ref());
+    if let Some((c, s)) = &stacks && std::env::var_os("WTG_DEBUG").is_some() {
+        eprintln!("DEBUG client {:?}\nDEBUG server {:?}\n{:?} {:?}", c.device_stats(), s.device_stats(), c.tcp_states(), s.tcp_states());
+    }
     if let Some((client, _)) = &stacks
         && let Err(e) = client.flush_capture()
     {
@@ -538,7 +582,7 @@ fn raw_busy(args: &Args) -> bool {
     matches!(args.poll, Poll::Busy | Poll::Inline)
 }
 
-fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
+fn measure(args: &Args, stacks: Option<&Stacks>, veth: Option<&veth::VethPath>) -> Result<Report, BenchError> {
     let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
     // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
     let total = sizes.len() + usize::from(!sizes.contains(&RATE_SIZE)) + ops.len() * sizes.len();
@@ -559,10 +603,11 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     for &size in &raw_sizes {
         let (stream, ping_pong, frames) = match stacks {
             Some((client, server)) => {
-                let kernel = raw::stream(size, &budget)?;
+                let kernel = raw::stream(size, &budget, veth)?;
                 if !args.quiet {
                     eprintln!(
-                        "bench: kernel TCP (127.0.0.1) {:>5}: {:8.3} GB/s",
+                        "bench: kernel TCP ({}) {:>5}: {:8.3} GB/s",
+                        if veth.is_some() { "veth pair" } else { "127.0.0.1" },
                         show_size(size),
                         kernel.gbyte_s()
                     );
@@ -577,7 +622,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
                 (stream, ping_pong, Some(cost))
             }
             None => {
-                let stream = raw::stream(size, &budget)?;
+                let stream = raw::stream(size, &budget, None)?;
                 let ping_pong = if sizes.contains(&size) {
                     raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
                 } else {
@@ -656,6 +701,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         idle_bytes_per_qp,
         received,
         sent,
+        offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
     })
 }
 
@@ -691,6 +737,10 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     let gap =
         if gap(args).is_zero() { String::new() } else { format!(", {:?} between round trips", gap(args)) };
+    let offloads = match report.offloads {
+        Some((c, s)) => format!("smoltcp offloads: client {c}; server {s}\n"),
+        None => String::new(),
+    };
     let memory = match report.idle_bytes_per_qp {
         Some(b) => {
             format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
@@ -699,7 +749,7 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
-         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{memory}",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -707,6 +757,11 @@ fn config_line(args: &Args, report: &Report) -> String {
         args.window,
         if raw_busy(args) { "busy-polling" } else { "blocking" },
     )
+}
+
+/// Where the kernel-TCP comparison of a smoltcp run went.
+fn kernel_path(args: &Args) -> &'static str {
+    if args.netns.is_some() { "the same veth pair" } else { "127.0.0.1" }
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -751,7 +806,10 @@ fn text_report(args: &Args, report: &Report) -> String {
         }
     }
     if report.rows.iter().any(|r| r.kernel.is_some()) {
-        out.push_str("\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and kernel TCP over 127.0.0.1\n");
+        out.push_str(&format!(
+            "\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and / kernel TCP over {} (goal >= 0.5)\n",
+            kernel_path(args)
+        ));
         for r in report.rows.iter().filter(|r| r.kernel.is_some()) {
             let kernel = r.kernel.map_or(0.0, |k| k.gbyte_s());
             out.push_str(&format!(
@@ -768,7 +826,7 @@ fn text_report(args: &Args, report: &Report) -> String {
     }
     if report.rows.iter().any(|r| r.raw.frames.is_some()) {
         out.push_str(
-            "\nsmoltcp raw TCP frames (both directions) per second, and per CPU-second (per core busy)\n",
+            "\nsmoltcp raw TCP frames through the two devices (sent and received), per second and per CPU-second (per core busy)\n",
         );
         let mut seen = Vec::new();
         for r in report.rows.iter() {
@@ -778,7 +836,7 @@ fn text_report(args: &Args, report: &Report) -> String {
             }
             seen.push(r.size);
             out.push_str(&format!(
-                "{:>6}: {:.0} kframes/s, {:.0} kframes per CPU-second, {:.2} cores busy, {:.0} stream bytes per frame\n",
+                "{:>6}: {:.0} kframes/s, {:.0} kframes per CPU-second, {:.2} cores busy, {:.0} stream bytes per frame sent and received\n",
                 show_size(r.size),
                 f.per_sec() / 1e3,
                 f.per_cpu_sec() / 1e3,
@@ -850,6 +908,8 @@ fn json_report(args: &Args, report: &Report) -> String {
             "mpa_revision": args.mpa_rev,
             "poll": args.poll.name(),
             "transport": if args.transport.smoltcp() { "smoltcp" } else { "kernel" },
+            "kernel_tcp_path": args.transport.smoltcp().then(|| kernel_path(args)),
+            "offloads": report.offloads.map(|(c, s)| json!({ "client": c.to_string(), "server": s.to_string() })),
             "qps": args.qps,
             "window": args.window,
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },

@@ -85,14 +85,15 @@ pub(super) fn cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
-/// Frames both devices sent so far (each frame on the wire counted once).
+/// Frames through both devices so far, sent and received.
 fn frames_sent(client: &SmolStack, server: &SmolStack) -> u64 {
-    client.device_stats().tx_frames + server.device_stats().tx_frames
+    let (c, s) = (client.device_stats(), server.device_stats());
+    c.tx_frames + c.rx_frames + s.tx_frames + s.rx_frames
 }
 
 /// Stream bandwidth: the client writes `size`-byte messages until the budget is spent, the
 /// server (its own thread) reads until end of stream. Also what the frames cost: how many
-/// crossed the wire (both directions) and the process's CPU time meanwhile.
+/// went through the two devices (sent and received) and the process's CPU time meanwhile.
 pub(super) fn stream(
     client: &SmolStack,
     server: &SmolStack,
