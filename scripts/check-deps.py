@@ -2,7 +2,9 @@
 """Checks that the workspace crates depend on each other only as docs/architecture.md says.
 
 mpa and ddp depend on no workspace crate, rdmap only on mpa and ddp, netdev on none of the
-protocol crates; the root package may use them all. Normal and build dependencies count;
+protocol crates; the root package (the library) may use them all; the capture dissector
+(iwarp-dissect) only the protocol crates; the command line (iwarp-cli) the library and the
+dissector. Normal and build dependencies count;
 dev-dependencies (tests, benches) do not.
 """
 import json
@@ -15,6 +17,8 @@ ALLOWED = {
     "iwarp-rdmap": {"iwarp-mpa", "iwarp-ddp"},
     "iwarp-netdev": set(),
     "iwarp": {"iwarp-mpa", "iwarp-ddp", "iwarp-rdmap", "iwarp-netdev"},
+    "iwarp-dissect": {"iwarp-mpa", "iwarp-ddp", "iwarp-rdmap"},
+    "iwarp-cli": {"iwarp", "iwarp-dissect"},
     "iwarp-tests": set(),
 }
 

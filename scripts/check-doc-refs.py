@@ -5,7 +5,8 @@ Scanned: the repository's own text files (.rs, .sh, .py, .toml, .md), tracked or
 ignored. Cited are:
 
 - paths from the repository root that start with one of its top-level directories
-  (`docs/protocol-notes.md`, `tests/data/siw/siw-rping.pcap`, `scripts/check-deps.py`), and
+  (`docs/protocol-notes.md`, `tests/data/siw/siw-rping.pcap`, `scripts/check-deps.py`; in a
+  member package's Cargo.toml, paths from its own directory), and
   the old homes of notes and captures outside the repository (see GONE), which always fail;
 - paths starting with `../`, taken relative to the citing file;
 - bare Markdown file names (`README.md`), which must sit next to the citing file or at the root;
@@ -117,7 +118,11 @@ def main():
         for no, line in enumerate(text.splitlines(), 1):
             cites = []
             for m in rooted.finditer(line):
-                cites.append((m.group(1), m.group(1), m.group(2)))
+                path = m.group(1)
+                # A member package's manifest names its files from its own directory.
+                if f.endswith("Cargo.toml") and here and os.path.join(here, path) in files:
+                    path = os.path.join(here, path)
+                cites.append((m.group(1), path, m.group(2)))
             for m in relative.finditer(line):
                 cites.append((m.group(1), os.path.normpath(os.path.join(here, m.group(1))), m.group(2)))
             for m in bare_md.finditer(line):

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, docs, the dependency-direction check, the
-# check that every cited path exists, every test, a short fuzz smoke run of every fuzz target,
-# the registered-memory code under AddressSanitizer, short `iwarp fuzz-peer` runs against this
-# stack's rping and against siw, and the siw interop suite (qemu guest; needs root, see
-# docs/interop.md). Installs what it needs.
+# check that every cited path exists, the check that source files import no circle, every
+# test, a short fuzz smoke run of every fuzz target, the registered-memory code under
+# AddressSanitizer, short `iwarp fuzz-peer` runs against this stack's rping and against siw,
+# and the siw interop suite (qemu guest; needs root, see docs/interop.md). Installs what it
+# needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
@@ -24,6 +25,9 @@ python3 scripts/check-deps.py
 
 step "cited paths exist (comments, scripts, docs/)"
 python3 scripts/check-doc-refs.py
+
+step "no source file imports one that imports it back (scripts/check-imports.py)"
+python3 scripts/check-imports.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

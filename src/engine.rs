@@ -66,6 +66,10 @@ pub struct DeviceConfig {
     /// How long a finished connection (terminated or disconnected) may wait for its last
     /// bytes to leave (a peer that stopped reading) before the engine drops it.
     pub linger: Duration,
+    /// Large payloads go straight between the links and registered memory: received ones
+    /// are read into place, sent ones written from where they are. Off: every payload is
+    /// copied through the engine's buffers (for comparison, and for debugging).
+    pub zero_copy: bool,
 }
 
 impl Default for DeviceConfig {
@@ -76,6 +80,7 @@ impl Default for DeviceConfig {
             spin: Duration::from_micros(50),
             max_connections: 65536,
             linger: Duration::from_secs(10),
+            zero_copy: true,
         }
     }
 }
@@ -185,7 +190,12 @@ impl Engine {
     pub(crate) fn start(config: DeviceConfig) -> (Arc<Engine>, Option<JoinHandle<()>>) {
         let poll = Poll::new().ok().map(Arc::new);
         let engine = Arc::new(Engine {
-            core: Mutex::new(EngineCore::new(config.max_regions, config.linger, poll.clone())),
+            core: Mutex::new(EngineCore::new(
+                config.max_regions,
+                config.linger,
+                config.zero_copy,
+                poll.clone(),
+            )),
             config,
             doorbell: Doorbell::default(),
             stop: AtomicBool::new(false),
@@ -591,6 +601,8 @@ pub(crate) struct EngineCore {
     timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>,
     /// How long a finished connection may wait for its last bytes to leave.
     linger: Duration,
+    /// [`DeviceConfig::zero_copy`].
+    zero_copy: bool,
     /// A pass set a timer earlier than any before: a sleeping engine thread must recompute
     /// how long it sleeps (see [`EngineCore::take_new_earliest`]).
     new_earliest: bool,
@@ -606,7 +618,7 @@ pub(crate) struct EngineCore {
 }
 
 impl EngineCore {
-    fn new(max_regions: u32, linger: Duration, poll: Option<Arc<Poll>>) -> EngineCore {
+    fn new(max_regions: u32, linger: Duration, zero_copy: bool, poll: Option<Arc<Poll>>) -> EngineCore {
         EngineCore {
             table: TaggedBufferTable::new(max_regions),
             poll,
@@ -619,6 +631,7 @@ impl EngineCore {
             tx_stats: TxStats::default(),
             tx_staged: 0,
             linger,
+            zero_copy,
             new_earliest: false,
             polled: Vec::new(),
             stacks: Vec::new(),
@@ -689,6 +702,11 @@ impl EngineCore {
         pd: ProtectionDomainId,
         shared: impl FnOnce(u32, usize) -> QpShared,
     ) -> Arc<QpShared> {
+        let mut conn = conn;
+        if !self.zero_copy {
+            conn.set_direct_min(None);
+            conn.set_tx_by_ref_min(None);
+        }
         let qp_num = self.next_qp;
         self.next_qp += 1;
         let key = self.free_keys.pop().unwrap_or_else(|| {

@@ -10,7 +10,8 @@
 //! This package adds what needs threads and sockets: the offload engine ([`Device`]), the
 //! verbs-style API ([`ProtectionDomain`], [`MemoryRegion`], [`CompletionQueue`],
 //! [`QueuePair`]), the rdma_cm-style connection manager ([`Device::connect`],
-//! [`Device::listen`]) and packet-capture analysis ([`dissect`]).
+//! [`Device::listen`]). Packet-capture analysis is the `iwarp-dissect` crate (dissect/), and
+//! the `iwarp` command the `iwarp-cli` package (cli/).
 //!
 //! ```
 //! use std::time::Duration;
@@ -57,7 +58,6 @@ pub use iwarp_rdmap as rdmap;
 mod cm;
 mod cq;
 mod device;
-pub mod dissect;
 mod engine;
 mod mr;
 mod qp;

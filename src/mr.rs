@@ -148,7 +148,9 @@ impl ProtectionDomain {
     /// Allocates a region over `buffer` that starts invalid, for fast registration (verbs
     /// `ibv_alloc_mr`): a [`SendOp::FastRegister`] work request (see
     /// [`MemoryRegion::fast_register_op`]) makes it valid with the key and rights it names;
-    /// [`SendOp::LocalInvalidate`] or a peer's Send with Invalidate make it invalid again.
+    /// [`SendOp::LocalInvalidate`] or a peer's Send with Invalidate make it invalid again
+    /// (a peer's only if the region grants some remote right; neither while a memory window
+    /// is bound to it).
     pub fn alloc_mr(&self, buffer: impl Into<Buffer>) -> Result<MemoryRegion, RegisterError> {
         let memory = RegionMemory::new(buffer);
         let len = memory.len();

@@ -17,7 +17,9 @@
 //! - [`untagged`]: the untagged receive queues 0..=3 ([`UntaggedQueues`]): posted buffer
 //!   lengths, expected MSN and MO checks.
 //!
-//! It is sans-IO: no sockets, no threads, no clock.
+//! It is sans-IO: no sockets, no threads, no clock. The one thing it takes from outside is the
+//! seed of a new tagged buffer table's STags (the standard library's random hashing keys;
+//! [`TaggedBufferTable::with_seed`] takes it as an argument instead).
 //!
 //! ```
 //! use iwarp_ddp::{
@@ -74,8 +76,8 @@ pub use placement::{
 };
 pub use segment::{MessageTarget, SegmentError, Segmenter};
 pub use stag_table::{
-    Access, AccessError, Addressing, Entry, EntryKind, Placement, ProtectionDomainId, RegionSpec, TableError,
-    TaggedBufferTable,
+    Access, AccessError, Addressing, Entry, EntryKind, InvalidateError, Placement, ProtectionDomainId,
+    RegionSpec, TableError, TaggedBufferTable,
 };
 pub use terminate::{TerminateCode, TerminateLayer};
 pub use untagged::{PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};

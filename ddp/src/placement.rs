@@ -25,7 +25,8 @@ use std::collections::VecDeque;
 use crate::dma::RegionMemory;
 use crate::header::{Msn, QueueNumber, STag, SegmentKind, TaggedOffset};
 use crate::stag_table::{
-    Access, AccessError, Placement, ProtectionDomainId, RegionSpec, TableError, TaggedBufferTable,
+    Access, AccessError, InvalidateError, Placement, ProtectionDomainId, RegionSpec, TableError,
+    TaggedBufferTable,
 };
 use crate::untagged::{PostError, QUEUE_COUNT, UntaggedError, UntaggedPlacement, UntaggedQueues};
 
@@ -351,16 +352,12 @@ impl TableMemory<'_> {
         memory.fetch_update_u64(offset, f).ok_or(AccessError::BaseOrBounds)
     }
 
-    /// Invalidates `stag` for a peer's Send with Invalidate: it must exist and be valid in this
-    /// protection domain; afterwards every access through it fails.
-    pub fn invalidate_remote(&mut self, stag: STag) -> Result<(), AccessError> {
-        match self.table.get(stag) {
-            Some(e) if e.valid && e.pd == self.pd => {
-                self.table.invalidate(stag).map_err(|_| AccessError::InvalidStag)
-            }
-            Some(e) if e.valid => Err(AccessError::StagNotAssociated),
-            _ => Err(AccessError::InvalidStag),
-        }
+    /// Invalidates `stag` for a peer's Send with Invalidate, if verbs let the peer
+    /// ([`TaggedBufferTable::invalidate_remote`]: a valid window, or a valid region with remote
+    /// rights and no window bound, of this protection domain); afterwards every access through
+    /// it fails.
+    pub fn invalidate_remote(&mut self, stag: STag) -> Result<(), InvalidateError> {
+        self.table.invalidate_remote(stag, self.pd)
     }
 
     /// A local invalidate work request: `stag` (a region or window of this protection domain,
@@ -611,7 +608,8 @@ mod model {
     }
 
     pub(super) fn run(data: &[u8]) {
-        let mut table = TaggedBufferTable::new(16);
+        // A fixed seed: a fuzzer's input must replay the same way.
+        let mut table = TaggedBufferTable::with_seed(16, 0);
         // Memory lengths: each region leaves some unregistered bytes at the end of its memory.
         let lens = [72usize, 40, 56, 32, 40];
         let mut model: Vec<Vec<u8>> = lens.iter().map(|&n| pattern(n, 0x11)).collect();
@@ -690,12 +688,18 @@ mod model {
             let pick = usize::from(b[1]) % (n + 1);
             match b[0] % 8 {
                 0 => {
+                    // A region keeps its registration while a window is bound to it.
+                    let windows_bound = entries.iter().any(|w| w.parent == Some(pick) && !w.unbound);
                     if let Some(e) = entries.get_mut(pick) {
                         let r = table.invalidate(e.stag);
-                        assert!(r.is_ok(), "invalidate {r:?}");
-                        e.valid = false;
-                        // Invalidation unbinds a window for good (until bound anew).
-                        e.unbound |= e.parent.is_some();
+                        if windows_bound {
+                            assert_eq!(r, Err(TableError::WindowsBound(e.stag)), "invalidate");
+                        } else {
+                            assert!(r.is_ok(), "invalidate {r:?}");
+                            e.valid = false;
+                            // Invalidation unbinds a window for good (until bound anew).
+                            e.unbound |= e.parent.is_some();
+                        }
                     }
                 }
                 1 => {
@@ -774,8 +778,15 @@ mod model {
                     let stag = match entries.get(pick) {
                         Some(e) if flip_key => STag(e.stag.0 ^ 1),
                         Some(e) => e.stag,
-                        // Garbage STag: index 0..=15 from b5, any key.
-                        None => STag((u32::from(b[5] & 0x0f) << 8) | u32::from(b[2])),
+                        // Garbage STag, any key: the index of an entry (indices are spread
+                        // over 24 bits, so few small ones exist), or 0..=7, from b5.
+                        None => {
+                            let index = match entries.get(usize::from(b[5] >> 4)) {
+                                Some(e) if b[5] & 0x08 != 0 => e.stag.index(),
+                                _ => u32::from(b[5] & 0x07),
+                            };
+                            STag((index << 8) | u32::from(b[2]))
+                        }
                     };
                     // The model entry the STag names exactly, if any (a garbage STag may
                     // happen to be a live one; a flipped key names none).
@@ -1029,7 +1040,9 @@ mod tests {
 
     #[test]
     fn atomics_and_invalidation_through_table_memory() {
-        let mut t = TaggedBufferTable::new(8);
+        // Seeded: STag 0x7700 below must name nothing, every run.
+        let mut t = TaggedBufferTable::with_seed(8, 1);
+        assert!(t.get_index(0x77).is_none());
         let all = t
             .register(PD, spec(0, 24, Access::ALL, Addressing::ZeroBased), RegionMemory::zeroed(24))
             .unwrap();
@@ -1047,10 +1060,10 @@ mod tests {
         assert_eq!(mem.atomic(all, 20, |v| v), Err(AccessError::BaseOrBounds), "past the end");
         assert_eq!(mem.atomic(other, 0, |v| v), Err(AccessError::StagNotAssociated));
         assert!(mem.check(all, 0, 24, Access::REMOTE_READ).is_ok());
-        assert_eq!(mem.invalidate_remote(other), Err(AccessError::StagNotAssociated));
-        assert_eq!(mem.invalidate_remote(STag(0x7700)), Err(AccessError::InvalidStag));
+        assert_eq!(mem.invalidate_remote(other), Err(InvalidateError::OtherDomain));
+        assert_eq!(mem.invalidate_remote(STag(0x7700)), Err(InvalidateError::NoSuchStag));
         mem.invalidate_remote(all).unwrap();
-        assert_eq!(mem.invalidate_remote(all), Err(AccessError::InvalidStag), "already invalid");
+        assert_eq!(mem.invalidate_remote(all), Err(InvalidateError::NoSuchStag), "already invalid");
         assert_eq!(mem.invalidate_local(all), Err(TableError::NotValid(all)));
         assert_eq!(mem.invalidate_local(other), Err(TableError::PdMismatch(other)));
         // Fast-register makes it valid again under a new key.
@@ -1071,9 +1084,32 @@ mod tests {
         let ws = spec(0x9004, 4, Access::REMOTE_WRITE, Addressing::VirtualAddress);
         mem.bind_window(w1, again, ws).unwrap();
         mem.place_tagged(w1, 0x9004, b"wxyz", Access::REMOTE_WRITE).unwrap();
+        // A region with a window bound is not the peer's to invalidate; the window is.
+        assert_eq!(mem.invalidate_remote(again), Err(InvalidateError::WindowsBound));
+        assert_eq!(mem.invalidate_local(again), Err(TableError::WindowsBound(again)));
         mem.invalidate_local(w1).unwrap();
         assert_eq!(mem.place_tagged(w1, 0x9004, b"w", Access::REMOTE_WRITE), Err(AccessError::InvalidStag));
         assert_eq!(&bytes(&t, again)[..8], b"x\0\0\0wxyz");
+        // Bound anew, the window may be invalidated by the peer; then the region may be. A
+        // region without remote rights never may.
+        let w2 = STag::from_parts(w.index(), 4).unwrap();
+        let local = t
+            .register(PD, spec(0, 8, Access::LOCAL_WRITE, Addressing::ZeroBased), RegionMemory::zeroed(8))
+            .unwrap();
+        let mut mem = TableMemory { table: &mut t, pd: PD };
+        mem.bind_window(w2, again, ws).unwrap();
+        mem.invalidate_remote(w2).unwrap();
+        assert_eq!(mem.place_tagged(w2, 0x9004, b"w", Access::REMOTE_WRITE), Err(AccessError::InvalidStag));
+        mem.invalidate_remote(again).unwrap();
+        assert_eq!(mem.invalidate_remote(local), Err(InvalidateError::LocalOnly));
+        assert!(t.get(local).unwrap().valid);
+        assert!(
+            InvalidateError::LocalOnly.is_protection_error()
+                && InvalidateError::OtherDomain.is_protection_error()
+        );
+        assert!(!InvalidateError::WindowsBound.is_protection_error());
+        assert!(!InvalidateError::NoSuchStag.is_protection_error());
+        assert_eq!(InvalidateError::WindowsBound.to_string(), "region with memory windows bound");
     }
 
     #[derive(Debug)]

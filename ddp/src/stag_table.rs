@@ -16,7 +16,8 @@
 //!    ([`AccessError::InvalidStag`]; a window whose parent region is gone or invalid is invalid
 //!    too);
 //! 2. the entry's protection domain is the stream's ([`AccessError::StagNotAssociated`]);
-//! 3. the entry grants the access needed ([`AccessError::AccessRights`]);
+//! 3. the entry (and, for a window, its region too) grants the access needed
+//!    ([`AccessError::AccessRights`]);
 //! 4. `TO + len` does not wrap ([`AccessError::ToWrap`]) and `[TO, TO + len)` lies inside the
 //!    entry ([`AccessError::BaseOrBounds`]).
 //!
@@ -26,14 +27,49 @@
 //! Memory windows are type 2 windows: allocated unbound and invalid
 //! ([`TaggedBufferTable::allocate_window`]), bound to a region with a key of the consumer's
 //! choosing ([`TaggedBufferTable::bind_window_at`]), and unbound again by invalidation, after
-//! which they may be bound anew.
+//! which they may be bound anew. A region keeps its registration while windows are bound to
+//! it: it can be neither deregistered, nor invalidated, nor fast-registered anew
+//! ([`TableError::WindowsBound`]), so no window outlives the range and rights it was bound
+//! under (verbs semantics; rxe refuses the same).
 //!
-//! Index 0 is never allocated, so an STag with index 0 (STag 0 included, which some RNICs
-//! reject for tagged traffic) is always invalid. Free indices are kept on an intrusive free
-//! list: register and deregister are O(1), and so is lookup (a vector index). Each index keeps
-//! the last key it was handed out with, and a reuse of the index gets the next key, so a stale
-//! STag of a deregistered region does not match the next region at the same index (until the
-//! 8-bit key wraps, as on an RNIC).
+//! What a peer's Send with Invalidate may invalidate is decided here too
+//! ([`TaggedBufferTable::invalidate_remote`]): a valid memory window, or a valid region with
+//! some remote right and no window bound, of the stream's protection domain.
+//!
+//! # STags are hard to guess
+//!
+//! A peer reaches registered memory by naming its STag; RFC 5042 asks that an STag the peer
+//! was not given be hard to guess. STags are therefore not handed out in order. Each table
+//! draws a seed (from the standard library's per-process random hashing keys, unless a test
+//! fixes it: [`TaggedBufferTable::with_seed`]) for a small non-cryptographic generator
+//! (SplitMix64) and a keyed permutation of the 24-bit index space:
+//!
+//! - the entry stored in internal slot `n` is reached by the STag index `P(n)`, where `P` is a
+//!   bijection of `[0, 2^24)` (three rounds of multiplying by a random odd number modulo 2^24,
+//!   each between xor-shifts by 12 bits) that maps 0 to 0 and nothing else to 0; lookup
+//!   computes `P^-1` (a few multiplications) and indexes a vector, so it stays O(1), and the
+//!   table's memory grows with the number of entries in use, never with the index space;
+//! - a free slot is taken at random among the free ones (swap-remove from a vector: O(1));
+//! - a slot's first key is random; a reused slot gets a random key other than the one it was
+//!   last handed out with, so a stale STag never matches the very next entry at its index.
+//!
+//! What a guess is worth, for `n` entries of the stream's protection domain that grant what
+//! the guess needs (each failed guess also costs the peer its connection: a Terminate):
+//!
+//! - a peer that knows no STag hits one with probability `n / ((2^24 - 1) * 2^8)`, about
+//!   `n * 2^-32` (2.3e-7 for a thousand entries);
+//! - a peer that knows one valid STag learns nothing useful about the others' indices
+//!   without the permutation's multipliers, so the same figure holds for them; once a new
+//!   entry is registered at the index it knows, each guess of the new key hits with
+//!   probability 1/255. Keys the application picks itself (fast-register, window bind,
+//!   re-validation) are as guessable as it makes them.
+//!
+//! The generator and the permutation are not cryptographic: they defeat blind guessing, not
+//! an adversary that can watch many STags of one table and solve for the permutation.
+//!
+//! Index 0 is never allocated (`P(0) = 0` names the placeholder slot 0), so an STag with
+//! index 0 is always invalid: STag 0, which some RNICs reject for tagged traffic, and STag 1,
+//! which RFC 6581's ready-to-receive Write uses as nobody's STag, never name an entry.
 
 use crate::dma::RegionMemory;
 use crate::header::{STag, TaggedOffset};
@@ -318,41 +354,194 @@ impl fmt::Display for TableError {
 
 impl std::error::Error for TableError {}
 
+/// Why a peer's Send with Invalidate may not invalidate an STag
+/// ([`TaggedBufferTable::invalidate_remote`]). RDMAP reports each with "STag cannot be
+/// invalidated" (RFC 5040 section 7): those the peer has no right to as a remote protection
+/// error, the others as a remote operation error, as siw does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InvalidateError {
+    /// No entry at the index, the key does not match, or the STag is invalid already.
+    NoSuchStag,
+    /// The entry belongs to another protection domain than the stream.
+    OtherDomain,
+    /// A region registered without any remote right: not the peer's to name.
+    LocalOnly,
+    /// A region with memory windows bound to it.
+    WindowsBound,
+}
+
+impl InvalidateError {
+    /// Whether the peer had no right to the STag (a protection error) rather than naming one
+    /// that cannot be invalidated now.
+    pub fn is_protection_error(self) -> bool {
+        matches!(self, InvalidateError::OtherDomain | InvalidateError::LocalOnly)
+    }
+}
+
+impl fmt::Display for InvalidateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InvalidateError::NoSuchStag => "no such valid STag",
+            InvalidateError::OtherDomain => "STag of another protection domain",
+            InvalidateError::LocalOnly => "region without remote access rights",
+            InvalidateError::WindowsBound => "region with memory windows bound",
+        })
+    }
+}
+
+impl std::error::Error for InvalidateError {}
+
 #[derive(Debug, Clone, Copy)]
 enum Slot {
-    /// Unused; `next_free` links the free list, `last_key` is the key last handed out here.
+    /// Unused; `last_key` is the key last handed out here, `None` for a slot never used.
     Free {
-        next_free: Option<u32>,
-        last_key: u8,
+        last_key: Option<u8>,
     },
     Used(Entry),
 }
 
+/// The 24-bit index space.
+const INDEX_MASK: u32 = STag::MAX_INDEX;
+
+/// SplitMix64: a small, fast, well-mixed generator (not cryptographic).
+#[derive(Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n` (`n` > 0), by multiply-shift.
+    fn below(&mut self, n: u32) -> u32 {
+        let wide = (self.next() >> 32) * u64::from(n);
+        u32::try_from(wide >> 32).unwrap_or(0)
+    }
+
+    fn byte(&mut self) -> u8 {
+        self.next().to_le_bytes()[7]
+    }
+}
+
+/// The table's keyed bijection of the 24-bit index space, slot number -> STag index; fixes 0.
+/// See the module documentation.
+#[derive(Clone, Copy)]
+struct IndexPermutation {
+    mul: [u32; 3],
+    inv: [u32; 3],
+}
+
+impl IndexPermutation {
+    fn new(rng: &mut SplitMix64) -> IndexPermutation {
+        let mut mul = [1u32; 3];
+        let mut inv = [1u32; 3];
+        for (m, i) in mul.iter_mut().zip(&mut inv) {
+            // Odd, so invertible modulo 2^24; never 1 (the identity).
+            *m = loop {
+                let c = (rng.below(INDEX_MASK) | 1) & INDEX_MASK;
+                if c != 1 {
+                    break c;
+                }
+            };
+            // Newton's iteration doubles the correct low bits: 3 (m * m = 1 mod 8), 6, 12, 24.
+            let mut x = *m;
+            for _ in 0..3 {
+                x = x.wrapping_mul(2u32.wrapping_sub(m.wrapping_mul(x)));
+            }
+            *i = x & INDEX_MASK;
+        }
+        IndexPermutation { mul, inv }
+    }
+
+    /// `x ^ (x >> 12)` on 24 bits: its own inverse.
+    #[inline]
+    fn xorshift(x: u32) -> u32 {
+        x ^ (x >> 12)
+    }
+
+    /// Slot number -> STag index.
+    #[inline]
+    fn forward(&self, slot: u32) -> u32 {
+        let mut x = slot & INDEX_MASK;
+        for m in self.mul {
+            x = Self::xorshift(x).wrapping_mul(m) & INDEX_MASK;
+        }
+        Self::xorshift(x)
+    }
+
+    /// STag index -> slot number.
+    #[inline]
+    fn inverse(&self, index: u32) -> u32 {
+        let mut x = Self::xorshift(index & INDEX_MASK);
+        for m in self.inv.iter().rev() {
+            x = Self::xorshift(x.wrapping_mul(*m) & INDEX_MASK);
+        }
+        x
+    }
+}
+
+/// A seed nobody outside the process can predict: the standard library's random hashing keys
+/// (drawn from the operating system once per thread, then stepped for each use).
+fn random_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0x5354_6167u32)
+}
+
 /// The tagged buffer table. See the module documentation.
-#[derive(Debug)]
 pub struct TaggedBufferTable {
-    /// `slots[i]` is index `i`; slot 0 is a permanent placeholder, never handed out.
+    /// `slots[n]` is internal slot `n`, reached by STag index `perm.forward(n)`; slot 0 is a
+    /// permanent placeholder (index 0), never handed out.
     slots: Vec<Slot>,
-    /// `memories[i]` is the memory of the region at index `i` (`None` for free slots, windows,
+    /// `memories[n]` is the memory of the region in slot `n` (`None` for free slots, windows,
     /// and regions allocated invalid and not yet fast-registered). Same length as `slots`.
     memories: Vec<Option<RegionMemory>>,
-    free_head: Option<u32>,
-    /// The largest number of slots (index 0 included), at most 2^24.
+    /// The free slots, in no particular order; one is taken at random.
+    free: Vec<u32>,
+    /// The largest number of slots (slot 0 included), at most 2^24.
     capacity: u32,
     used: u32,
+    perm: IndexPermutation,
+    rng: SplitMix64,
+}
+
+impl fmt::Debug for TaggedBufferTable {
+    /// Leaves out what would make the STags predictable (the generator and the permutation).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaggedBufferTable")
+            .field("used", &self.used)
+            .field("slots", &self.slots.len())
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TaggedBufferTable {
     /// A table that hands out at most `max_entries` STags (clamped to the 2^24 - 1 indices
-    /// an STag can carry). Memory grows with use, not with `max_entries`.
+    /// an STag can carry), unpredictable ones (seeded at random). Memory grows with use, not
+    /// with `max_entries`.
     pub fn new(max_entries: u32) -> TaggedBufferTable {
+        TaggedBufferTable::with_seed(max_entries, random_seed())
+    }
+
+    /// [`TaggedBufferTable::new`] with the STags drawn from `seed`: the same seed and the same
+    /// operations give the same STags. For tests and fuzzing, which must be reproducible; a
+    /// table peers can reach must not use a seed they could know.
+    pub fn with_seed(max_entries: u32, seed: u64) -> TaggedBufferTable {
         let capacity = max_entries.min(STag::MAX_INDEX).saturating_add(1);
+        let mut rng = SplitMix64(seed);
+        let perm = IndexPermutation::new(&mut rng);
         TaggedBufferTable {
-            slots: vec![Slot::Free { next_free: None, last_key: 0 }],
+            slots: vec![Slot::Free { last_key: None }],
             memories: vec![None],
-            free_head: None,
+            free: Vec::new(),
             capacity,
             used: 0,
+            perm,
+            rng,
         }
     }
 
@@ -382,64 +571,78 @@ impl TaggedBufferTable {
         }
     }
 
+    /// The slot number STag index `index` names, if that slot exists (never for index 0).
     #[inline]
-    fn slot(&self, index: u32) -> Option<&Slot> {
-        if index == 0 {
+    fn slot_number(&self, index: u32) -> Option<usize> {
+        if index == 0 || index > INDEX_MASK {
             return None;
         }
-        self.slots.get(usize::try_from(index).ok()?)
+        let n = usize::try_from(self.perm.inverse(index)).ok()?;
+        (n < self.slots.len()).then_some(n)
+    }
+
+    #[inline]
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        self.slots.get(self.slot_number(index)?)
+    }
+
+    fn slot_mut(&mut self, index: u32) -> Option<&mut Slot> {
+        let n = self.slot_number(index)?;
+        self.slots.get_mut(n)
     }
 
     fn entry_mut(&mut self, stag: STag) -> Result<&mut Entry, TableError> {
-        let index = stag.index();
-        if index == 0 {
-            return Err(TableError::NoSuchStag(stag));
-        }
-        match usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i)) {
+        match self.slot_mut(stag.index()) {
             Some(Slot::Used(e)) if e.key == stag.key() => Ok(e),
             _ => Err(TableError::NoSuchStag(stag)),
         }
     }
 
-    /// Takes a free index (O(1)) and stores the entry with the index's next key.
+    /// Takes a free slot (at random among the free ones, O(1); a new one when none is free)
+    /// and stores the entry there with a random key (see the module documentation).
     fn allocate(&mut self, mut entry: Entry) -> Result<STag, TableError> {
-        let (index, key) = if let Some(index) = self.free_head {
-            let i = usize::try_from(index).map_err(|_| TableError::TableFull)?;
-            match self.slots.get(i) {
-                Some(&Slot::Free { next_free, last_key }) => {
-                    self.free_head = next_free;
-                    (index, last_key.wrapping_add(1))
-                }
-                // The free list only links free slots (invariant kept by `allocate` and
-                // `release`); treat a broken link as a full table rather than panic.
-                _ => return Err(TableError::TableFull),
-            }
-        } else {
-            let index = u32::try_from(self.slots.len()).map_err(|_| TableError::TableFull)?;
-            if index >= self.capacity {
+        let n = if self.free.is_empty() {
+            let n = u32::try_from(self.slots.len()).map_err(|_| TableError::TableFull)?;
+            if n >= self.capacity {
                 return Err(TableError::TableFull);
             }
-            self.slots.push(Slot::Free { next_free: None, last_key: 0 });
+            self.slots.push(Slot::Free { last_key: None });
             self.memories.push(None);
-            (index, 0)
+            n
+        } else {
+            let len = u32::try_from(self.free.len()).unwrap_or(u32::MAX);
+            let pick = usize::try_from(self.rng.below(len)).unwrap_or(0);
+            self.free.swap_remove(pick)
         };
-        let stag = STag::from_parts(index, key).ok_or(TableError::TableFull)?;
+        // Free slots hold `Slot::Free` (kept by `allocate` and `release`); treat anything else
+        // as a full table rather than panic.
+        let last_key = match usize::try_from(n).ok().and_then(|i| self.slots.get(i)) {
+            Some(&Slot::Free { last_key }) => last_key,
+            _ => return Err(TableError::TableFull),
+        };
+        let key = match last_key {
+            // Any key but the last one: 1 + (0..=254) steps away from it.
+            Some(last) => last.wrapping_add(1).wrapping_add(self.rng.below(255).to_le_bytes()[0]),
+            None => self.rng.byte(),
+        };
+        let stag = STag::from_parts(self.perm.forward(n), key).ok_or(TableError::TableFull)?;
         entry.key = key;
-        let i = usize::try_from(index).map_err(|_| TableError::TableFull)?;
-        if let Some(slot) = self.slots.get_mut(i) {
+        if let Some(slot) = usize::try_from(n).ok().and_then(|i| self.slots.get_mut(i)) {
             *slot = Slot::Used(entry);
         }
         self.used += 1;
         Ok(stag)
     }
 
-    /// Returns the index to the free list, and the memory it held.
+    /// Frees the slot STag index `index` names, and gives back the memory it held.
     fn release(&mut self, index: u32, last_key: u8) -> Option<RegionMemory> {
-        let slot = usize::try_from(index).ok().and_then(|i| self.slots.get_mut(i))?;
-        *slot = Slot::Free { next_free: self.free_head, last_key };
-        self.free_head = Some(index);
+        let n = self.slot_number(index)?;
+        let n32 = u32::try_from(n).ok()?;
+        let slot = self.slots.get_mut(n)?;
+        *slot = Slot::Free { last_key: Some(last_key) };
+        self.free.push(n32);
         self.used -= 1;
-        self.set_memory(index, None)
+        self.memories.get_mut(n).and_then(Option::take)
     }
 
     fn new_entry(
@@ -465,8 +668,8 @@ impl TaggedBufferTable {
 
     /// Stores `memory` as index `index`'s; returns what was there.
     fn set_memory(&mut self, index: u32, memory: Option<RegionMemory>) -> Option<RegionMemory> {
-        let m = usize::try_from(index).ok().and_then(|i| self.memories.get_mut(i))?;
-        core::mem::replace(m, memory)
+        let n = self.slot_number(index)?;
+        core::mem::replace(self.memories.get_mut(n)?, memory)
     }
 
     fn memory_fits(spec: &RegionSpec, memory_len: usize) -> Result<(), TableError> {
@@ -529,19 +732,14 @@ impl TaggedBufferTable {
     /// The memory of the region at table index `index` ([`Placement::region_index`]).
     #[inline]
     pub fn region_memory(&self, index: u32) -> Option<&RegionMemory> {
-        if index == 0 {
-            return None;
-        }
-        self.memories.get(usize::try_from(index).ok()?)?.as_ref()
+        self.memories.get(self.slot_number(index)?)?.as_ref()
     }
 
     /// The memory of the region at table index `index`, mutably (placement writes into it).
     #[inline]
     pub fn region_memory_mut(&mut self, index: u32) -> Option<&mut RegionMemory> {
-        if index == 0 {
-            return None;
-        }
-        self.memories.get_mut(usize::try_from(index).ok()?)?.as_mut()
+        let n = self.slot_number(index)?;
+        self.memories.get_mut(n)?.as_mut()
     }
 
     /// Allocates an invalid region STag over `memory` for later
@@ -560,16 +758,19 @@ impl TaggedBufferTable {
     /// Fast-register: an invalid region entry at `stag`'s index takes a new range and rights
     /// over its memory and the key of `stag` (the consumer picks the new key), and becomes
     /// valid. `spec.len` may not exceed the memory's length. Also how a region invalidated by
-    /// a local invalidate or a peer's Send with Invalidate is made valid again.
+    /// a local invalidate or a peer's Send with Invalidate is made valid again. Refused while
+    /// windows are bound to the region ([`TableError::WindowsBound`]; such a region cannot be
+    /// invalid anyway).
     pub fn fast_register(&mut self, stag: STag, spec: RegionSpec) -> Result<(), TableError> {
         let index = stag.index();
         let memory_len = self.region_memory(index).map_or(0, RegionMemory::len);
-        let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
-        let Some(Slot::Used(e)) = slot else {
+        let Some(Slot::Used(e)) = self.slot_mut(index) else {
             return Err(TableError::NoSuchStag(stag));
         };
-        if !matches!(e.kind, EntryKind::Region { .. }) {
-            return Err(TableError::WrongKind(stag));
+        match e.kind {
+            EntryKind::Window { .. } => return Err(TableError::WrongKind(stag)),
+            EntryKind::Region { windows } if windows > 0 => return Err(TableError::WindowsBound(stag)),
+            EntryKind::Region { .. } => {}
         }
         if e.valid {
             return Err(TableError::StillValid(stag));
@@ -626,24 +827,52 @@ impl TaggedBufferTable {
 
     /// Takes one window off region `parent`'s count.
     fn unbind_from(&mut self, parent: u32) {
-        let parent_slot =
-            usize::try_from(parent).ok().filter(|_| parent != 0).and_then(|i| self.slots.get_mut(i));
-        if let Some(Slot::Used(Entry { kind: EntryKind::Region { windows }, .. })) = parent_slot {
+        if let Some(Slot::Used(Entry { kind: EntryKind::Region { windows }, .. })) = self.slot_mut(parent) {
             *windows = windows.saturating_sub(1);
         }
     }
 
     /// Invalidates the STag (local invalidate, or a Send with Invalidate already checked by
-    /// the caller): every later [`TaggedBufferTable::check`] fails with `InvalidStag`. A window
-    /// is unbound from its region too (a type 2 window: it may be bound anew).
+    /// [`TaggedBufferTable::invalidate_remote`]): every later [`TaggedBufferTable::check`]
+    /// fails with `InvalidStag`. A window is unbound from its region too (a type 2 window: it
+    /// may be bound anew). A region with windows bound is refused
+    /// ([`TableError::WindowsBound`]): invalidate the windows first.
     pub fn invalidate(&mut self, stag: STag) -> Result<(), TableError> {
         let e = self.entry_mut(stag)?;
-        e.valid = false;
-        if let EntryKind::Window { parent } = e.kind {
-            e.kind = EntryKind::Window { parent: 0 };
-            self.unbind_from(parent);
+        match e.kind {
+            EntryKind::Region { windows } if windows > 0 => return Err(TableError::WindowsBound(stag)),
+            EntryKind::Region { .. } => e.valid = false,
+            EntryKind::Window { parent } => {
+                e.valid = false;
+                e.kind = EntryKind::Window { parent: 0 };
+                self.unbind_from(parent);
+            }
         }
         Ok(())
+    }
+
+    /// Invalidates `stag` for a peer's Send with Invalidate on a stream of protection domain
+    /// `pd`, if verbs let a peer invalidate it: a valid memory window, or a valid region that
+    /// grants some remote right and has no window bound, of the stream's domain. A region
+    /// registered for local access only was never the peer's to name.
+    pub fn invalidate_remote(&mut self, stag: STag, pd: ProtectionDomainId) -> Result<(), InvalidateError> {
+        let e = match self.get(stag) {
+            Some(e) if e.valid => *e,
+            _ => return Err(InvalidateError::NoSuchStag),
+        };
+        if e.pd != pd {
+            return Err(InvalidateError::OtherDomain);
+        }
+        if let EntryKind::Region { windows } = e.kind {
+            let remote = Access { local_write: false, ..e.access };
+            if remote == Access::NONE {
+                return Err(InvalidateError::LocalOnly);
+            }
+            if windows > 0 {
+                return Err(InvalidateError::WindowsBound);
+            }
+        }
+        self.invalidate(stag).map_err(|_| InvalidateError::NoSuchStag)
     }
 
     /// Gives the entry a new key and makes it valid again; returns the new STag. The old STag
@@ -698,9 +927,7 @@ impl TaggedBufferTable {
         if !parent.access.contains(spec.access) {
             return Err(TableError::AccessNotSubset);
         }
-        let index = window.index();
-        let slot = usize::try_from(index).ok().filter(|_| index != 0).and_then(|i| self.slots.get_mut(i));
-        let Some(Slot::Used(w)) = slot else {
+        let Some(Slot::Used(w)) = self.slot_mut(window.index()) else {
             return Err(TableError::NoSuchStag(window));
         };
         let EntryKind::Window { parent: old_parent } = w.kind else {
@@ -774,7 +1001,9 @@ impl TaggedBufferTable {
         if entry.pd != pd {
             return Err(AccessError::StagNotAssociated);
         }
-        if !entry.access.contains(needed) {
+        // A window's rights are within its region's (bind checks it, and the region keeps its
+        // registration while the window is bound); checked again all the same.
+        if !entry.access.contains(needed) || !region.access.contains(needed) {
             return Err(AccessError::AccessRights);
         }
         let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
@@ -1055,14 +1284,18 @@ mod tests {
             t.check(w, PD, Access::REMOTE_WRITE, TaggedOffset(BASE + 4100), 1),
             Err(AccessError::AccessRights)
         );
-        // The region cannot go while the window is bound; invalidating it kills the window too.
+        // The region can neither go nor be invalidated while the window is bound.
         assert_eq!(t.deregister(r).map(|(e, _)| e), Err(TableError::WindowsBound(r)));
-        t.invalidate(r).unwrap();
-        assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1), Err(AccessError::InvalidStag));
-        assert_eq!(t.bind_window(r, PD, spec(BASE, 1, ro)), Err(TableError::NotValid(r)));
-        let r2 = t.rekey(r, 9).unwrap();
+        assert_eq!(t.invalidate(r), Err(TableError::WindowsBound(r)));
         assert!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1).is_ok());
+        // A new key for the region (rights and range unchanged) leaves the window alone.
+        let r2 = t.rekey(r, r.key().wrapping_add(1)).unwrap();
+        assert!(t.check(w, PD, ro, TaggedOffset(BASE + 4100), 1).is_ok());
+        // Once the window is gone, the region may be invalidated; a window bound to an
+        // invalid region is refused.
         t.deregister(w).unwrap();
+        t.invalidate(r2).unwrap();
+        assert_eq!(t.bind_window(r2, PD, spec(BASE, 1, ro)), Err(TableError::NotValid(r2)));
         t.deregister(r2).unwrap();
         assert!(t.is_empty());
     }
@@ -1090,18 +1323,19 @@ mod tests {
             t.bind_window(new, PD, spec(0x1080, 0x80, Access::REMOTE_READ)).unwrap()
         };
         assert_eq!(t.fast_register(w, spec(0, 1, Access::NONE)), Err(TableError::WrongKind(w)));
-        // Re-registering the region smaller leaves the window's old range outside it.
+        // While the window is bound the region keeps its registration
+        // (region_with_windows_bound_keeps_its_registration); unbound, it may shrink.
+        assert_eq!(t.invalidate(new), Err(TableError::WindowsBound(new)));
+        t.invalidate(w).unwrap();
         t.invalidate(new).unwrap();
         t.fast_register(new, spec(0x1000, 0x90, Access::ALL)).unwrap();
-        assert!(t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x10).is_ok());
         assert_eq!(
-            t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x11),
-            Err(AccessError::BaseOrBounds)
+            t.check(w, PD, Access::REMOTE_READ, TaggedOffset(0x1080), 0x10),
+            Err(AccessError::InvalidStag)
         );
-        assert_eq!(
-            t.fast_register(STag(0x0300), spec(0, 1, Access::NONE)),
-            Err(TableError::NoSuchStag(STag(0x0300)))
-        );
+        let free_index = (1..).find(|&i| t.get_index(i).is_none()).unwrap();
+        let none = STag::from_parts(free_index, 0).unwrap();
+        assert_eq!(t.fast_register(none, spec(0, 1, Access::NONE)), Err(TableError::NoSuchStag(none)));
         // Past the memory's length: refused.
         t.invalidate(new).unwrap();
         assert_eq!(
@@ -1118,6 +1352,140 @@ mod tests {
         assert_eq!(RW.to_string(), "local-write+remote-read+remote-write");
         assert_eq!(Access::NONE.to_string(), "none");
         assert_eq!(TaggedBufferTable::new(u32::MAX).capacity, STag::MAX_INDEX + 1);
+    }
+
+    /// RFC 5042: STags a peer was not given must be hard to guess. A thousand registrations
+    /// get distinct indices spread over the whole 24-bit space, not handed out in order, and
+    /// keys of all kinds (the first three used to be 0x100, 0x200, 0x300).
+    #[test]
+    fn stags_are_not_predictable() {
+        let mut t = TaggedBufferTable::new(4096);
+        let stags: Vec<STag> = (0..1000).map(|_| t.register(PD, spec(0, 1, RW), mem(1)).unwrap()).collect();
+        assert_ne!(stags[..3], [STag(0x100), STag(0x200), STag(0x300)]);
+        let indices: std::collections::HashSet<u32> = stags.iter().map(|s| s.index()).collect();
+        assert_eq!(indices.len(), stags.len(), "indices repeat");
+        assert!(!indices.contains(&0));
+        // In order, every neighbour would go up; at random, about half do.
+        let ups = stags.windows(2).filter(|w| w[1].index() > w[0].index()).count();
+        assert!((300..=700).contains(&ups), "{ups} of 999 neighbours increase");
+        // Spread: the top 8 of the 24 index bits take most of their 256 values.
+        let tops: std::collections::HashSet<u32> = indices.iter().map(|i| i >> 16).collect();
+        assert!(tops.len() > 128, "{} distinct top bytes", tops.len());
+        let keys: std::collections::HashSet<u8> = stags.iter().map(|s| s.key()).collect();
+        assert!(keys.len() > 128, "{} distinct keys", keys.len());
+        // Every one of them is found again, and only under its own STag.
+        for &s in &stags {
+            assert!(t.get(s).is_some());
+            assert!(t.get(STag(s.0 ^ 0x01)).is_none());
+        }
+    }
+
+    /// The same seed gives the same STags (tests and fuzzing reproduce); two random tables
+    /// do not.
+    #[test]
+    fn seeded_tables_repeat_random_ones_differ() {
+        let run = |mut t: TaggedBufferTable| -> Vec<STag> {
+            let mut out: Vec<STag> =
+                (0..20).map(|_| t.register(PD, spec(0, 1, RW), mem(1)).unwrap()).collect();
+            for s in out.clone().iter().step_by(3) {
+                t.deregister(*s).unwrap();
+            }
+            out.extend((0..10).map(|_| t.allocate_window(PD).unwrap()));
+            out
+        };
+        assert_eq!(run(TaggedBufferTable::with_seed(64, 7)), run(TaggedBufferTable::with_seed(64, 7)));
+        assert_ne!(run(TaggedBufferTable::with_seed(64, 7)), run(TaggedBufferTable::with_seed(64, 8)));
+        assert_ne!(run(TaggedBufferTable::new(64)), run(TaggedBufferTable::new(64)));
+    }
+
+    /// Index 0 is never handed out, whatever the seed and however full the table: STag 0
+    /// and STag 1 (the RFC 6581 ready-to-receive Write's "nobody's STag") never name an
+    /// entry. Indices stay distinct, and a reused index always gets another key than it had.
+    #[test]
+    fn stag_0_and_1_are_never_handed_out() {
+        for seed in 0..64 {
+            let mut t = TaggedBufferTable::with_seed(300, seed);
+            let mut live: Vec<STag> = Vec::new();
+            let mut last_key = std::collections::HashMap::new();
+            for round in 0..4u32 {
+                while let Ok(s) = t.register(PD, spec(0, 1, RW), mem(1)) {
+                    assert_ne!(s.index(), 0, "seed {seed}");
+                    if let Some(k) = last_key.insert(s.index(), s.key()) {
+                        assert_ne!(
+                            k,
+                            s.key(),
+                            "seed {seed}: index {:#x} reused with its last key",
+                            s.index()
+                        );
+                    }
+                    live.push(s);
+                }
+                assert_eq!(t.len(), 300);
+                let indices: std::collections::HashSet<u32> = live.iter().map(|s| s.index()).collect();
+                assert_eq!(indices.len(), 300);
+                for s in [STag(0), STag(1)] {
+                    assert!(t.get(s).is_none() && t.get_index(s.index()).is_none());
+                    assert_eq!(
+                        t.check(s, PD, Access::NONE, TaggedOffset(0), 0),
+                        Err(AccessError::InvalidStag)
+                    );
+                }
+                // Free a different share each round, then fill up again.
+                let mut i = 0;
+                live.retain(|&s| {
+                    i += 1;
+                    let keep = (i + round) % 3 == 0;
+                    if !keep {
+                        t.deregister(s).unwrap();
+                    }
+                    keep
+                });
+            }
+        }
+    }
+
+    /// The index permutation is a bijection of the 24-bit space that keeps 0 at 0.
+    #[test]
+    fn index_permutation_is_a_bijection_fixing_zero() {
+        for seed in [0u64, 1, u64::MAX, 0x5eed] {
+            let p = IndexPermutation::new(&mut SplitMix64(seed));
+            assert_eq!((p.forward(0), p.inverse(0)), (0, 0));
+            let mut seen = vec![false; 1 << 24];
+            for x in (0..=INDEX_MASK).step_by(if seed == 0 { 1 } else { 97 }) {
+                let y = p.forward(x);
+                assert!(y <= INDEX_MASK);
+                assert_eq!(p.inverse(y), x, "seed {seed}: {x:#x}");
+                assert!(!std::mem::replace(&mut seen[y as usize], true), "seed {seed}: {y:#x} twice");
+            }
+        }
+    }
+
+    /// A region with a memory window bound can neither be invalidated nor fast-registered
+    /// anew (as it cannot be deregistered): the window would outlive the registration it was
+    /// bound under, with rights or a range the region no longer grants.
+    #[test]
+    fn region_with_windows_bound_keeps_its_registration() {
+        let mut t = TaggedBufferTable::new(8);
+        let s = t.allocate_invalid(PD, mem(0x100)).unwrap();
+        let r = STag::from_parts(s.index(), s.key().wrapping_add(1)).unwrap();
+        t.fast_register(r, spec(0x1000, 0x100, RW)).unwrap();
+        let w = t.bind_window(r, PD, spec(0x1000, 0x100, Access::REMOTE_WRITE)).unwrap();
+        assert_eq!(t.invalidate(r), Err(TableError::WindowsBound(r)));
+        assert_eq!(
+            t.fast_register(r, spec(0x1000, 0x10, Access::REMOTE_READ)),
+            Err(TableError::WindowsBound(r))
+        );
+        assert!(t.get(r).unwrap().valid);
+        assert!(t.check(w, PD, Access::REMOTE_WRITE, TaggedOffset(0x1080), 0x80).is_ok());
+        // Unbound, the window lets the region go through the same steps; it reaches nothing.
+        t.invalidate(w).unwrap();
+        t.invalidate(r).unwrap();
+        t.fast_register(r, spec(0x1000, 0x10, Access::REMOTE_READ)).unwrap();
+        assert_eq!(
+            t.check(w, PD, Access::REMOTE_WRITE, TaggedOffset(0x1000), 1),
+            Err(AccessError::InvalidStag)
+        );
+        assert_eq!(t.get(r).unwrap().kind, EntryKind::Region { windows: 0 });
     }
 
     proptest! {

@@ -40,7 +40,10 @@ pub(crate) const TAP_OFFLOAD_CSUM: u32 = libc::TUN_F_CSUM;
 fn ifreq(name: &str) -> io::Result<libc::ifreq> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("'{name}' is not an interface name")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("'{name}' is not an interface name"),
+        ));
     }
     // SAFETY: `ifreq` is plain data (a name array and a union of integers, socket addresses
     // and a pointer); all-zero bytes are a valid value of every field.
@@ -69,7 +72,8 @@ pub(crate) fn interface_mtu(name: &str) -> io::Result<usize> {
     // SAFETY: SIOCGIFMTU succeeded, so the union holds `ifru_mtu` (and any bit pattern is a
     // valid `c_int` anyway).
     let mtu = unsafe { req.ifr_ifru.ifru_mtu };
-    usize::try_from(mtu).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("MTU {mtu} of {name}")))
+    usize::try_from(mtu)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("MTU {mtu} of {name}")))
 }
 
 /// Sets an integer option at level `SOL_PACKET`.
@@ -126,7 +130,8 @@ impl PacketSocket {
         let index = nix::net::if_::if_nametoindex(name)
             .map_err(|e| no_device_is_not_found(io::Error::from(e)))
             .and_then(|i| {
-                libc::c_int::try_from(i).map_err(|_| io::Error::other(format!("interface index {i} of {name}")))
+                libc::c_int::try_from(i)
+                    .map_err(|_| io::Error::other(format!("interface index {i} of {name}")))
             })?;
         // Protocol 0: the socket receives nothing until it is bound to one interface below.
         let sock = Socket::new(Domain::PACKET, Type::RAW.nonblocking().cloexec(), Some(Protocol::from(0)))?;
@@ -245,7 +250,8 @@ impl PacketSocket {
     /// its slot, copied there by the kernel); its length, 0 when it did not fit (it is
     /// dropped), or `Ok(None)` when none is waiting.
     pub(crate) fn recv_one(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        match nix::sys::socket::recv(self.sock.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC) {
+        match nix::sys::socket::recv(self.sock.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC)
+        {
             // With MSG_TRUNC a packet socket returns the frame's whole length.
             Ok(len) => Ok(Some(if len > buf.len() { 0 } else { len })),
             Err(nix::errno::Errno::EAGAIN) => Ok(None),
@@ -263,8 +269,9 @@ impl PacketSocket {
         let iovs: Vec<[IoSlice<'_>; 1]> = frames.iter().map(|f| [IoSlice::new(f)]).collect();
         let addrs: Vec<Option<()>> = vec![None; frames.len()];
         let no_control: [ControlMessage<'_>; 0] = [];
-        let sent = sendmmsg(self.sock.as_raw_fd(), &mut headers, &iovs, addrs, no_control, MsgFlags::MSG_DONTWAIT)
-            .map_err(io::Error::from)?;
+        let sent =
+            sendmmsg(self.sock.as_raw_fd(), &mut headers, &iovs, addrs, no_control, MsgFlags::MSG_DONTWAIT)
+                .map_err(io::Error::from)?;
         Ok(sent.count())
     }
 }
@@ -329,9 +336,13 @@ impl RxRing {
         let slots_per_block = RING_BLOCK / slot_size;
         let blocks = RING_BYTES / RING_BLOCK;
         if slots_per_block == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("MTU {mtu} too large for a ring")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("MTU {mtu} too large for a ring"),
+            ));
         }
-        let to_uint = |n: usize| libc::c_uint::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+        let to_uint =
+            |n: usize| libc::c_uint::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
         set_packet_option(sock, libc::PACKET_VERSION, TPACKET_V2)?;
         // Frames larger than a slot are queued on the socket whole, besides their cut copy.
         set_packet_option(sock, libc::PACKET_COPY_THRESH, 1)?;
@@ -373,7 +384,8 @@ impl RxRing {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = std::ptr::NonNull::new(base.cast::<u8>()).ok_or_else(|| io::Error::other("ring mapped at 0"))?;
+        let base =
+            std::ptr::NonNull::new(base.cast::<u8>()).ok_or_else(|| io::Error::other("ring mapped at 0"))?;
         Ok(RxRing {
             base,
             len,
@@ -423,7 +435,9 @@ impl RxRing {
         let (mac, snaplen, len) = (usize::from(hdr.tp_mac), hdr.tp_snaplen as usize, hdr.tp_len as usize);
         let start = mac.checked_sub(self.head);
         let frame = match start {
-            Some(start) if mac + snaplen <= self.slot_size && start >= std::mem::size_of::<libc::tpacket2_hdr>() => {
+            Some(start)
+                if mac + snaplen <= self.slot_size && start >= std::mem::size_of::<libc::tpacket2_hdr>() =>
+            {
                 self.held = Some((i, offset + start..offset + mac + snaplen));
                 if snaplen == len {
                     RingFrame::Whole { len: snaplen }
@@ -526,7 +540,8 @@ impl TapFile {
     pub(crate) fn set_offload(&self, flags: u32) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value (no pointer); the descriptor is
         // open.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETOFFLOAD, libc::c_ulong::from(flags)) };
+        let rc =
+            unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETOFFLOAD, libc::c_ulong::from(flags)) };
         if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
@@ -681,7 +696,8 @@ mod tests {
 
     #[test]
     fn taps_take_offloads() {
-        const TAP: &[&[&str]] = &[&["tuntap", "add", "mode", "tap", "name", "ft0"], &["link", "set", "ft0", "up"]];
+        const TAP: &[&[&str]] =
+            &[&["tuntap", "add", "mode", "tap", "name", "ft0"], &["link", "set", "ft0", "up"]];
         in_private_netns("taps_take_offloads", TAP, || {
             assert_eq!(interface_mtu("ft0").unwrap(), 1500);
             let (tap, vnet) = TapFile::open("ft0", true).unwrap();

@@ -19,8 +19,6 @@
 //! TCP is tuned for RDMA traffic: large socket buffers (window scaling follows from them),
 //! Nagle off, delayed ACK off by default.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
@@ -32,20 +30,11 @@ use smoltcp::socket::tcp::{self, RecvError, State};
 use smoltcp::time::{Duration as SmolDuration, Instant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
-pub use crate::smol_device::DeviceStats;
 use crate::offload::{Offload, Offloads};
+pub(crate) use crate::rand::random_u64;
+pub use crate::smol_device::DeviceStats;
 use crate::smol_device::FrameDevice;
 use crate::{Link, LinkError};
-
-/// A random 64-bit number (std's per-process hash keys mixed with the clock).
-pub(crate) fn random_u64() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
 
 /// The first IPv4 address the kernel has on interface `name` (in the calling thread's
 /// network namespace), if any.

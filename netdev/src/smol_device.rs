@@ -219,7 +219,9 @@ impl std::fmt::Debug for FrameDevice {
 /// The MTU of interface `name`, or a "not found" error naming it.
 fn interface_mtu(name: &str, what: &str, hint: &str) -> io::Result<usize> {
     frame_io::interface_mtu(name).map_err(|err| match err.kind() {
-        io::ErrorKind::NotFound => io::Error::new(io::ErrorKind::NotFound, format!("{what} {name} not found{hint}")),
+        io::ErrorKind::NotFound => {
+            io::Error::new(io::ErrorKind::NotFound, format!("{what} {name} not found{hint}"))
+        }
         kind => io::Error::new(kind, format!("reading the MTU of {what} {name}: {err}")),
     })
 }
@@ -292,7 +294,7 @@ impl FrameDevice {
         let need = "raw Ethernet needs root or CAP_NET_RAW";
         // The virtio-net header even without offloads: a local sender's frames (a veth
         // peer's) come with partial checksums and as large segments, which it makes out.
-        let ring_mtu = if std::env::var_os("WTG_NORING").is_some() { None } else { Some(mtu) };
+        let ring_mtu = Some(mtu);
         let (sock, features) = PacketSocket::open(name, true, ring_mtu).map_err(|err| {
             if is_permission(&err) {
                 permission_error(&err, format!("opening a raw socket on {name}"), need)
@@ -318,7 +320,14 @@ impl FrameDevice {
         Ok(FrameDevice::new(name, Port::Packet(sock), fd, mtu, offloads, features.ring))
     }
 
-    fn new(name: &str, port: Port, fd: RawFd, mtu: usize, offloads: Offloads, ring: Option<RxRing>) -> FrameDevice {
+    fn new(
+        name: &str,
+        port: Port,
+        fd: RawFd,
+        mtu: usize,
+        offloads: Offloads,
+        ring: Option<RxRing>,
+    ) -> FrameDevice {
         let head = if offloads.vnet_header { VNET_HDR_LEN } else { 0 };
         let rx = match ring {
             Some(ring) => RxPath::Ring { ring, big: vec![0; RX_SLOT] },

@@ -21,7 +21,7 @@
 //!   so it is decoded as [`AtomicOp::Swap`]. One public implementation uses 1 for
 //!   compare-and-swap (docs/protocol-notes.md#rfc-7306-extensions): that reading is rejected
 //!   here because Wireshark (a dissector written against the RFC) uses 2. The root crate's
-//!   dissector (`src/dissect/ddp.rs`) decodes atomics with this module.
+//!   dissector (`dissect/src/ddp.rs`) decodes atomics with this module.
 //! - **Unverified (RFC text not read)**: the mask semantics in [`apply`]. They follow the
 //!   masked-atomics model RFC 7306 was written to carry (the same one as the InfiniBand
 //!   extended atomics): FetchAdd's Add Mask marks field boundaries (a 1 bit stops the carry

@@ -233,6 +233,8 @@ pub struct Connection {
     direct: Option<DirectRx>,
     /// The last FPDU was read into place: buffered reads ask for headers only.
     rx_large: bool,
+    /// The least payload a transmit batch sends from registered memory; `None`: never.
+    tx_by_ref_min: Option<usize>,
     rx_stats: RxStats,
     tx_stats: TxStats,
 }
@@ -266,9 +268,17 @@ impl Connection {
             direct_min: Some(DIRECT_MIN),
             direct: None,
             rx_large: false,
+            tx_by_ref_min: Some(TX_BY_REF_MIN),
             rx_stats: RxStats::default(),
             tx_stats: TxStats::default(),
         }
+    }
+
+    /// Sets the least payload a transmit batch sends from registered memory rather than
+    /// copying it ([`Connection::poll_transmit_batch`]); `None`: always copy. Default
+    /// [`TX_BY_REF_MIN`].
+    pub fn set_tx_by_ref_min(&mut self, min: Option<usize>) {
+        self.tx_by_ref_min = min;
     }
 
     /// Counts of the bytes received so far.
@@ -634,7 +644,8 @@ impl Connection {
         let start = batch.len;
         while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
             let at = batch.meta.len();
-            if self.framer.markers() || self.awaiting_peer {
+            let by_ref = self.tx_by_ref_min.filter(|_| !self.framer.markers());
+            let Some(min) = by_ref.filter(|_| !self.awaiting_peer) else {
                 batch.meta.resize(at + self.max_fpdu_len(), 0);
                 let n = self.poll_transmit_into(mem, &mut batch.meta[at..]);
                 batch.meta.truncate(at + n);
@@ -643,11 +654,11 @@ impl Connection {
                 }
                 batch.push_meta(at);
                 continue;
-            }
+            };
             batch.meta.resize(at + LENGTH_LEN + self.mulpdu, 0);
             let first = batch.pieces.len();
             let room = &mut batch.meta[at + LENGTH_LEN..];
-            let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, TX_BY_REF_MIN) else {
+            let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, min) else {
                 batch.meta.truncate(at);
                 break;
             };

@@ -312,17 +312,27 @@ pub enum RdmapError {
         /// The requested size.
         size: u32,
     },
+    /// A Read Request whose sink range ends past 2^64 - 1: no Read Response could carry it
+    /// (its tagged offsets would wrap). RDMAP's "TO wrap" remote protection error.
+    ReadSinkWraps {
+        /// The requested sink tagged offset.
+        sink_to: u64,
+        /// The requested size.
+        size: u32,
+    },
     /// A tagged access check failed on a message RDMAP checks (Read Request source, Atomic
     /// Request target): the ddp crate's mapping for RDMAP ([`AccessError::rdmap_terminate_code`]).
     Access(AccessError),
-    /// Send with Invalidate named an STag the sender may not invalidate (wrong protection
-    /// domain, not remotely invalidatable): remote protection error, as siw reports -EACCES.
+    /// Send with Invalidate named an STag the sender has no right to (another protection
+    /// domain, or a region registered without remote access): remote protection error, as
+    /// siw reports -EACCES.
     InvalidateNotPermitted {
         /// The Invalidate STag.
         stag: STag,
     },
     /// Send with Invalidate named an STag that cannot be invalidated for another reason (no
-    /// such STag, already invalid, bound window): remote operation error, as siw does.
+    /// such STag, already invalid, a region with memory windows bound): remote operation
+    /// error, as siw does.
     CannotInvalidate {
         /// The Invalidate STag.
         stag: STag,
@@ -367,6 +377,7 @@ impl RdmapError {
             RdmapError::IrdExceeded { .. } | RdmapError::CatastrophicStream => TerminateCode::rdmap(op, 0x07),
             RdmapError::CatastrophicGlobal => TerminateCode::rdmap(op, 0x08),
             RdmapError::ReadRequestTooLarge { .. } => TerminateCode::rdmap(prot, 0x01),
+            RdmapError::ReadSinkWraps { .. } => TerminateCode::rdmap(prot, 0x04),
             RdmapError::Access(e) => e.rdmap_terminate_code(),
             RdmapError::InvalidateNotPermitted { .. } => TerminateCode::rdmap(prot, 0x09),
             RdmapError::CannotInvalidate { .. } => TerminateCode::rdmap(op, 0x09),
@@ -390,6 +401,9 @@ impl fmt::Display for RdmapError {
             RdmapError::IrdExceeded { ird } => write!(f, "peer exceeded IRD {ird}"),
             RdmapError::ReadRequestTooLarge { size } => {
                 write!(f, "Read Request of {size} bytes out of bounds")
+            }
+            RdmapError::ReadSinkWraps { sink_to, size } => {
+                write!(f, "Read Request sink of {size} bytes at TO {sink_to:#x} wraps")
             }
             RdmapError::Access(e) => write!(f, "tagged access refused: {e:?}"),
             RdmapError::InvalidateNotPermitted { stag } => write!(f, "may not invalidate STag {stag}"),
@@ -586,6 +600,7 @@ mod tests {
             (RdmapError::Access(AccessError::AccessRights), 1, 0x02),
             (RdmapError::Access(AccessError::StagNotAssociated), 1, 0x03),
             (RdmapError::Access(AccessError::ToWrap), 1, 0x04),
+            (RdmapError::ReadSinkWraps { sink_to: u64::MAX, size: 1 }, 1, 0x04),
             (RdmapError::InvalidateNotPermitted { stag: STag(1) }, 1, 0x09),
             (RdmapError::InvalidVersion { version: 0 }, 2, 0x05),
             (RdmapError::UnexpectedOpcode { opcode: Opcode::Unknown(0xc) }, 2, 0x06),

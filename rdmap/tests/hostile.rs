@@ -15,7 +15,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{OTHER_PD, Victim, connect, ctrl, deframe_all, segment, tagged, untagged};
+use common::{End, OTHER_PD, connect, ctrl, deframe_all, segment, tagged, untagged};
 use iwarp_ddp::header::{SegmentKind, SegmentRepr};
 use iwarp_ddp::stag_table::{Access, Addressing};
 use iwarp_ddp::{Msn, QueueNumber, STag, TaggedOffset};
@@ -39,7 +39,7 @@ const SENDS: [u64; 2] = [100, 101];
 
 struct World {
     attacker: Connection,
-    v: Victim,
+    v: End,
     crc: bool,
     markers: bool,
     /// Expected memory of every region (all but RECV are modelled exactly).
@@ -56,7 +56,7 @@ struct World {
 impl World {
     fn new(crc: bool, markers: bool) -> World {
         let (attacker, victim) = connect(crc, markers, 2);
-        let mut v = Victim::new(victim);
+        let mut v = End::new(victim);
         let rw = Access::REMOTE_WRITE.union(Access::LOCAL_WRITE);
         assert_eq!(v.register(256, rw, Addressing::VirtualAddress), RW_VA);
         assert_eq!(v.register(200, Access::REMOTE_WRITE, Addressing::ZeroBased), RW_ZB);

@@ -5,317 +5,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes and patterns are small")]
 
+mod common;
+
 use std::collections::HashMap;
+
+use common::{Buf, Dir, End, MULPDU, Pair, Setup, deliver};
 
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_ddp::{RegionMemory, STag, TableMemory, TerminateCode, TerminateLayer};
-use iwarp_mpa::{FrameRepr, Policy};
 use iwarp_rdmap::atomic::AtomicOp;
-use iwarp_rdmap::conn::{Connection, TxBatch};
+use iwarp_rdmap::conn::Connection;
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{
-    Completion, PostError, QpConfig, QpEvent, QpState, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
-    WcOpcode, WcStatus,
+    Completion, PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
 };
 
-const MULPDU: usize = 1442;
 const TAGGED_ROOM: usize = MULPDU - 14;
 const UNTAGGED_ROOM: usize = MULPDU - 18;
-
-/// One end: its connection, its tagged buffer table and protection domain.
-struct Side {
-    conn: Connection,
-    table: TaggedBufferTable,
-    pd: ProtectionDomainId,
-    next_va: u64,
-    completions: Vec<Completion>,
-    events: Vec<QpEvent>,
-    /// Regions registered so far (picks the next one's kind of memory).
-    registered: usize,
-}
-
-/// A registered buffer.
-#[derive(Clone)]
-struct Buf {
-    stag: STag,
-    va: u64,
-    len: u32,
-}
-
-impl Buf {
-    fn sge(&self) -> Sge {
-        Sge { lkey: self.stag, addr: self.va, len: self.len }
-    }
-
-    fn sge_at(&self, off: u64, len: u32) -> Sge {
-        Sge { lkey: self.stag, addr: self.va + off, len }
-    }
-}
-
-impl Side {
-    fn new(conn: Connection, pd: u32) -> Side {
-        Side {
-            conn,
-            table: TaggedBufferTable::new(64),
-            pd: ProtectionDomainId(pd),
-            next_va: 0x7f00_0000_0000 + u64::from(pd) * 0x1000_0000,
-            completions: Vec::new(),
-            events: Vec::new(),
-            registered: 0,
-        }
-    }
-
-    /// Registers `len` bytes filled with `fill`, over each kind of memory in turn (a vector,
-    /// a boxed slice, a `BytesMut`, a page-aligned buffer).
-    fn register(&mut self, len: usize, access: Access, fill: u8) -> Buf {
-        self.registered += 1;
-        let mem = match self.registered % 4 {
-            0 => RegionMemory::new(vec![fill; len]),
-            1 => RegionMemory::new(vec![fill; len].into_boxed_slice()),
-            2 => RegionMemory::new(bytes::BytesMut::from(&vec![fill; len][..])),
-            _ => RegionMemory::from_bytes(&vec![fill; len]),
-        };
-        let va = self.next_va;
-        self.next_va += (len as u64 + 4096) & !4095;
-        let spec =
-            RegionSpec { base_va: va, len: len as u64, access, addressing: Addressing::VirtualAddress };
-        let stag = self.table.register(self.pd, spec, mem).unwrap();
-        Buf { stag, va, len: u32::try_from(len).unwrap() }
-    }
-
-    /// Copies `data` into `buf` at `off` (the application's copy into its own region).
-    fn write(&mut self, buf: &Buf, off: usize, data: &[u8]) -> Result<(), iwarp_ddp::OutOfBounds> {
-        self.table.memory_mut(buf.stag).unwrap().write(off, data)
-    }
-
-    /// What `buf` holds now.
-    fn bytes(&self, buf: &Buf) -> Vec<u8> {
-        self.table.memory(buf.stag).unwrap().to_vec()
-    }
-
-    fn collect(&mut self) {
-        while let Some(c) = self.conn.qp().poll_completion() {
-            self.completions.push(c);
-        }
-        while let Some(e) = self.conn.qp().poll_event() {
-            self.events.push(e);
-        }
-    }
-
-    fn post_send(&mut self, wr: SendWr) {
-        self.conn.qp().post_send(wr).unwrap();
-    }
-
-    fn post_recv(&mut self, wr_id: u64, sgl: Vec<Sge>) {
-        self.conn.qp().post_recv(RecvWr { wr_id, sgl: sgl.into() }).unwrap();
-    }
-}
-
-/// Which way bytes travel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dir {
-    AtoB,
-    BtoA,
-}
-
-type Hook = Box<dyn FnMut(Dir, &mut Vec<u8>)>;
-
-struct Pair {
-    a: Side,
-    b: Side,
-    hook: Option<Hook>,
-    /// Bytes moved, both ways.
-    moved: usize,
-    /// How the receiver takes bytes in: `None`, handed over in chunks of 1000; `Some`, read
-    /// through [`Connection::receive`] by a link that delivers at most a pseudo-random number
-    /// of bytes (below the value) per read, from this generator state.
-    link: Option<(usize, u64)>,
-    /// The sender frames through [`Connection::poll_transmit_batch`] (payloads left in
-    /// registered memory), and a link that takes a pseudo-random part of each batch, the rest
-    /// copied out with [`TxBatch::unsent`]; from this generator state.
-    batched: Option<u64>,
-}
-
-fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
-    connect_with(crc, markers, ird_ord, false, None)
-}
-
-fn connect_with(
-    crc: bool,
-    markers: bool,
-    ird_ord: u16,
-    rfc7306: bool,
-    srq: Option<SharedReceiveQueue>,
-) -> (Connection, Connection) {
-    connect_policy(crc, markers, ird_ord, rfc7306, srq, None)
-}
-
-fn connect_policy(
-    crc: bool,
-    markers: bool,
-    ird_ord: u16,
-    rfc7306: bool,
-    srq: Option<SharedReceiveQueue>,
-    rtr: Option<iwarp_mpa::RtrTypes>,
-) -> (Connection, Connection) {
-    connect_mulpdu(crc, markers, ird_ord, rfc7306, srq, rtr, MULPDU)
-}
-
-fn connect_mulpdu(
-    crc: bool,
-    markers: bool,
-    ird_ord: u16,
-    rfc7306: bool,
-    srq: Option<SharedReceiveQueue>,
-    rtr: Option<iwarp_mpa::RtrTypes>,
-    mulpdu: usize,
-) -> (Connection, Connection) {
-    let policy = Policy {
-        peer_to_peer: rtr.is_some(),
-        rtr: rtr.unwrap_or(Policy::default().rtr),
-        crc: if crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
-        markers_wanted: markers,
-        ird: ird_ord,
-        ord: ird_ord,
-        ..Policy::default()
-    };
-    let req = policy.request(b"").unwrap().to_vec().unwrap();
-    let req = FrameRepr::parse(&req).unwrap();
-    let (reply, server) = policy.respond(&req, b"").unwrap();
-    let client = policy.accept_reply(&reply).unwrap();
-    let cfg = |p: &iwarp_mpa::ConnParams| QpConfig {
-        mulpdu,
-        ird: p.ird,
-        ord: p.ord,
-        max_send_wr: 4096,
-        max_recv_wr: 4096,
-        rfc7306,
-    };
-    let b = match srq {
-        Some(srq) => Connection::with_qp(&server, QueuePair::with_srq(cfg(&server), srq)),
-        None => Connection::new(&server, cfg(&server)),
-    };
-    (Connection::new(&client, cfg(&client)), b)
-}
-
-impl Pair {
-    fn new(crc: bool, markers: bool) -> Pair {
-        Pair::with_ird_ord(crc, markers, 4)
-    }
-
-    fn with_ird_ord(crc: bool, markers: bool, ird_ord: u16) -> Pair {
-        Pair::from_conns(connect(crc, markers, ird_ord))
-    }
-
-    fn from_conns((a, b): (Connection, Connection)) -> Pair {
-        Pair { a: Side::new(a, 1), b: Side::new(b, 2), hook: None, moved: 0, link: None, batched: None }
-    }
-
-    /// Both ends take the RFC 7306 extensions.
-    fn rfc7306() -> Pair {
-        Pair::from_conns(connect_with(true, false, 4, true, None))
-    }
-
-    /// Moves what each side has to send to the other, once each way; returns bytes moved.
-    fn step(&mut self) -> usize {
-        let mut moved = 0;
-        for dir in [Dir::AtoB, Dir::BtoA] {
-            let (from, to) = match dir {
-                Dir::AtoB => (&mut self.a, &mut self.b),
-                Dir::BtoA => (&mut self.b, &mut self.a),
-            };
-            let mut bytes = Vec::new();
-            let mut mem = TableMemory { table: &mut from.table, pd: from.pd };
-            match &mut self.batched {
-                None => {
-                    from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
-                }
-                Some(state) => {
-                    let mut batch = TxBatch::default();
-                    while bytes.len() < 256 * 1024 {
-                        batch.clear();
-                        let n = from.conn.poll_transmit_batch(&mut mem, &mut batch, 64 * 1024);
-                        if n == 0 {
-                            break;
-                        }
-                        *state ^= *state << 13;
-                        *state ^= *state >> 7;
-                        *state ^= *state << 17;
-                        let took = (*state as usize) % (n + 1);
-                        let mut iov = Vec::new();
-                        batch.io_slices(&mem, &mut iov).unwrap();
-                        assert_eq!(iov.iter().map(|b| b.len()).sum::<usize>(), n);
-                        let mut left = took;
-                        for b in &iov {
-                            let k = left.min(b.len());
-                            bytes.extend_from_slice(&b[..k]);
-                            left -= k;
-                        }
-                        drop(iov);
-                        assert_eq!(batch.unsent(&mem, took, &mut bytes).unwrap(), n - took);
-                    }
-                }
-            }
-            if let Some(h) = self.hook.as_mut() {
-                h(dir, &mut bytes);
-            }
-            moved += bytes.len();
-            let mut mem = TableMemory { table: &mut to.table, pd: to.pd };
-            match &mut self.link {
-                // Deliver in uneven chunks, as TCP would.
-                None => {
-                    for chunk in bytes.chunks(1000) {
-                        to.conn.handle_bytes(&mut mem, chunk);
-                    }
-                }
-                // Or let the connection read, as the engine does.
-                Some((most, state)) => {
-                    let mut rx = vec![0; 256 * 1024];
-                    let mut at = 0;
-                    while at < bytes.len() {
-                        *state ^= *state << 13;
-                        *state ^= *state >> 7;
-                        *state ^= *state << 17;
-                        let limit = 1 + (*state as usize) % *most;
-                        let step = to
-                            .conn
-                            .receive(&mut mem, &mut rx, |bufs| {
-                                Ok::<_, ()>(deliver(bufs, &bytes[at..], limit))
-                            })
-                            .unwrap();
-                        at += step.read;
-                    }
-                }
-            }
-        }
-        self.a.collect();
-        self.b.collect();
-        self.moved += moved;
-        moved
-    }
-
-    /// Steps until nothing moves (bounded).
-    fn run(&mut self) {
-        for _ in 0..100_000 {
-            if self.step() == 0 && self.step() == 0 {
-                return;
-            }
-        }
-        panic!("the pair did not settle");
-    }
-}
-
-/// A link's vectored read: at most `limit` bytes of `from` into `bufs`, each filled before the
-/// next; returns the bytes read.
-fn deliver(bufs: &mut [std::io::IoSliceMut<'_>], from: &[u8], limit: usize) -> usize {
-    let mut n = 0;
-    for b in bufs {
-        let k = b.len().min(limit - n).min(from.len() - n);
-        b[..k].copy_from_slice(&from[n..n + k]);
-        n += k;
-    }
-    n
-}
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
@@ -350,9 +56,9 @@ fn write_every_size_and_mode() {
     for (crc, markers) in modes() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
-            let src = p.a.register(len.max(1), Access::NONE, 0);
+            let src = p.a.buf(len.max(1), Access::NONE, 0);
             p.a.write(&src, 0, &pattern(len, 3)).unwrap();
-            let dst = p.b.register(len + 16, Access::REMOTE_WRITE, 0xee);
+            let dst = p.b.buf(len + 16, Access::REMOTE_WRITE, 0xee);
             p.a.post_send(SendWr {
                 wr_id: 7,
                 op: SendOp::Write { remote_stag: dst.stag, remote_to: dst.va + 8 },
@@ -377,9 +83,9 @@ fn read_every_size_and_mode() {
     for (crc, markers) in modes() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
-            let src = p.b.register(len.max(1), Access::REMOTE_READ, 0);
+            let src = p.b.buf(len.max(1), Access::REMOTE_READ, 0);
             p.b.write(&src, 0, &pattern(len, 9)).unwrap();
-            let sink = p.a.register(len.max(1), Access::LOCAL_WRITE, 0x55);
+            let sink = p.a.buf(len.max(1), Access::LOCAL_WRITE, 0x55);
             p.a.post_send(SendWr {
                 wr_id: 11,
                 op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
@@ -404,9 +110,9 @@ fn send_every_size_and_mode() {
     for (crc, markers) in modes() {
         for len in sizes() {
             let mut p = Pair::new(crc, markers);
-            let src = p.a.register(len.max(1), Access::NONE, 0);
+            let src = p.a.buf(len.max(1), Access::NONE, 0);
             p.a.write(&src, 0, &pattern(len, 1)).unwrap();
-            let dst = p.b.register(len + 5, Access::LOCAL_WRITE, 0xaa);
+            let dst = p.b.buf(len + 5, Access::LOCAL_WRITE, 0xaa);
             p.b.post_recv(21, vec![dst.sge()]);
             p.a.post_send(SendWr {
                 wr_id: 20,
@@ -434,9 +140,9 @@ fn send_every_size_and_mode() {
 #[test]
 fn scatter_gather_lists() {
     let mut p = Pair::new(true, false);
-    let src = p.a.register(10_000, Access::NONE, 0);
+    let src = p.a.buf(10_000, Access::NONE, 0);
     p.a.write(&src, 0, &pattern(10_000, 4)).unwrap();
-    let dst = p.b.register(10_000, Access::LOCAL_WRITE, 0);
+    let dst = p.b.buf(10_000, Access::LOCAL_WRITE, 0);
     // Gather 3 pieces (7000 bytes) and scatter them over 2 pieces.
     let sgl = vec![src.sge_at(0, 100), src.sge_at(5000, 4900), src.sge_at(200, 2000)].into();
     p.b.post_recv(1, vec![dst.sge_at(9000, 1000), dst.sge_at(0, 6000)]);
@@ -459,14 +165,14 @@ fn scatter_gather_lists() {
 #[test]
 fn interleaved_operations_complete_in_posting_order() {
     let mut p = Pair::new(false, false);
-    let a_src = p.a.register(1 << 20, Access::NONE, 0);
+    let a_src = p.a.buf(1 << 20, Access::NONE, 0);
     p.a.write(&a_src, 0, &pattern(1 << 20, 2)).unwrap();
-    let a_sink = p.a.register(1 << 20, Access::LOCAL_WRITE, 0);
-    let b_win = p.b.register(1 << 20, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+    let a_sink = p.a.buf(1 << 20, Access::LOCAL_WRITE, 0);
+    let b_win = p.b.buf(1 << 20, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
     p.b.write(&b_win, 0, &pattern(1 << 20, 8)).unwrap();
-    let b_recv = p.b.register(1 << 20, Access::LOCAL_WRITE, 0);
-    let b_src = p.b.register(4096, Access::NONE, 0);
-    let a_recv = p.a.register(4096, Access::LOCAL_WRITE, 0);
+    let b_recv = p.b.buf(1 << 20, Access::LOCAL_WRITE, 0);
+    let b_src = p.b.buf(4096, Access::NONE, 0);
+    let a_recv = p.a.buf(4096, Access::LOCAL_WRITE, 0);
     for i in 0..8 {
         p.b.post_recv(100 + i, vec![b_recv.sge_at(i * 100_000, 100_000)]);
     }
@@ -518,9 +224,9 @@ fn interleaved_operations_complete_in_posting_order() {
 #[test]
 fn ord_limits_outstanding_reads() {
     let mut p = Pair::with_ird_ord(false, false, 1);
-    let src = p.b.register(64 * 1024, Access::REMOTE_READ, 0);
+    let src = p.b.buf(64 * 1024, Access::REMOTE_READ, 0);
     p.b.write(&src, 0, &pattern(64 * 1024, 5)).unwrap();
-    let sink = p.a.register(64 * 1024, Access::LOCAL_WRITE, 0);
+    let sink = p.a.buf(64 * 1024, Access::LOCAL_WRITE, 0);
     for i in 0..4u64 {
         p.a.post_send(SendWr {
             wr_id: i,
@@ -547,8 +253,8 @@ fn provoke(
 ) -> Pair {
     let mut p = Pair::new(true, false);
     // Outstanding work on both sides that must be flushed.
-    let a_recv = p.a.register(4096, Access::LOCAL_WRITE, 0);
-    let b_recv = p.b.register(4096, Access::LOCAL_WRITE, 0);
+    let a_recv = p.a.buf(4096, Access::LOCAL_WRITE, 0);
+    let b_recv = p.b.buf(4096, Access::LOCAL_WRITE, 0);
     p.a.post_recv(900, vec![a_recv.sge()]);
     p.b.post_recv(901, vec![b_recv.sge()]);
     let wr = setup(&mut p);
@@ -600,7 +306,7 @@ fn write_to(stag: STag, to: u64, src: &Buf, len: u32) -> SendWr {
 fn terminate_invalid_stag() {
     provoke(
         |p| {
-            let src = p.a.register(64, Access::NONE, 1);
+            let src = p.a.buf(64, Access::NONE, 1);
             write_to(STag(0x0000_4242), 0, &src, 64)
         },
         TerminateCode::ddp(1, 0x00),
@@ -612,8 +318,8 @@ fn terminate_invalid_stag() {
 fn terminate_base_or_bounds() {
     provoke(
         |p| {
-            let src = p.a.register(64, Access::NONE, 1);
-            let dst = p.b.register(32, Access::REMOTE_WRITE, 0);
+            let src = p.a.buf(64, Access::NONE, 1);
+            let dst = p.b.buf(32, Access::REMOTE_WRITE, 0);
             write_to(dst.stag, dst.va + 1, &src, 32)
         },
         TerminateCode::ddp(1, 0x01),
@@ -625,8 +331,8 @@ fn terminate_base_or_bounds() {
 fn terminate_access_rights() {
     let p = provoke(
         |p| {
-            let src = p.a.register(64, Access::NONE, 1);
-            let dst = p.b.register(64, Access::REMOTE_READ, 0x33);
+            let src = p.a.buf(64, Access::NONE, 1);
+            let dst = p.b.buf(64, Access::REMOTE_READ, 0x33);
             write_to(dst.stag, dst.va, &src, 64)
         },
         TerminateCode::rdmap(1, 0x02),
@@ -640,7 +346,7 @@ fn terminate_access_rights() {
 fn terminate_stag_of_another_protection_domain() {
     provoke(
         |p| {
-            let src = p.a.register(64, Access::NONE, 1);
+            let src = p.a.buf(64, Access::NONE, 1);
             // Registered in B's table but in another PD than B's queue pair.
             let mem = RegionMemory::zeroed(64);
             let spec = RegionSpec {
@@ -661,8 +367,8 @@ fn terminate_stag_of_another_protection_domain() {
 fn terminate_read_request_on_bad_source_copies_the_request() {
     provoke(
         |p| {
-            let sink = p.a.register(64, Access::LOCAL_WRITE, 0);
-            let src = p.b.register(64, Access::REMOTE_WRITE, 0); // no remote read
+            let sink = p.a.buf(64, Access::LOCAL_WRITE, 0);
+            let src = p.b.buf(64, Access::REMOTE_WRITE, 0); // no remote read
             SendWr {
                 wr_id: 1,
                 op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
@@ -678,7 +384,7 @@ fn terminate_read_request_on_bad_source_copies_the_request() {
 #[test]
 fn terminate_send_without_posted_receive() {
     let mut p = Pair::new(false, false);
-    let src = p.a.register(64, Access::NONE, 1);
+    let src = p.a.buf(64, Access::NONE, 1);
     p.a.post_send(SendWr {
         wr_id: 1,
         op: SendOp::Send { solicited: false, invalidate: None },
@@ -696,7 +402,7 @@ fn terminate_send_too_long() {
     let p = provoke(
         |p| {
             // B's posted buffer (4096 bytes) is smaller than the message.
-            let src = p.a.register(5000, Access::NONE, 1);
+            let src = p.a.buf(5000, Access::NONE, 1);
             SendWr {
                 wr_id: 1,
                 op: SendOp::Send { solicited: false, invalidate: None },
@@ -717,9 +423,9 @@ fn terminate_send_too_long() {
 #[test]
 fn send_with_invalidate_revokes_the_stag() {
     let mut p = Pair::new(false, false);
-    let target = p.b.register(64, Access::REMOTE_WRITE, 0);
-    let recv = p.b.register(64, Access::LOCAL_WRITE, 0);
-    let src = p.a.register(64, Access::NONE, 7);
+    let target = p.b.buf(64, Access::REMOTE_WRITE, 0);
+    let recv = p.b.buf(64, Access::LOCAL_WRITE, 0);
+    let src = p.a.buf(64, Access::NONE, 7);
     p.b.post_recv(5, vec![recv.sge()]);
     p.a.post_send(SendWr {
         wr_id: 1,
@@ -737,13 +443,148 @@ fn send_with_invalidate_revokes_the_stag() {
     assert!(p.b.bytes(&target).iter().all(|&b| b == 0));
 }
 
+/// B's window of `len` bytes at `off` of `region`, remote write, bound at once.
+fn bind(side: &mut End, region: &Buf, off: u64, len: u64) -> STag {
+    let spec = RegionSpec {
+        base_va: region.va + off,
+        len,
+        access: Access::REMOTE_WRITE,
+        addressing: Addressing::VirtualAddress,
+    };
+    side.table.bind_window(region.stag, side.pd, spec).unwrap()
+}
+
+fn send_invalidate(wr_id: u64, stag: STag, src: &Buf) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Send { solicited: false, invalidate: Some(stag) },
+        sgl: src.sge_at(0, 8).into(),
+        signaled: true,
+    }
+}
+
+#[test]
+fn send_with_invalidate_of_a_window_then_of_its_region() {
+    // What a peer may invalidate: a memory window (type 2) of the queue pair's protection
+    // domain, which unbinds it; then the region, once no window is bound to it.
+    let mut p = Pair::new(false, false);
+    let region = p.b.buf(256, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+    let recv = p.b.buf(64, Access::LOCAL_WRITE, 0);
+    let window = bind(&mut p.b, &region, 64, 64);
+    let src = p.a.buf(64, Access::NONE, 7);
+    p.b.post_recv(5, vec![recv.sge()]);
+    p.b.post_recv(6, vec![recv.sge()]);
+    p.a.post_send(send_invalidate(1, window, &src));
+    p.run();
+    assert_eq!(p.b.completions[0].invalidated, Some(window));
+    assert!(!p.b.table.get(window).unwrap().valid);
+    assert!(p.b.table.get(region.stag).unwrap().valid, "only the window");
+    p.a.post_send(send_invalidate(2, region.stag, &src));
+    p.run();
+    assert!(p.b.events.is_empty(), "{:?}", p.b.events);
+    assert_eq!(p.b.completions[1].invalidated, Some(region.stag));
+    assert!(!p.b.table.get(region.stag).unwrap().valid);
+    // The region can be made valid again with a new key (the application's re-validation).
+    let again = p.b.table.rekey(region.stag, region.stag.key().wrapping_add(1)).unwrap();
+    assert!(p.b.table.get(again).unwrap().valid);
+}
+
+#[test]
+fn send_with_invalidate_of_a_region_with_a_window_bound_is_refused() {
+    let mut stags = None;
+    let p = provoke(
+        |p| {
+            let region = p.b.buf(256, Access::REMOTE_WRITE, 0);
+            stags = Some((region.stag, bind(&mut p.b, &region, 0, 64)));
+            let src = p.a.buf(64, Access::NONE, 7);
+            send_invalidate(1, region.stag, &src)
+        },
+        TerminateCode::rdmap(2, 0x09),
+        (true, true, false),
+    );
+    // Nothing was invalidated.
+    let (region, window) = stags.unwrap();
+    assert!(p.b.table.get(region).unwrap().valid, "the region was invalidated");
+    assert!(p.b.table.get(window).unwrap().valid, "the window was invalidated");
+}
+
+#[test]
+fn send_with_invalidate_of_a_local_only_region_is_refused() {
+    // B's receive buffer's region (local write only) is not the peer's to invalidate.
+    for access in [Access::LOCAL_WRITE, Access::NONE] {
+        let mut target = None;
+        let p = provoke(
+            |p| {
+                let local = p.b.buf(64, access, 0);
+                target = Some(local.stag);
+                let src = p.a.buf(64, Access::NONE, 7);
+                send_invalidate(1, local.stag, &src)
+            },
+            TerminateCode::rdmap(1, 0x09),
+            (true, true, false),
+        );
+        let target = target.unwrap();
+        assert!(p.b.table.get(target).unwrap().valid, "{access}: invalidated");
+    }
+}
+
+#[test]
+fn read_response_whose_source_is_invalidated_mid_flight_is_terminated() {
+    // A Read Response of several segments: after its first segment went out, B's application
+    // invalidates (then, in a second run, deregisters) the source region. The next segment
+    // cannot be read: B terminates with the RDMAP code its source now fails with (invalid
+    // STag, 0/1/0x00), sends nothing more from the region, and A's Read fails.
+    for deregister in [false, true] {
+        let mut p = Pair::new(false, false);
+        let len = 3 * MULPDU + 7;
+        let src = p.b.buf(len, Access::REMOTE_READ, 0);
+        p.b.write(&src, 0, &pattern(len, 9)).unwrap();
+        let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
+        p.a.post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+            sgl: sink.sge().into(),
+            signaled: true,
+        });
+        // A's Read Request reaches B.
+        let mut bytes = Vec::new();
+        p.a.conn.poll_transmit(&mut TableMemory { table: &mut p.a.table, pd: p.a.pd }, &mut bytes, 1 << 20);
+        p.b.conn.handle_bytes(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &bytes);
+        // B sends the first segment of the response only.
+        let mut first = Vec::new();
+        let n = p.b.conn.poll_transmit(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &mut first, 1);
+        assert!(n > MULPDU / 2 && n <= p.b.conn.max_fpdu_len(), "one FPDU: {n}");
+        p.a.conn.handle_bytes(&mut TableMemory { table: &mut p.a.table, pd: p.a.pd }, &first);
+        if deregister {
+            p.b.table.deregister(src.stag).unwrap();
+        } else {
+            p.b.table.invalidate(src.stag).unwrap();
+        }
+        p.run();
+        let code = TerminateCode::rdmap(1, 0x00);
+        assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(code)), "{:?}", p.b.events);
+        let Some(QpEvent::RemoteTerminate { header, .. }) = p.a.events.first().copied() else {
+            panic!("A saw no Terminate: {:?}", p.a.events)
+        };
+        assert_eq!(header.cause, code);
+        assert_eq!(p.a.completions.len(), 1, "{:?}", p.a.completions);
+        assert_eq!(p.a.completions[0].wr_id, 3);
+        assert_ne!(p.a.completions[0].status, WcStatus::Success);
+        // Only the first segment's bytes reached the sink.
+        let got = p.a.bytes(&sink);
+        let first_len = TAGGED_ROOM;
+        assert_eq!(&got[..first_len], &pattern(len, 9)[..first_len]);
+        assert!(got[first_len..].iter().all(|&b| b == 0), "bytes after the first segment arrived");
+    }
+}
+
 // --- faults in the byte stream ------------------------------------------------------------
 
 #[test]
 fn corrupted_byte_with_crc_terminates_with_llp_crc_error() {
     let mut p = Pair::new(true, false);
-    let src = p.a.register(4000, Access::NONE, 1);
-    let dst = p.b.register(4000, Access::REMOTE_WRITE, 0);
+    let src = p.a.buf(4000, Access::NONE, 1);
+    let dst = p.b.buf(4000, Access::REMOTE_WRITE, 0);
     let mut done = false;
     p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
         if dir == Dir::AtoB && !done && bytes.len() > 100 {
@@ -768,8 +609,8 @@ fn corrupted_byte_with_crc_terminates_with_llp_crc_error() {
 #[test]
 fn duplicated_bytes_are_detected() {
     let mut p = Pair::new(true, true);
-    let src = p.a.register(10_000, Access::NONE, 1);
-    let dst = p.b.register(10_000, Access::REMOTE_WRITE, 0);
+    let src = p.a.buf(10_000, Access::NONE, 1);
+    let dst = p.b.buf(10_000, Access::REMOTE_WRITE, 0);
     let mut done = false;
     p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
         if dir == Dir::AtoB && !done && bytes.len() > 3000 {
@@ -794,10 +635,10 @@ fn reordered_and_truncated_streams_never_panic_and_complete_once() {
         } else {
             large_pair(seed % 2 == 0, seed % 3 == 0, 1 + (seed as usize * 7919) % 40_000, seed)
         };
-        let src = p.a.register(50_000, Access::NONE, 1);
-        let dst = p.b.register(50_000, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
-        let sink = p.a.register(50_000, Access::LOCAL_WRITE, 0);
-        let recv = p.b.register(50_000, Access::LOCAL_WRITE, 0);
+        let src = p.a.buf(50_000, Access::NONE, 1);
+        let dst = p.b.buf(50_000, Access::REMOTE_WRITE.union(Access::REMOTE_READ), 0);
+        let sink = p.a.buf(50_000, Access::LOCAL_WRITE, 0);
+        let recv = p.b.buf(50_000, Access::LOCAL_WRITE, 0);
         p.b.post_recv(10, vec![recv.sge()]);
         let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = move || {
@@ -852,7 +693,7 @@ fn reordered_and_truncated_streams_never_panic_and_complete_once() {
 #[test]
 fn extensions_are_an_api_error_unless_negotiated() {
     let mut p = Pair::new(false, false);
-    let sink = p.a.register(8, Access::LOCAL_WRITE, 0);
+    let sink = p.a.buf(8, Access::LOCAL_WRITE, 0);
     let ops = [
         (SendOp::ImmediateData { data: [1; 8], solicited: false }, vec![]),
         (
@@ -885,9 +726,9 @@ fn extensions_are_an_api_error_unless_negotiated() {
 #[test]
 fn send_with_immediate() {
     let mut p = Pair::rfc7306();
-    let src = p.a.register(100, Access::NONE, 0);
+    let src = p.a.buf(100, Access::NONE, 0);
     p.a.write(&src, 0, &pattern(100, 2)).unwrap();
-    let recv = p.b.register(200, Access::LOCAL_WRITE, 0);
+    let recv = p.b.buf(200, Access::LOCAL_WRITE, 0);
     p.b.post_recv(1, vec![recv.sge_at(0, 100)]);
     p.b.post_recv(2, vec![recv.sge_at(100, 100)]);
     p.a.post_send(SendWr {
@@ -909,10 +750,10 @@ fn send_with_immediate() {
 #[test]
 fn immediate_data_and_write_with_immediate() {
     let mut p = Pair::rfc7306();
-    let src = p.a.register(5000, Access::NONE, 0);
+    let src = p.a.buf(5000, Access::NONE, 0);
     p.a.write(&src, 0, &pattern(5000, 6)).unwrap();
-    let dst = p.b.register(5000, Access::REMOTE_WRITE, 0);
-    let recv = p.b.register(64, Access::LOCAL_WRITE, 0x77);
+    let dst = p.b.buf(5000, Access::REMOTE_WRITE, 0);
+    let recv = p.b.buf(64, Access::LOCAL_WRITE, 0x77);
     p.b.post_recv(1, vec![recv.sge()]);
     p.b.post_recv(2, vec![recv.sge()]);
     p.a.post_send(SendWr {
@@ -978,7 +819,7 @@ fn atomic(
     }
 }
 
-fn word(side: &Side, buf: &Buf, off: usize) -> u64 {
+fn word(side: &End, buf: &Buf, off: usize) -> u64 {
     let b = side.bytes(buf);
     u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
 }
@@ -986,11 +827,11 @@ fn word(side: &Side, buf: &Buf, off: usize) -> u64 {
 #[test]
 fn atomics_fetch_add_swap_compare_swap() {
     let mut p = Pair::rfc7306();
-    let target = p.b.register(64, Access::REMOTE_ATOMIC, 0);
+    let target = p.b.buf(64, Access::REMOTE_ATOMIC, 0);
     for (i, v) in [100u64, 0xffff_0000_0000_ffff, 42, 42].iter().enumerate() {
         p.b.write(&target, i * 8, &v.to_ne_bytes()).unwrap();
     }
-    let sink = p.a.register(64, Access::LOCAL_WRITE, 0);
+    let sink = p.a.buf(64, Access::LOCAL_WRITE, 0);
     p.a.post_send(atomic(&target, 0, AtomicOp::FetchAdd, 5, 0, 0, 0, sink.sge_at(0, 8)));
     p.a.post_send(atomic(&target, 8, AtomicOp::Swap, 0x1234, 0xffff, 0, 0, sink.sge_at(8, 8)));
     // Equal under the mask: swapped. Not equal: left alone. Both return the original.
@@ -1008,8 +849,8 @@ fn atomics_fetch_add_swap_compare_swap() {
 fn atomic_without_rights_or_unaligned_is_terminated() {
     for (access, off) in [(Access::REMOTE_WRITE, 0u64), (Access::REMOTE_ATOMIC, 4)] {
         let mut p = Pair::rfc7306();
-        let target = p.b.register(64, access, 0x11);
-        let sink = p.a.register(8, Access::LOCAL_WRITE, 0);
+        let target = p.b.buf(64, access, 0x11);
+        let sink = p.a.buf(8, Access::LOCAL_WRITE, 0);
         p.a.post_send(atomic(&target, off, AtomicOp::FetchAdd, 1, 0, 0, 0, sink.sge()));
         p.run();
         let Some(QpEvent::LocalTerminate(code)) = p.b.events.first().copied() else {
@@ -1027,10 +868,10 @@ fn atomic_without_rights_or_unaligned_is_terminated() {
 #[test]
 fn shared_receive_queue_feeds_the_queue_pair() {
     let srq = SharedReceiveQueue::new(16);
-    let mut p = Pair::from_conns(connect_with(false, false, 4, false, Some(srq.clone())));
-    let src = p.a.register(3000, Access::NONE, 0);
+    let mut p = Pair::from_conns(Setup { srq: Some(srq.clone()), ..Setup::new(false, false) }.connect());
+    let src = p.a.buf(3000, Access::NONE, 0);
     p.a.write(&src, 0, &pattern(3000, 5)).unwrap();
-    let recv = p.b.register(3 * 3000, Access::LOCAL_WRITE, 0);
+    let recv = p.b.buf(3 * 3000, Access::LOCAL_WRITE, 0);
     for i in 0..3u64 {
         srq.post_recv(RecvWr { wr_id: 40 + i, sgl: recv.sge_at(i * 3000, 3000).into() }).unwrap();
     }
@@ -1055,8 +896,8 @@ fn shared_receive_queue_feeds_the_queue_pair() {
 #[test]
 fn responder_waits_for_the_initiators_first_fpdu() {
     let mut p = Pair::new(false, false);
-    let b_src = p.b.register(64, Access::NONE, 1);
-    let a_recv = p.a.register(64, Access::LOCAL_WRITE, 0);
+    let b_src = p.b.buf(64, Access::NONE, 1);
+    let a_recv = p.a.buf(64, Access::LOCAL_WRITE, 0);
     p.a.post_recv(1, vec![a_recv.sge()]);
     p.b.post_send(SendWr {
         wr_id: 2,
@@ -1068,8 +909,8 @@ fn responder_waits_for_the_initiators_first_fpdu() {
     assert_eq!(p.moved, 0, "the responder's Send waits");
     assert!(p.b.conn.awaiting_peer());
     // The initiator's first FPDU opens the responder's direction.
-    let a_src = p.a.register(8, Access::NONE, 2);
-    let b_recv = p.b.register(8, Access::LOCAL_WRITE, 0);
+    let a_src = p.a.buf(8, Access::NONE, 2);
+    let b_recv = p.b.buf(8, Access::LOCAL_WRITE, 0);
     p.b.post_recv(3, vec![b_recv.sge()]);
     p.a.post_send(SendWr {
         wr_id: 4,
@@ -1089,9 +930,9 @@ fn peer_to_peer_rtr_opens_the_connection() {
         (iwarp_mpa::RtrTypes { write: true, read: true, send: false }, true),
         (iwarp_mpa::RtrTypes { write: false, read: true, send: false }, false),
     ] {
-        let mut p = Pair::from_conns(connect_policy(true, false, 4, false, None, Some(offer)));
-        let b_src = p.b.register(64, Access::NONE, 9);
-        let a_recv = p.a.register(64, Access::LOCAL_WRITE, 0);
+        let mut p = Pair::from_conns(Setup { rtr: Some(offer), ..Setup::new(true, false) }.connect());
+        let b_src = p.b.buf(64, Access::NONE, 9);
+        let a_recv = p.a.buf(64, Access::LOCAL_WRITE, 0);
         p.a.post_recv(1, vec![a_recv.sge()]);
         // The responder has something to say first: it goes out right after the RTR.
         p.b.post_send(SendWr {
@@ -1132,7 +973,7 @@ const LARGE_MULPDU: usize = 65_000;
 /// A pair with loopback-sized FPDUs whose receivers read through [`Connection::receive`]
 /// from a link that delivers at most `most` bytes per read.
 fn large_pair(crc: bool, markers: bool, most: usize, seed: u64) -> Pair {
-    let mut p = Pair::from_conns(connect_mulpdu(crc, markers, 4, false, None, None, LARGE_MULPDU));
+    let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(crc, markers) }.connect());
     for side in [&mut p.a, &mut p.b] {
         side.conn.set_direct_min(Some(4096));
     }
@@ -1150,13 +991,13 @@ fn large_payloads_are_read_straight_into_place() {
         for (i, len) in [20_000, LARGE_MULPDU - 18, LARGE_MULPDU + 1, 1 << 20].into_iter().enumerate() {
             for most in [70_000, 9_000] {
                 let mut p = large_pair(crc, markers, most, 0x9e37_79b9 + i as u64);
-                let src = p.a.register(len, Access::NONE, 0);
+                let src = p.a.buf(len, Access::NONE, 0);
                 p.a.write(&src, 0, &pattern(len, 5)).unwrap();
-                let wdst = p.b.register(len + 16, Access::REMOTE_WRITE, 0xee);
-                let rsrc = p.b.register(len, Access::REMOTE_READ, 0);
+                let wdst = p.b.buf(len + 16, Access::REMOTE_WRITE, 0xee);
+                let rsrc = p.b.buf(len, Access::REMOTE_READ, 0);
                 p.b.write(&rsrc, 0, &pattern(len, 6)).unwrap();
-                let rsink = p.a.register(len + 16, Access::LOCAL_WRITE, 0xdd);
-                let rcv = p.b.register(len + 16, Access::LOCAL_WRITE, 0xcc);
+                let rsink = p.a.buf(len + 16, Access::LOCAL_WRITE, 0xdd);
+                let rcv = p.b.buf(len + 16, Access::LOCAL_WRITE, 0xcc);
                 p.b.post_recv(30, vec![rcv.sge_at(0, 8), rcv.sge_at(8, len as u32)]);
                 p.a.post_send(write_to(wdst.stag, wdst.va + 8, &src, len as u32));
                 p.a.post_send(SendWr {
@@ -1214,8 +1055,8 @@ fn large_payloads_are_read_straight_into_place() {
 fn bad_crc_of_a_payload_read_into_place_terminates() {
     let len = 50_000;
     let mut p = large_pair(true, false, 4096, 7);
-    let src = p.a.register(len, Access::NONE, 1);
-    let rcv = p.b.register(len, Access::LOCAL_WRITE, 0);
+    let src = p.a.buf(len, Access::NONE, 1);
+    let rcv = p.b.buf(len, Access::LOCAL_WRITE, 0);
     p.b.post_recv(40, vec![rcv.sge()]);
     let mut done = false;
     p.hook = Some(Box::new(move |dir, bytes: &mut Vec<u8>| {
@@ -1244,11 +1085,11 @@ fn bad_crc_of_a_payload_read_into_place_terminates() {
 #[test]
 fn deregistration_while_a_payload_is_read_into_place() {
     let len = 60_000;
-    let (a, b) = connect_mulpdu(true, false, 4, false, None, None, LARGE_MULPDU);
+    let (a, b) = Setup { mulpdu: LARGE_MULPDU, ..Setup::new(true, false) }.connect();
     let mut p = Pair::from_conns((a, b));
-    let src = p.a.register(len, Access::NONE, 0);
+    let src = p.a.buf(len, Access::NONE, 0);
     p.a.write(&src, 0, &pattern(len, 2)).unwrap();
-    let dst = p.b.register(len, Access::REMOTE_WRITE, 0x11);
+    let dst = p.b.buf(len, Access::REMOTE_WRITE, 0x11);
     p.a.post_send(write_to(dst.stag, dst.va, &src, len as u32));
     let mut bytes = Vec::new();
     let mut mem = TableMemory { table: &mut p.a.table, pd: p.a.pd };
@@ -1288,13 +1129,13 @@ fn batched_transmit_sends_payloads_from_registered_memory() {
         for len in [100, 3000, 1 << 20] {
             let mut p = large_pair(crc, markers, 30_000, len as u64);
             p.batched = Some(0x2545_f491_4f6c_dd1d ^ len as u64);
-            let src = p.a.register(len, Access::NONE, 0);
+            let src = p.a.buf(len, Access::NONE, 0);
             p.a.write(&src, 0, &pattern(len, 8)).unwrap();
-            let wdst = p.b.register(len, Access::REMOTE_WRITE, 0);
-            let rsrc = p.b.register(len, Access::REMOTE_READ, 0);
+            let wdst = p.b.buf(len, Access::REMOTE_WRITE, 0);
+            let rsrc = p.b.buf(len, Access::REMOTE_READ, 0);
             p.b.write(&rsrc, 0, &pattern(len, 9)).unwrap();
-            let rsink = p.a.register(len, Access::LOCAL_WRITE, 0);
-            let rcv = p.b.register(len, Access::LOCAL_WRITE, 0);
+            let rsink = p.a.buf(len, Access::LOCAL_WRITE, 0);
+            let rcv = p.b.buf(len, Access::LOCAL_WRITE, 0);
             p.b.post_recv(50, vec![rcv.sge()]);
             p.a.post_send(write_to(wdst.stag, wdst.va, &src, len as u32));
             p.a.post_send(SendWr {

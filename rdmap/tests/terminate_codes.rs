@@ -13,11 +13,9 @@
 
 mod common;
 
-use common::{
-    OTHER_PD, Victim, connect, connect_ext, deframe_all, parse_terminate, segment, tagged, untagged,
-};
+use common::{End, OTHER_PD, connect, connect_ext, deframe_all, parse_terminate, segment, tagged, untagged};
 use iwarp_ddp::header::{SegmentKind, UNTAGGED_HEADER_LEN};
-use iwarp_ddp::stag_table::{Access, Addressing};
+use iwarp_ddp::stag_table::{Access, Addressing, RegionSpec};
 use iwarp_ddp::{Msn, STag, TaggedOffset, TerminateCode, TerminateLayer};
 use iwarp_mpa::fpdu::marker_positions;
 use iwarp_rdmap::conn::Connection;
@@ -49,7 +47,7 @@ enum Copies {
 
 struct Scenario {
     attacker: Connection,
-    v: Victim,
+    v: End,
     crc: bool,
     markers: bool,
     /// Every work request posted on the victim.
@@ -61,7 +59,7 @@ impl Scenario {
     /// buffers of [`RECV_LEN`] bytes.
     fn new(crc: bool, markers: bool, recvs: u64) -> Scenario {
         let (attacker, victim) = connect(crc, markers, 2);
-        let mut v = Victim::new(victim);
+        let mut v = End::new(victim);
         let rw = Access::REMOTE_WRITE.union(Access::LOCAL_WRITE);
         assert_eq!(v.register(256, rw, Addressing::VirtualAddress), DST);
         assert_eq!(v.register(256, Access::REMOTE_READ, Addressing::VirtualAddress), RO);
@@ -200,6 +198,12 @@ fn llp(c: u8) -> TerminateCode {
 
 fn read_request(sink: u32, source: STag, source_to: u64, size: u32) -> Vec<u8> {
     let req = ReadRequest { sink_stag: sink, sink_to: 0x1000, size, source_stag: source.0, source_to };
+    untagged(Opcode::ReadRequest, 1, 1, 0, true, 0, &req.to_bytes())
+}
+
+/// A Read Request into sink STag 0x77 at `sink_to`.
+fn read_request_to(sink_to: u64, source: STag, source_to: u64, size: u32) -> Vec<u8> {
+    let req = ReadRequest { sink_stag: 0x77, sink_to, size, source_stag: source.0, source_to };
     untagged(Opcode::ReadRequest, 1, 1, 0, true, 0, &req.to_bytes())
 }
 
@@ -504,6 +508,32 @@ fn rdmap_read_request_other_protection_errors() {
 }
 
 #[test]
+fn rdmap_to_wrap_on_a_read_request_sink() {
+    // The sink range of a Read Request ends past 2^64 - 1: no Read Response can carry it (its
+    // tagged offsets would wrap), so the request is refused when it arrives, with RDMAP's TO
+    // wrap (0/1/0x04, RdmapError::ReadSinkWraps) and the Request copied, rather than kept and
+    // never answered (its IRD slot taken for good, the requester's Read never completing).
+    for (sink_to, size) in [(u64::MAX - 3, 8u32), (u64::MAX - 7, 8), (u64::MAX, 1)] {
+        let s = Scenario::plain(2);
+        let m = read_request_to(sink_to, s.stag(RO), s.to(RO), size);
+        s.provoke(&m, rdmap(1, 0x04), Copies::DdpAndReadRequest);
+    }
+    // A sink that ends at the last TO is fine: the Read Response goes out.
+    let mut s = Scenario::plain(2);
+    let m = read_request_to(u64::MAX - 8, s.stag(RO), s.to(RO), 8);
+    s.inject(&m);
+    assert!(s.v.events.is_empty(), "{:?}", s.v.events);
+    let sent = deframe_all(&s.v.transmit(), false, false);
+    let response = sent.iter().find_map(|u| {
+        let seg = iwarp_ddp::SegmentRepr::parse(u).ok()?;
+        let SegmentKind::Tagged { stag, to } = seg.header.kind else { return None };
+        Some((stag, to, seg.payload.len()))
+    });
+    assert_eq!(response, Some((STag(0x77), TaggedOffset(u64::MAX - 8), 8)));
+    assert_eq!(s.v.state(), QpState::Rts);
+}
+
+#[test]
 fn read_request_with_a_truncated_body() {
     // A Read Request body shorter than 28 bytes: DDP "message too long" is what the queue pair
     // sends for a request whose length is not its fixed body's (1/2/0x05), M and D, no R
@@ -610,6 +640,44 @@ fn rdmap_send_with_invalidate_of_a_nonexistent_stag() {
     s.provoke(&m, rdmap(2, 0x09), Copies::Ddp);
 }
 
+#[test]
+fn rdmap_send_with_invalidate_of_a_local_only_stag() {
+    // A region registered without any remote right (receive buffers, the source of a Send,
+    // the sink of a Read) is not the peer's: it was never advertised, so a peer naming it
+    // guessed or stole it. Verbs let a peer invalidate only what it may access: remote
+    // protection error, cannot invalidate (0/1/0x09, RdmapError::InvalidateNotPermitted), and
+    // the region stays valid.
+    for r in [RECV, SRC, SINK] {
+        let mut s = Scenario::plain(2);
+        let stag = s.stag(r);
+        let m = untagged(Opcode::SendInvalidate, 0, 1, 0, true, stag.0, &[]);
+        s.inject(&m);
+        s.check(rdmap(1, 0x09), Some(&m), Copies::Ddp, &[]);
+        assert!(s.v.table.get(stag).is_some_and(|e| e.valid), "region {r} was invalidated");
+    }
+}
+
+#[test]
+fn rdmap_send_with_invalidate_of_a_region_with_a_window_bound() {
+    // A region with a memory window bound cannot be invalidated (verbs; rxe refuses it too):
+    // remote operation error, cannot invalidate (0/2/0x09, RdmapError::CannotInvalidate). The
+    // region and the window stay valid.
+    let mut s = Scenario::plain(2);
+    let spec = RegionSpec {
+        base_va: s.to(DST) + 16,
+        len: 32,
+        access: Access::REMOTE_WRITE,
+        addressing: Addressing::VirtualAddress,
+    };
+    let pd = s.v.pd;
+    let window = s.v.table.bind_window(s.stag(DST), pd, spec).unwrap();
+    let m = untagged(Opcode::SendSeInvalidate, 0, 1, 0, true, s.stag(DST).0, &[]);
+    s.inject(&m);
+    s.check(rdmap(2, 0x09), Some(&m), Copies::Ddp, &[]);
+    assert!(s.v.table.get(s.stag(DST)).is_some_and(|e| e.valid), "the region was invalidated");
+    assert!(s.v.table.get(window).is_some_and(|e| e.valid), "the window was invalidated");
+}
+
 // --- LLP (MPA) layer ----------------------------------------------------------------------
 
 #[test]
@@ -705,9 +773,9 @@ fn terminate_from_the_peer_is_not_answered() {
 //   handshake, before a Connection exists.
 
 /// A responder victim (it waits for the initiator's first FPDU before sending anything).
-fn responder_victim(crc: bool) -> (Connection, Victim) {
+fn responder_victim(crc: bool) -> (Connection, End) {
     let (victim, attacker) = connect(crc, false, 2);
-    let mut v = Victim::new(victim);
+    let mut v = End::new(victim);
     v.register(256, Access::REMOTE_WRITE, Addressing::VirtualAddress);
     (attacker, v)
 }

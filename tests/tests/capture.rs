@@ -70,7 +70,7 @@ fn captured_connection_dissects_cleanly() {
         }
     }
     writer.lock().unwrap().flush().unwrap();
-    let report = iwarp::dissect::dissect_file(&path, &Default::default()).unwrap();
+    let report = iwarp_dissect::dissect_file(&path, &Default::default()).unwrap();
     std::fs::remove_file(&path).ok();
     assert_eq!(report.mpa_connections(), 1, "{report:?}");
     assert!(report.violations.is_empty(), "{:?}", report.violations);

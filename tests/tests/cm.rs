@@ -233,6 +233,39 @@ fn initiator_terminates_a_reply_it_cannot_take() {
     assert_eq!(header.cause.code, 0x07, "{header:?}");
 }
 
+/// The same for IRD/ORD: a Reply whose ORD exceeds the IRD the initiator offered (the
+/// responder would have more Reads outstanding than the initiator can answer) gets an LLP
+/// Terminate, "insufficient IRD" (0x06), before the close.
+#[test]
+fn initiator_terminates_a_reply_with_too_high_an_ord() {
+    let listener = TcpListener::bind(localhost()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = thread::spawn(move || {
+        let mut s = raw_responder(&listener, Policy::default(), |reply| {
+            // The ORD half of the IRD/ORD word: the RTR bits kept, ORD 0x3fff.
+            reply[22] = (reply[22] & 0xc0) | 0x3f;
+            reply[23] = 0xff;
+        });
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        rest
+    });
+    let dev = Device::open(DeviceConfig::default());
+    let (pd, cq) = (dev.alloc_pd(), dev.create_cq(16));
+    let opts = ConnectOptions { timeout: T, ..ConnectOptions::default() };
+    let err = dev.connect(addr, &pd, &cq, &cq, &opts).unwrap_err();
+    assert!(matches!(err, CmError::Negotiation(_)), "{err:?}");
+    let rest = peer.join().unwrap();
+    let mut deframer = Deframer::new(false, false);
+    let Ok(Deframed::Fpdu(f)) = deframer.deframe(&rest) else {
+        panic!("no FPDU after the Reply: {rest:02x?}")
+    };
+    let ulpdu = f.ulpdu;
+    assert_eq!(Control::from_byte(ulpdu[1]).opcode, Opcode::Terminate);
+    let header = TerminateHeader::parse(&ulpdu[18..]).unwrap();
+    assert_eq!((header.cause.layer, header.cause.code), (TerminateLayer::Llp, 0x06), "{header:?}");
+}
+
 /// Plays an MPA responder on a raw socket: reads the Request, answers with the Reply
 /// `policy` makes, and hands back the socket.
 fn raw_responder(listener: &TcpListener, policy: Policy, mangle: impl FnOnce(&mut Vec<u8>)) -> TcpStream {

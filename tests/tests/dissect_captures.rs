@@ -1,9 +1,9 @@
-//! `iwarp::dissect` against the real siw/rxe captures in `tests/data/siw` (see its README).
+//! `iwarp_dissect` against the real siw/rxe captures in `tests/data/siw` (see its README).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
 
-use iwarp::dissect::ddp::{Body, Model, Segment};
-use iwarp::dissect::{self, Connection, CrcVerdict, Dir, FpduInfo, Options, Report, ViolationKind};
+use iwarp_dissect::ddp::{Body, Model, Segment};
+use iwarp_dissect::{self as dissect, Connection, CrcVerdict, Dir, FpduInfo, Options, Report, ViolationKind};
 
 fn dissect(name: &str) -> Report {
     let path = iwarp_tests::testdata_dir().join("siw").join(name);
@@ -400,7 +400,7 @@ fn ulpdu_bytes_kept_on_request() {
     );
 }
 
-/// The `dissect` fuzz target's entry point (`iwarp::dissect::fuzz_dissect`) accepts every real
+/// The `dissect` fuzz target's entry point (`iwarp_dissect::fuzz_dissect`) accepts every real
 /// capture and every prefix of it (a capture cut short) without a broken invariant, and its
 /// streamed counts agree with the collected report.
 #[test]

@@ -1,11 +1,11 @@
-//! `iwarp::dissect` on synthetic captures built with etherparse: TCP reassembly (reordering,
+//! `iwarp_dissect` on synthetic captures built with etherparse: TCP reassembly (reordering,
 //! retransmissions, sequence wraparound, gaps, mid-connection starts), markers, CRC and marker
 //! corruption, rejected connections, pcapng with several interfaces.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
 
 use etherparse::PacketBuilder;
-use iwarp::dissect::{self, CrcVerdict, Dir, Options, Report, ViolationKind};
+use iwarp_dissect::{self as dissect, CrcVerdict, Dir, Options, Report, ViolationKind};
 use iwarp_mpa::Framer;
 
 const CLIENT: ([u8; 4], u16) = ([10, 0, 0, 2], 40000);
@@ -442,7 +442,7 @@ fn read_response_length_checked() {
 
 #[test]
 fn terminate_rfc_and_siw_layouts() {
-    use iwarp::dissect::ddp::Body;
+    use iwarp_dissect::ddp::Body;
     // RFC layout: DDP (1) untagged (2) invalid QN (0x01), M + D, length, copied 18-byte header.
     let copied = untagged_seg(true, 3, 9, 1, 0, &[]);
     let mut p = vec![0x12, 0x01, 0xc0, 0x00, 0x00, 0x12];
@@ -468,7 +468,7 @@ fn terminate_rfc_and_siw_layouts() {
 
 #[test]
 fn terminate_copies_follow_rdmap_layout() {
-    use iwarp::dissect::ddp::Body;
+    use iwarp_dissect::ddp::Body;
     let decode = |payload: &[u8]| {
         let r =
             custom(&[untagged_seg(true, 3, 0, 1, 0, &[0; 4])], &[untagged_seg(true, 7, 2, 1, 0, payload)]);
@@ -484,7 +484,7 @@ fn terminate_copies_follow_rdmap_layout() {
     assert_eq!(t.segment_len, None);
     let h = t.ddp_header.unwrap();
     assert_eq!(h.opcode, "Send");
-    assert!(matches!(h.model, iwarp::dissect::ddp::Model::Untagged { qn: 0, msn: 9, .. }), "{h:?}");
+    assert!(matches!(h.model, iwarp_dissect::ddp::Model::Untagged { qn: 0, msn: 9, .. }), "{h:?}");
     // Remote protection on a Read Request: M, D and R with the 28-byte Read Request copy.
     let rr = read_request(0x55, 24);
     let p = [[0x01, 0x00, 0xe0, 0x00, 0x00, 46].as_slice(), &rr].concat();
@@ -541,7 +541,7 @@ fn atomic_request(op_word: u32, id: u32) -> Vec<u8> {
 
 #[test]
 fn atomic_request_and_immediate_data() {
-    use iwarp::dissect::ddp::Body;
+    use iwarp_dissect::ddp::Body;
     let r = custom(
         &[
             untagged_seg(true, 0xa, 1, 1, 0, &atomic_request(2, 7)), // CompareSwap
@@ -594,7 +594,7 @@ fn atomic_bodies_truncated() {
     // An unknown op code still decodes (the responder would answer it with a Terminate).
     let r = custom(&[untagged_seg(true, 0xa, 1, 1, 0, &atomic_request(3, 7))], &[]);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
-    let Some(iwarp::dissect::ddp::Body::AtomicRequest(a)) =
+    let Some(iwarp_dissect::ddp::Body::AtomicRequest(a)) =
         &r.connections[0].fpdus[0].segment.as_ref().unwrap().body
     else {
         panic!()

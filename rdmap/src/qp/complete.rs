@@ -3,20 +3,9 @@
 
 use iwarp_ddp::STag;
 
+use super::state::{QN_SEND, QueuePair, RxBuffer};
 use super::wr::{Completion, RecvWr, WcOpcode, WcStatus};
-use super::{QN_SEND, QueuePair};
 use crate::atomic::IMMEDIATE_DATA_LEN;
-
-/// A send-queue entry in posting order, until its completion is delivered.
-#[derive(Debug)]
-pub(super) struct SqSlot {
-    pub(super) seq: u64,
-    pub(super) wr_id: u64,
-    pub(super) opcode: WcOpcode,
-    pub(super) len: u64,
-    pub(super) signaled: bool,
-    pub(super) status: Option<WcStatus>,
-}
 
 impl QueuePair {
     /// Records the outcome of send-queue entry `seq` and delivers what can be delivered in
@@ -73,7 +62,7 @@ impl QueuePair {
     /// flushes the rest).
     pub(super) fn fail_front_recv(&mut self, status: WcStatus) {
         self.rx_send = None;
-        if let Some(wr) = self.rx.discard_front(QN_SEND).and_then(super::rx::RxBuffer::into_recv) {
+        if let Some(wr) = self.rx.discard_front(QN_SEND).and_then(RxBuffer::into_recv) {
             self.completions
                 .push_back(Completion { status, ..Completion::flushed(wr.wr_id, WcOpcode::Recv) });
         }
@@ -92,7 +81,7 @@ impl QueuePair {
         for seq in pending {
             self.finish(seq, WcStatus::WrFlushError);
         }
-        for wr in self.rx.drain(QN_SEND).into_iter().filter_map(super::rx::RxBuffer::into_recv) {
+        for wr in self.rx.drain(QN_SEND).into_iter().filter_map(RxBuffer::into_recv) {
             self.completions.push_back(Completion::flushed(wr.wr_id, WcOpcode::Recv));
         }
     }

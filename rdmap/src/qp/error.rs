@@ -7,8 +7,7 @@ use iwarp_ddp::header::{HeaderError, UNTAGGED_HEADER_LEN};
 use iwarp_ddp::{AccessError, MessageTarget, Segmenter, TerminateCode, TerminateLayer, UntaggedError};
 use iwarp_mpa::LlpErrorCode;
 
-use super::tx::{Source, TxMessage};
-use super::{QN_TERMINATE, QpEvent, QpState, QueuePair};
+use super::state::{QN_TERMINATE, QpEvent, QpState, QueuePair, Source, TxMessage};
 use crate::terminate::{RdmapError, TerminateMessage};
 use crate::wire::{Control, Opcode};
 

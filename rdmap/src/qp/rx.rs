@@ -6,65 +6,23 @@
 //! checks allow.
 
 use iwarp_ddp::header::{HeaderRepr, SegmentKind, SegmentRepr};
-use iwarp_ddp::placement::{Payload, PostedBuffer, Sge, sgl_len};
+use iwarp_ddp::placement::{Payload, PostedBuffer, sgl_len};
 use iwarp_ddp::stag_table::{Access, AccessError};
 use iwarp_ddp::{QueueNumber, STag, TableMemory, TaggedOffset, UntaggedError};
 
 use super::error::Violation;
-use super::tx::{Outbound, OutboundKind, Response};
-use super::wr::{Completion, RecvWr, WcOpcode, WcStatus};
-use super::{
-    IRD_SLOT_LEN, QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpEvent, QpState, QueuePair, SharedReceiveQueue,
-    TERMINATE_MAX,
+use super::srq::SharedReceiveQueue;
+use super::state::{
+    Outbound, OutboundKind, QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpEvent, QpState, QueuePair, Response,
+    RxBuffer,
 };
+use super::wr::{Completion, WcOpcode, WcStatus};
 use crate::atomic::{
     ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicOp, AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN,
     ImmediateData,
 };
 use crate::terminate::RdmapError;
 use crate::wire::{Control, Opcode, RDMAP_VERSION, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
-
-/// What a buffer posted on an untagged queue is.
-#[derive(Debug)]
-pub(super) enum RxBuffer {
-    /// The application's receive (queue 0): the payload goes into its scatter list.
-    Recv(RecvWr),
-    /// An IRD slot (queue 1): room for a Read or Atomic Request.
-    IrdSlot,
-    /// Room for the peer's Terminate (queue 2).
-    Terminate,
-    /// Room for the Atomic Response to one of our Atomic Requests (queue 3).
-    AtomicResponse,
-}
-
-impl RxBuffer {
-    /// The application's receive work request, if this is one.
-    pub(super) fn into_recv(self) -> Option<RecvWr> {
-        match self {
-            RxBuffer::Recv(wr) => Some(wr),
-            _ => None,
-        }
-    }
-}
-
-impl PostedBuffer for RxBuffer {
-    fn capacity(&self) -> u64 {
-        match self {
-            RxBuffer::Recv(wr) => sgl_len(&wr.sgl),
-            RxBuffer::IrdSlot => IRD_SLOT_LEN,
-            RxBuffer::Terminate => TERMINATE_MAX,
-            RxBuffer::AtomicResponse => ATOMIC_RESPONSE_LEN as u64,
-        }
-    }
-
-    fn scatter_list(&self) -> Option<&[Sge]> {
-        match self {
-            RxBuffer::Recv(wr) => Some(&wr.sgl),
-            // RDMAP reads its own one-segment messages straight from the segment.
-            RxBuffer::IrdSlot | RxBuffer::Terminate | RxBuffer::AtomicResponse => None,
-        }
-    }
-}
 
 /// Where a segment's payload goes when the receive path reads it straight from the link
 /// ([`QueuePair::direct_sink`]).
@@ -371,11 +329,12 @@ impl QueuePair {
                 if let (Some(RxBuffer::Recv(_)), Some(len)) = (&*completed, completed_len) {
                     let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
                     if let Some(stag) = invalidate {
-                        mem.invalidate_remote(stag).map_err(|e| match e {
-                            AccessError::StagNotAssociated | AccessError::AccessRights => {
+                        mem.invalidate_remote(stag).map_err(|e| {
+                            if e.is_protection_error() {
                                 RdmapError::InvalidateNotPermitted { stag }
+                            } else {
+                                RdmapError::CannotInvalidate { stag }
                             }
-                            _ => RdmapError::CannotInvalidate { stag },
                         })?;
                     }
                     if let Some(wr) = completed.take().and_then(RxBuffer::into_recv) {
@@ -394,6 +353,11 @@ impl QueuePair {
             }
             Opcode::ReadRequest => {
                 let req = fixed_body(op, seg, mo, READ_REQUEST_LEN, ReadRequest::parse)?;
+                // No Read Response can reach a sink range that ends past 2^64 - 1 (its tagged
+                // offsets would wrap): refused now, not kept in an IRD slot it would never leave.
+                if req.sink_to.checked_add(u64::from(req.size)).is_none() {
+                    return Err(RdmapError::ReadSinkWraps { sink_to: req.sink_to, size: req.size }.into());
+                }
                 // A zero-length Read reads nothing and is not checked: the RFC 6581 Read RTR.
                 if req.size > 0 {
                     mem.check(STag(req.source_stag), req.source_to, u64::from(req.size), Access::REMOTE_READ)

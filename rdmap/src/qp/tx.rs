@@ -4,16 +4,18 @@
 //! Responses and the send queue take turns. The memory work requests (local invalidate,
 //! fast-register, bind) run here too, in send-queue order, when they reach its head.
 
-use iwarp_ddp::placement::Sge;
 use iwarp_ddp::stag_table::{Access, AccessError, Addressing, RegionSpec, TableError};
 use iwarp_ddp::{MessageTarget, Msn, QueueNumber, STag, Segmenter, TableMemory, TaggedOffset};
 use iwarp_mpa::RtrType;
 
 use super::error::Violation;
+use super::state::{
+    Outbound, OutboundKind, QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpState, QueuePair, RTR_SEQ, Response,
+    Source, TxMessage,
+};
 use super::wr::{SendOp, SendWr, WcStatus};
-use super::{QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpState, QueuePair, RTR_SEQ};
-use crate::atomic::{AtomicRequest, AtomicResponse, IMMEDIATE_DATA_LEN};
-use crate::memory::{Sgl, sgl_len};
+use crate::atomic::{AtomicRequest, IMMEDIATE_DATA_LEN};
+use crate::memory::sgl_len;
 use crate::terminate::RdmapError;
 use crate::wire::{Control, Opcode, ReadRequest};
 
@@ -40,44 +42,6 @@ pub struct Emitted {
     pub written: usize,
     /// Payload bytes in the pieces appended.
     pub by_ref: usize,
-}
-
-/// The message being transmitted on one of the two transmit streams.
-#[derive(Debug)]
-pub(super) struct TxMessage {
-    pub(super) seq: Option<u64>,
-    pub(super) segments: Segmenter,
-    pub(super) source: Source,
-}
-
-#[derive(Debug)]
-pub(super) enum Source {
-    /// Bytes gathered from local buffers.
-    Local(Sgl),
-    /// A Read Response's bytes from our region `stag` at `to`.
-    Remote { stag: STag, to: u64 },
-    /// Bytes held by the queue pair (a Read Request body, a Terminate).
-    Inline(Vec<u8>),
-}
-
-/// A Read or Atomic Request in flight, holding an ORD slot until its response is in.
-#[derive(Debug)]
-pub(super) struct Outbound {
-    pub(super) seq: u64,
-    pub(super) kind: OutboundKind,
-}
-
-#[derive(Debug)]
-pub(super) enum OutboundKind {
-    Read { sink: STag, sink_to: u64, len: u64, received: u64 },
-    Atomic { request_id: u32, sink: Sge },
-}
-
-/// A response owed to the peer for one of its Read or Atomic Requests (an IRD slot).
-#[derive(Debug)]
-pub(super) enum Response {
-    Read(ReadRequest),
-    Atomic(AtomicResponse),
 }
 
 impl QueuePair {
@@ -196,7 +160,15 @@ impl QueuePair {
                     self.message(None, target, Opcode::AtomicResponse, body.len(), Source::Inline(body))
                 }
             };
-            self.resp_cur = Some(message.ok()?);
+            match message {
+                Ok(m) => self.resp_cur = Some(m),
+                Err(_) => {
+                    // A response that cannot be segmented (the receive path refuses requests
+                    // that would need one) is never dropped silently: the stream ends.
+                    self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                    return None;
+                }
+            }
         }
         let mut t = self.resp_cur.take()?;
         let n = match self.emit_segment(mem, &mut t, buf, refs) {

@@ -88,7 +88,8 @@ pub enum SendOp {
     },
     /// Local invalidate (verbs `IBV_WR_LOCAL_INV`): the local region or memory window `stag`
     /// (valid, in the queue pair's protection domain) becomes invalid when the work request
-    /// reaches the head of the send queue; every later access through the STag fails.
+    /// reaches the head of the send queue; every later access through the STag fails. A
+    /// region with memory windows bound is refused: invalidate the windows first.
     LocalInvalidate {
         /// The STag to invalidate.
         stag: STag,

@@ -1,7 +1,9 @@
-//! Shared harness for the hostile-peer tests: a victim connection with its tagged buffer table
-//! and regions (each region's memory larger than its registered length, so guard bytes follow
-//! the registered window), an attacker connection used only to frame crafted ULPDUs, builders
-//! for raw DDP segments and a decoder for the Terminate the victim sends back.
+//! The one harness of rdmap's tests: connections set up by a real MPA handshake ([`Setup`]),
+//! an [`End`] (a connection with its tagged buffer table, regions and buffers, and what it
+//! reported or sent; regions' memory sits between guard bytes checked when it goes), a
+//! [`Pair`] of ends exchanging traffic step by step with hooks on the bytes in flight, and,
+//! for the hostile-peer tests, an attacker connection used only to frame crafted ULPDUs,
+//! builders for raw DDP segments and a decoder for the Terminate the victim sends back.
 #![allow(dead_code, reason = "each test file uses part of the harness")]
 
 use iwarp_ddp::dma::{Buffer, GuardedBuffer};
@@ -9,9 +11,11 @@ use iwarp_ddp::header::{HeaderRepr, SegmentKind};
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_ddp::{Msn, QueueNumber, RegionMemory, STag, TableMemory, TaggedOffset};
 use iwarp_mpa::{ConnParams, Deframed, Deframer, FrameRepr, Policy};
-use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::conn::{Connection, TxBatch};
 use iwarp_rdmap::memory::Sge;
-use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendWr};
+use iwarp_rdmap::qp::{
+    Completion, QpConfig, QpEvent, QpState, QueuePair, RecvWr, SendWr, SharedReceiveQueue,
+};
 use iwarp_rdmap::{Control, Opcode, TerminateMessage};
 
 /// MULPDU of both sides.
@@ -21,21 +25,63 @@ pub(crate) const VICTIM_PD: u32 = 2;
 /// Another protection domain on the victim's device.
 pub(crate) const OTHER_PD: u32 = 9;
 
-/// Queue-pair settings from the negotiated parameters.
-#[allow(clippy::field_reassign_with_default, reason = "stays valid as QpConfig grows fields")]
-pub(crate) fn config(p: &ConnParams, rfc7306: bool) -> QpConfig {
-    let mut c = QpConfig::default();
-    c.rfc7306 = rfc7306;
-    c.mulpdu = MULPDU;
-    c.ird = p.ird;
-    c.ord = p.ord;
-    c.max_send_wr = 64;
-    c.max_recv_wr = 64;
-    c
+/// How [`Setup::connect`] sets up a connection: MPA's CRC and markers, IRD/ORD, the RFC 7306
+/// extensions, a shared receive queue for the responder, peer-to-peer RTR types, MULPDU and
+/// the queues' depth.
+pub(crate) struct Setup {
+    pub(crate) crc: bool,
+    pub(crate) markers: bool,
+    pub(crate) ird_ord: u16,
+    pub(crate) rfc7306: bool,
+    pub(crate) srq: Option<SharedReceiveQueue>,
+    pub(crate) rtr: Option<iwarp_mpa::RtrTypes>,
+    pub(crate) mulpdu: usize,
+    pub(crate) max_wr: usize,
 }
 
-/// Runs a real MPA handshake; returns (attacker, victim). The victim is the initiator: a
-/// responder sends nothing before the initiator's first FPDU (RFC 5044 section 7.1.2), and
+impl Setup {
+    /// CRC and markers as given, IRD/ORD 4, no extensions, MULPDU [`MULPDU`].
+    pub(crate) fn new(crc: bool, markers: bool) -> Setup {
+        Setup { crc, markers, ird_ord: 4, rfc7306: false, srq: None, rtr: None, mulpdu: MULPDU, max_wr: 4096 }
+    }
+
+    /// Runs a real MPA handshake; returns (initiator, responder).
+    pub(crate) fn connect(self) -> (Connection, Connection) {
+        let policy = Policy {
+            peer_to_peer: self.rtr.is_some(),
+            rtr: self.rtr.unwrap_or(Policy::default().rtr),
+            crc: if self.crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
+            markers_wanted: self.markers,
+            ird: self.ird_ord,
+            ord: self.ird_ord,
+            ..Policy::default()
+        };
+        let req = policy.request(b"").unwrap().to_vec().unwrap();
+        let req = FrameRepr::parse(&req).unwrap();
+        let (reply, server) = policy.respond(&req, b"").unwrap();
+        let client = policy.accept_reply(&reply).unwrap();
+        assert_eq!(
+            (client.crc, client.markers_rx, server.markers_rx),
+            (self.crc, self.markers, self.markers)
+        );
+        let cfg = |p: &ConnParams| QpConfig {
+            mulpdu: self.mulpdu,
+            ird: p.ird,
+            ord: p.ord,
+            max_send_wr: self.max_wr,
+            max_recv_wr: self.max_wr,
+            rfc7306: self.rfc7306,
+        };
+        let responder = match self.srq {
+            Some(srq) => Connection::with_qp(&server, QueuePair::with_srq(cfg(&server), srq)),
+            None => Connection::new(&server, cfg(&server)),
+        };
+        (Connection::new(&client, cfg(&client)), responder)
+    }
+}
+
+/// A hostile-peer test's connection; returns (attacker, victim). The victim is the initiator:
+/// a responder sends nothing before the initiator's first FPDU (RFC 5044 section 7.1.2), and
 /// some tests need the victim to speak first.
 pub(crate) fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Connection) {
     connect_ext(crc, markers, ird_ord, false)
@@ -43,19 +89,8 @@ pub(crate) fn connect(crc: bool, markers: bool, ird_ord: u16) -> (Connection, Co
 
 /// [`connect`], with the RFC 7306 extensions on or off on both sides.
 pub(crate) fn connect_ext(crc: bool, markers: bool, ird_ord: u16, rfc7306: bool) -> (Connection, Connection) {
-    let policy = Policy {
-        crc: if crc { iwarp_mpa::CrcPolicy::Wanted } else { iwarp_mpa::CrcPolicy::Off },
-        markers_wanted: markers,
-        ird: ird_ord,
-        ord: ird_ord,
-        ..Policy::default()
-    };
-    let req = policy.request(b"").unwrap().to_vec().unwrap();
-    let req = FrameRepr::parse(&req).unwrap();
-    let (reply, server) = policy.respond(&req, b"").unwrap();
-    let client = policy.accept_reply(&reply).unwrap();
-    assert_eq!((client.crc, client.markers_rx, server.markers_rx), (crc, markers, markers));
-    (Connection::new(&server, config(&server, rfc7306)), Connection::new(&client, config(&client, rfc7306)))
+    let (victim, attacker) = Setup { ird_ord, rfc7306, max_wr: 64, ..Setup::new(crc, markers) }.connect();
+    (attacker, victim)
 }
 
 /// A registered region of the victim.
@@ -93,8 +128,10 @@ const GUARD_LEN: usize = 32;
 /// What the guard bytes hold.
 const GUARD: u8 = 0xe7;
 
-/// The victim: its connection, table, regions and everything it reported or sent.
-pub(crate) struct Victim {
+/// One end of a connection: its connection, tagged buffer table and protection domain, the
+/// regions registered through it, and everything it reported or sent. Hostile-peer tests call
+/// it the victim; [`Pair`] has two.
+pub(crate) struct End {
     pub(crate) conn: Connection,
     pub(crate) table: TaggedBufferTable,
     pub(crate) pd: ProtectionDomainId,
@@ -103,9 +140,11 @@ pub(crate) struct Victim {
     pub(crate) events: Vec<QpEvent>,
     pub(crate) sent: Vec<u8>,
     next_va: u64,
+    /// Buffers registered with [`End::buf`] so far (picks the next one's kind of memory).
+    bufs: usize,
 }
 
-impl Drop for Victim {
+impl Drop for End {
     /// Deregisters every region and checks that no byte around its memory changed: whatever
     /// the test did, the stack wrote nothing outside the memory it was given.
     fn drop(&mut self) {
@@ -122,18 +161,54 @@ impl Drop for Victim {
     }
 }
 
-impl Victim {
-    pub(crate) fn new(conn: Connection) -> Victim {
-        Victim {
+impl End {
+    /// The end in protection domain [`VICTIM_PD`].
+    pub(crate) fn new(conn: Connection) -> End {
+        End::with_pd(conn, VICTIM_PD)
+    }
+
+    /// The end in protection domain `pd`.
+    pub(crate) fn with_pd(conn: Connection, pd: u32) -> End {
+        End {
             conn,
             table: TaggedBufferTable::new(64),
-            pd: ProtectionDomainId(VICTIM_PD),
+            pd: ProtectionDomainId(pd),
             regions: Vec::new(),
             completions: Vec::new(),
             events: Vec::new(),
             sent: Vec::new(),
-            next_va: 0x7f00_1234_0000,
+            next_va: 0x7f00_1234_0000 + u64::from(pd) * 0x1000_0000,
+            bufs: 0,
         }
+    }
+
+    /// Registers `len` bytes filled with `fill` in this end's protection domain, over each
+    /// kind of memory in turn (a vector, a boxed slice, a `BytesMut`, a page-aligned buffer):
+    /// the application's buffer of a [`Pair`] test.
+    pub(crate) fn buf(&mut self, len: usize, access: Access, fill: u8) -> Buf {
+        self.bufs += 1;
+        let mem = match self.bufs % 4 {
+            0 => RegionMemory::new(vec![fill; len]),
+            1 => RegionMemory::new(vec![fill; len].into_boxed_slice()),
+            2 => RegionMemory::new(bytes::BytesMut::from(&vec![fill; len][..])),
+            _ => RegionMemory::from_bytes(&vec![fill; len]),
+        };
+        let va = self.next_va;
+        self.next_va += (len as u64 + 4096) & !4095;
+        let spec =
+            RegionSpec { base_va: va, len: len as u64, access, addressing: Addressing::VirtualAddress };
+        let stag = self.table.register(self.pd, spec, mem).unwrap();
+        Buf { stag, va, len: u32::try_from(len).unwrap() }
+    }
+
+    /// Copies `data` into `buf` at `off` (the application's copy into its own region).
+    pub(crate) fn write(&mut self, buf: &Buf, off: usize, data: &[u8]) -> Result<(), iwarp_ddp::OutOfBounds> {
+        self.table.memory_mut(buf.stag).unwrap().write(off, data)
+    }
+
+    /// What `buf` holds now.
+    pub(crate) fn bytes(&self, buf: &Buf) -> Vec<u8> {
+        self.table.memory(buf.stag).unwrap().to_vec()
     }
 
     /// Registers `len` bytes (memory `mem_len` >= `len` bytes, filled with a pattern from
@@ -278,4 +353,168 @@ pub(crate) fn parse_terminate(ulpdu: &[u8]) -> SentTerminate {
     let msg = TerminateMessage::parse(&ulpdu[hlen..]).unwrap();
     assert_eq!(msg.buffer_len(), ulpdu.len() - hlen, "no trailing bytes after the Terminate body");
     SentTerminate { ddp, msg }
+}
+
+// --- two ends exchanging traffic ------------------------------------------------------
+
+/// A registered buffer.
+#[derive(Clone)]
+pub(crate) struct Buf {
+    pub(crate) stag: STag,
+    pub(crate) va: u64,
+    pub(crate) len: u32,
+}
+
+impl Buf {
+    pub(crate) fn sge(&self) -> Sge {
+        Sge { lkey: self.stag, addr: self.va, len: self.len }
+    }
+
+    pub(crate) fn sge_at(&self, off: u64, len: u32) -> Sge {
+        Sge { lkey: self.stag, addr: self.va + off, len }
+    }
+}
+
+/// Which way bytes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    AtoB,
+    BtoA,
+}
+
+pub(crate) type Hook = Box<dyn FnMut(Dir, &mut Vec<u8>)>;
+
+pub(crate) struct Pair {
+    pub(crate) a: End,
+    pub(crate) b: End,
+    pub(crate) hook: Option<Hook>,
+    /// Bytes moved, both ways.
+    pub(crate) moved: usize,
+    /// How the receiver takes bytes in: `None`, handed over in chunks of 1000; `Some`, read
+    /// through [`Connection::receive`] by a link that delivers at most a pseudo-random number
+    /// of bytes (below the value) per read, from this generator state.
+    pub(crate) link: Option<(usize, u64)>,
+    /// The sender frames through [`Connection::poll_transmit_batch`] (payloads left in
+    /// registered memory), and a link that takes a pseudo-random part of each batch, the rest
+    /// copied out with [`TxBatch::unsent`]; from this generator state.
+    pub(crate) batched: Option<u64>,
+}
+
+impl Pair {
+    pub(crate) fn new(crc: bool, markers: bool) -> Pair {
+        Pair::with_ird_ord(crc, markers, 4)
+    }
+
+    pub(crate) fn with_ird_ord(crc: bool, markers: bool, ird_ord: u16) -> Pair {
+        Pair::from_conns(Setup { ird_ord, ..Setup::new(crc, markers) }.connect())
+    }
+
+    pub(crate) fn from_conns((a, b): (Connection, Connection)) -> Pair {
+        Pair { a: End::with_pd(a, 1), b: End::with_pd(b, 2), hook: None, moved: 0, link: None, batched: None }
+    }
+
+    /// Both ends take the RFC 7306 extensions.
+    pub(crate) fn rfc7306() -> Pair {
+        Pair::from_conns(Setup { rfc7306: true, ..Setup::new(true, false) }.connect())
+    }
+
+    /// Moves what each side has to send to the other, once each way; returns bytes moved.
+    pub(crate) fn step(&mut self) -> usize {
+        let mut moved = 0;
+        for dir in [Dir::AtoB, Dir::BtoA] {
+            let (from, to) = match dir {
+                Dir::AtoB => (&mut self.a, &mut self.b),
+                Dir::BtoA => (&mut self.b, &mut self.a),
+            };
+            let mut bytes = Vec::new();
+            let mut mem = TableMemory { table: &mut from.table, pd: from.pd };
+            match &mut self.batched {
+                None => {
+                    from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
+                }
+                Some(state) => {
+                    let mut batch = TxBatch::default();
+                    while bytes.len() < 256 * 1024 {
+                        batch.clear();
+                        let n = from.conn.poll_transmit_batch(&mut mem, &mut batch, 64 * 1024);
+                        if n == 0 {
+                            break;
+                        }
+                        *state ^= *state << 13;
+                        *state ^= *state >> 7;
+                        *state ^= *state << 17;
+                        let took = (*state as usize) % (n + 1);
+                        let mut iov = Vec::new();
+                        batch.io_slices(&mem, &mut iov).unwrap();
+                        assert_eq!(iov.iter().map(|b| b.len()).sum::<usize>(), n);
+                        let mut left = took;
+                        for b in &iov {
+                            let k = left.min(b.len());
+                            bytes.extend_from_slice(&b[..k]);
+                            left -= k;
+                        }
+                        drop(iov);
+                        assert_eq!(batch.unsent(&mem, took, &mut bytes).unwrap(), n - took);
+                    }
+                }
+            }
+            if let Some(h) = self.hook.as_mut() {
+                h(dir, &mut bytes);
+            }
+            moved += bytes.len();
+            let mut mem = TableMemory { table: &mut to.table, pd: to.pd };
+            match &mut self.link {
+                // Deliver in uneven chunks, as TCP would.
+                None => {
+                    for chunk in bytes.chunks(1000) {
+                        to.conn.handle_bytes(&mut mem, chunk);
+                    }
+                }
+                // Or let the connection read, as the engine does.
+                Some((most, state)) => {
+                    let mut rx = vec![0; 256 * 1024];
+                    let mut at = 0;
+                    while at < bytes.len() {
+                        *state ^= *state << 13;
+                        *state ^= *state >> 7;
+                        *state ^= *state << 17;
+                        let limit = 1 + (*state as usize) % *most;
+                        let step = to
+                            .conn
+                            .receive(&mut mem, &mut rx, |bufs| {
+                                Ok::<_, ()>(deliver(bufs, &bytes[at..], limit))
+                            })
+                            .unwrap();
+                        at += step.read;
+                    }
+                }
+            }
+        }
+        self.a.collect();
+        self.b.collect();
+        self.moved += moved;
+        moved
+    }
+
+    /// Steps until nothing moves (bounded).
+    pub(crate) fn run(&mut self) {
+        for _ in 0..100_000 {
+            if self.step() == 0 && self.step() == 0 {
+                return;
+            }
+        }
+        panic!("the pair did not settle");
+    }
+}
+
+/// A link's vectored read: at most `limit` bytes of `from` into `bufs`, each filled before the
+/// next; returns the bytes read.
+pub(crate) fn deliver(bufs: &mut [std::io::IoSliceMut<'_>], from: &[u8], limit: usize) -> usize {
+    let mut n = 0;
+    for b in bufs {
+        let k = b.len().min(limit - n).min(from.len() - n);
+        b[..k].copy_from_slice(&from[n..n + k]);
+        n += k;
+    }
+    n
 }

@@ -1,0 +1,736 @@
+//! `iwarp bench`: iWARP Write, Read and Send bandwidth, message rate and ping-pong latency
+//! over 127.0.0.1, against a raw-TCP baseline measured in the same run.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use iwarp::PollMode;
+use serde_json::{Value, json};
+
+mod plot;
+mod raw;
+mod rdma;
+mod results;
+mod smolraw;
+mod veth;
+
+pub(crate) use results::Op;
+use results::{BenchError, Budget, Latency, RawRow, Row, Throughput, ratio, show_size};
+
+/// Exit status when a measurement failed (a completion did not come, or came with an error).
+const EXIT_FAILED: u8 = 1;
+/// The largest message size taken.
+const MAX_SIZE: usize = 1 << 30;
+/// The default message sizes: 64 B to 1 MiB in powers of 4.
+const DEFAULT_SIZES: [usize; 8] = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+/// The default time per measurement.
+const DEFAULT_DURATION: Duration = Duration::from_millis(300);
+/// The message size of the message-rate summary.
+const RATE_SIZE: usize = 64;
+
+/// Measure iWARP RDMA Write, RDMA Read and Send against raw TCP, server and client in one
+/// process over 127.0.0.1.
+///
+/// With `--transport smoltcp --iface A --peer-iface B --ip ADDR/P --peer-ip ADDR/P` (the two
+/// ends of a veth pair) client and server each run their own smoltcp stack on one end; the
+/// baseline is then smoltcp's raw TCP between the same two interfaces (a plain byte stream
+/// and an echo), and a kernel-TCP stream is measured for comparison: over the same veth pair
+/// when its ends are in two network namespaces (`--netns NS --peer-netns NS2`, the kernel's
+/// addresses on the two ends; scripts/bench-smol.sh sets this up), over 127.0.0.1 otherwise.
+/// What the smoltcp stacks' frames cost (frames per second and per CPU-second) and which
+/// offloads they use are reported too. `--pcap` then records the client interface's frames.
+///
+/// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
+/// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
+/// to them the same for a raw-TCP baseline measured in the same run (a length-prefixed
+/// stream, and an echo ping-pong of the same size, busy-polling nonblocking sockets when the
+/// engine busy-polls or runs inline), and the ratios iwarp / raw. The ping-pongs: Write
+/// writes into the peer's buffer, which notices the new sequence number in its last bytes
+/// and writes back; Send answers each received message with a Send; Read is one Read.
+///
+/// Exit status: 0 when every measurement completed, 1 when one failed (a completion did not
+/// come in time or had an error status), 2 for bad arguments.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Operations, comma-separated [default: write,read,send].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    ops: Vec<Op>,
+    /// Message sizes in bytes, comma-separated, with optional k/K (KiB), m/M (MiB) or g/G
+    /// suffixes; 1 B to 1 GiB [default: 64,256,1k,4k,16k,64k,256k,1m].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// Messages (bandwidth) or round trips (latency) per measurement, instead of a duration.
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    iters: Option<u64>,
+    /// Seconds per measurement [default: 0.3].
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// MPA CRC32c.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    crc: OnOff,
+    /// MPA revision.
+    #[arg(long = "mpa-rev", value_parser = clap::value_parser!(u8).range(1..=2), default_value_t = 2)]
+    mpa_rev: u8,
+    /// The engine's poll mode.
+    #[arg(long, value_enum, default_value_t = Poll::Adaptive)]
+    poll: Poll,
+    /// Queue pairs (connections); bandwidth messages go round-robin over them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    qps: u16,
+    /// Run both ends on one device (one engine). By default the client and the server have
+    /// a device each, as two hosts would; one shared device hides the cost of waking the
+    /// peer's engine.
+    #[arg(long)]
+    shared_device: bool,
+    /// Large payloads straight between the sockets and registered memory (read into place,
+    /// written from where they are); off: copied through the engine's buffers, for comparison.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    zero_copy: OnOff,
+    /// A pause before each round trip of the latency measurements (raw TCP's too), e.g.
+    /// 10ms: sparse messages, which find the engines asleep [default: 0].
+    #[arg(long, value_parser = parse_gap)]
+    gap: Option<Duration>,
+    /// Work requests outstanding in the bandwidth measurements (Reads: also at most the ORD,
+    /// 16, per queue pair).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    window: u16,
+    /// Print one JSON document with the configuration and every row instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Draw bandwidth and ping-pong latency against message size, this stack's next to raw
+    /// TCP's, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
+    /// Record the iWARP connections (both ends) into this pcap file, readable by tshark and
+    /// `iwarp dissect`. Capturing costs throughput; use it with short runs.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+    #[command(flatten)]
+    transport: crate::transport::TransportArgs,
+    /// smoltcp: the server's interface (the other end of the --iface veth pair).
+    #[arg(long, value_name = "NAME")]
+    peer_iface: Option<String>,
+    /// smoltcp: the server stack's IPv4 address and prefix length.
+    #[arg(long, value_name = "ADDR/PREFIX", value_parser = crate::transport::parse_cidr)]
+    peer_ip: Option<(std::net::Ipv4Addr, u8)>,
+    /// smoltcp: the network namespace holding --iface (`ip netns add`). With --peer-netns
+    /// the kernel-TCP baseline runs over the same veth pair, between the kernel's addresses
+    /// of the two ends.
+    #[arg(long, value_name = "NAME", requires = "peer_netns")]
+    netns: Option<String>,
+    /// smoltcp: the network namespace holding --peer-iface.
+    #[arg(long, value_name = "NAME", requires = "netns")]
+    peer_netns: Option<String>,
+    /// smoltcp: segmentation and checksum offload on both stacks (auto: what the devices
+    /// offer).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    offload: OnOff,
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// The engine's poll mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Poll {
+    /// The engine thread spins.
+    Busy,
+    /// The engine spins a while, then parks.
+    Adaptive,
+    /// The engine parks whenever idle.
+    Event,
+    /// No engine thread: the benchmark's thread drives the engine.
+    Inline,
+}
+
+impl Poll {
+    fn mode(self) -> PollMode {
+        match self {
+            Poll::Busy => PollMode::Busy,
+            Poll::Adaptive => PollMode::Adaptive,
+            Poll::Event => PollMode::Event,
+            Poll::Inline => PollMode::Inline,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Poll::Busy => "busy",
+            Poll::Adaptive => "adaptive",
+            Poll::Event => "event",
+            Poll::Inline => "inline",
+        }
+    }
+}
+
+/// Parses a message size: digits with an optional k/K, m/M or g/G (binary) suffix.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("'{s}' is not a size (e.g. 64, 4k, 1M)"))?;
+    let size = n.checked_mul(unit).ok_or_else(|| format!("size '{s}' is above the 1 GiB limit"))?;
+    if size == 0 {
+        return Err("a message size must be at least 1 byte".into());
+    }
+    if size > MAX_SIZE {
+        return Err(format!("size '{s}' is above the 1 GiB limit"));
+    }
+    Ok(size)
+}
+
+/// Parses a pause: a number with a unit (s, ms, us), e.g. 10ms; at most 10 s.
+fn parse_gap(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return Err(format!("'{s}' needs a unit: s, ms or us (e.g. 10ms)"));
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a pause (e.g. 10ms)"))?;
+    let secs = v * scale;
+    if !(0.0..=10.0).contains(&secs) {
+        return Err(format!("the gap must be between 0 and 10 s, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a positive number of seconds (at most a day).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("the duration must be above 0 and at most 86400 seconds, not {s}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The message-rate summary: 64-byte Sends against a raw stream of 64-byte messages.
+#[derive(Debug, Clone, Copy)]
+struct RateSummary {
+    iwarp: Throughput,
+    raw: Throughput,
+}
+
+/// Everything a run measured.
+struct Report {
+    rows: Vec<Row>,
+    rate: RateSummary,
+    negotiated: Option<rdma::Negotiated>,
+    /// Resident memory per idle connection end, measured while connecting.
+    idle_bytes_per_qp: Option<u64>,
+    /// Bytes the iWARP connections received, and of those the payload bytes read straight
+    /// into registered memory.
+    received: (u64, u64),
+    /// Bytes framed, of those written from registered memory, and copied for a full link.
+    sent: (u64, u64, u64),
+    /// smoltcp runs: the offloads of the client's and the server's devices.
+    offloads: Option<(iwarp::netdev::Offloads, iwarp::netdev::Offloads)>,
+}
+
+/// The client's and the server's smoltcp stacks of `--transport smoltcp`.
+type Stacks = (iwarp::netdev::SmolStack, iwarp::netdev::SmolStack);
+
+/// The two stacks and, when their ends are in two namespaces, the kernel-TCP path between them.
+type Opened = (Stacks, Option<veth::VethPath>);
+
+/// Opens the two smoltcp stacks (each in its namespace, when given) and the veth path of the
+/// kernel-TCP baseline, or `None` for kernel TCP; `Err` is a one-line message and whether it
+/// is a usage error.
+fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
+    let Some((dev, mut config)) = args.transport.check().map_err(|m| (m, true))? else {
+        if args.peer_iface.is_some() || args.peer_ip.is_some() || args.netns.is_some() {
+            return Err(("--peer-iface, --peer-ip and --netns need --transport smoltcp".into(), true));
+        }
+        return Ok(None);
+    };
+    let offload =
+        if args.offload == OnOff::On { iwarp::netdev::Offload::Auto } else { iwarp::netdev::Offload::Off };
+    config.offload = offload;
+    let crate::transport::Dev::Raw(_) = dev else {
+        return Err((
+            "bench over smoltcp needs two interfaces (a veth pair): --iface NAME --peer-iface NAME2, not --tap".into(),
+            true,
+        ));
+    };
+    let (Some(peer), Some((peer_ip, peer_prefix))) = (&args.peer_iface, args.peer_ip) else {
+        return Err((
+            "bench over smoltcp needs --peer-iface NAME and --peer-ip ADDR/PREFIX (the server's end)".into(),
+            true,
+        ));
+    };
+    if peer_ip == config.ip {
+        return Err((format!("--ip and --peer-ip are both {peer_ip}"), true));
+    }
+    let mut peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
+    peer_config.offload = offload;
+    let peer_dev = crate::transport::Dev::Raw(peer.clone());
+    let namespaces = args.netns.clone().map(veth::Netns).zip(args.peer_netns.clone().map(veth::Netns));
+    let (client, server, veth) = match namespaces {
+        None => {
+            let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
+            let server = crate::transport::open_stack(&peer_dev, peer_config).map_err(|m| (m, false))?;
+            (client, server, None)
+        }
+        Some((ns, peer_ns)) => {
+            let in_ns = |ns: &veth::Netns, dev: &crate::transport::Dev, config| {
+                ns.run(|| crate::transport::open_stack(dev, config))
+                    .map_err(|e| (e.to_string(), false))?
+                    .map_err(|m| (m, false))
+            };
+            let client = in_ns(&ns, &dev, config)?;
+            let server = in_ns(&peer_ns, &peer_dev, peer_config)?;
+            let path = veth::VethPath::new(ns, peer_ns, peer).map_err(|e| (e.to_string(), false))?;
+            (client, server, Some(path))
+        }
+    };
+    if let Some(path) = &args.pcap {
+        crate::transport::capture(&client, path).map_err(|m| (m, false))?;
+    }
+    Ok(Some(((client, server), veth)))
+}
+
+/// Runs the subcommand and returns the exit status.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    let (stacks, veth) = match open_stacks(args) {
+        Ok(Some((s, v))) => (Some(s), v),
+        Ok(None) => (None, None),
+        Err((m, usage)) => {
+            eprintln!("error: bench: {m}");
+            return ExitCode::from(if usage { 2 } else { EXIT_FAILED });
+        }
+    };
+    let result = measure(args, stacks.as_ref(), veth.as_ref());
+    if let Some((client, _)) = &stacks
+        && let Err(e) = client.flush_capture()
+    {
+        eprintln!("bench: writing the capture: {e}");
+    }
+    match result {
+        Ok(report) => {
+            if let Some(path) = &args.plot {
+                let title = config_line(args, &report).lines().next().unwrap_or_default().to_owned();
+                if let Err(e) = std::fs::write(path, plot::svg(&title, &ops(args), &report.rows)) {
+                    eprintln!("error: bench: cannot write {}: {e}", path.display());
+                    return ExitCode::from(EXIT_FAILED);
+                }
+            }
+            let text = if args.json { json_report(args, &report) } else { text_report(args, &report) };
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`| head`) is not an error worth reporting.
+            let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: bench: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn ops(args: &Args) -> Vec<Op> {
+    let mut ops = if args.ops.is_empty() { vec![Op::Write, Op::Read, Op::Send] } else { args.ops.clone() };
+    let mut seen = Vec::new();
+    ops.retain(|o| {
+        let new = !seen.contains(o);
+        seen.push(*o);
+        new
+    });
+    ops
+}
+
+fn sizes(args: &Args) -> Vec<usize> {
+    let mut sizes = if args.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { args.sizes.clone() };
+    let mut seen = Vec::new();
+    sizes.retain(|s| {
+        let new = !seen.contains(s);
+        seen.push(*s);
+        new
+    });
+    sizes
+}
+
+fn gap(args: &Args) -> Duration {
+    args.gap.unwrap_or(Duration::ZERO)
+}
+
+fn budget(args: &Args) -> Budget {
+    Budget { iters: args.iters, duration: args.duration.unwrap_or(DEFAULT_DURATION) }
+}
+
+/// Whether the raw-TCP ping-pong busy-polls (as the engine's thread or the inline
+/// application thread does).
+fn raw_busy(args: &Args) -> bool {
+    matches!(args.poll, Poll::Busy | Poll::Inline)
+}
+
+fn measure(
+    args: &Args,
+    stacks: Option<&Stacks>,
+    veth: Option<&veth::VethPath>,
+) -> Result<Report, BenchError> {
+    let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
+    // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
+    let total = sizes.len() + usize::from(!sizes.contains(&RATE_SIZE)) + ops.len() * sizes.len();
+    let done = std::cell::Cell::new(0usize);
+    let progress = |line: String| {
+        if !args.quiet {
+            done.set(done.get() + 1);
+            eprintln!("bench: [{}/{total}] {line}", done.get().min(total));
+        }
+    };
+    // The baseline first, before the engine's thread starts (a busy one takes a core).
+    let mut raw_rows = BTreeMap::new();
+    let mut raw_sizes = sizes.clone();
+    if !sizes.contains(&RATE_SIZE) {
+        raw_sizes.push(RATE_SIZE);
+    }
+    let mut kernel_rows = BTreeMap::new();
+    for &size in &raw_sizes {
+        let (stream, ping_pong, frames) = match stacks {
+            Some((client, server)) => {
+                let kernel = raw::stream(size, &budget, veth)?;
+                if !args.quiet {
+                    eprintln!(
+                        "bench: kernel TCP ({}) {:>5}: {:8.3} GB/s",
+                        if veth.is_some() { "veth pair" } else { "127.0.0.1" },
+                        show_size(size),
+                        kernel.gbyte_s()
+                    );
+                }
+                kernel_rows.insert(size, kernel);
+                let (stream, cost) = smolraw::stream(client, server, size, &budget)?;
+                let ping_pong = if sizes.contains(&size) {
+                    smolraw::ping_pong(client, server, size, &budget)?
+                } else {
+                    Latency::default()
+                };
+                (stream, ping_pong, Some(cost))
+            }
+            None => {
+                let stream = raw::stream(size, &budget, None)?;
+                let ping_pong = if sizes.contains(&size) {
+                    raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
+                } else {
+                    Latency::default()
+                };
+                (stream, ping_pong, None)
+            }
+        };
+        progress(format!(
+            "{} {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  ping-pong p50 {:.1} us",
+            if stacks.is_some() { "smoltcp raw TCP" } else { "raw TCP" },
+            show_size(size),
+            stream.gbyte_s(),
+            stream.mmsg_s(),
+            ping_pong.p50_us
+        ));
+        raw_rows.insert(size, RawRow { stream, ping_pong, frames });
+    }
+    let cfg = rdma::Config {
+        poll: args.poll.mode(),
+        crc: args.crc == OnOff::On,
+        revision: args.mpa_rev,
+        qps: usize::from(args.qps),
+        window: usize::from(args.window),
+        shared_device: args.shared_device,
+        zero_copy: args.zero_copy == OnOff::On,
+        gap: gap(args),
+        max_size: sizes.iter().copied().chain([RATE_SIZE]).max().unwrap_or(RATE_SIZE),
+        pcap: match &args.pcap {
+            Some(path) => Some(
+                iwarp::netdev::PcapWriter::create(path)
+                    .map_err(|e| BenchError(format!("cannot create {}: {e}", path.display())))?
+                    .shared(),
+            ),
+            None => None,
+        },
+        smol: stacks.cloned(),
+    };
+    let mut bench = rdma::Bench::open(cfg)?;
+    let negotiated = bench.negotiated();
+    let idle_bytes_per_qp = bench.idle_bytes_per_qp();
+    let mut rows = Vec::new();
+    for &op in &ops {
+        for &size in &sizes {
+            let bw = bench.throughput(op, size, &budget)?;
+            let lat = bench.latency(op, size, &budget)?;
+            let raw = raw_rows
+                .get(&size)
+                .copied()
+                .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
+            let row = Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied() };
+            progress(format!(
+                "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw)",
+                op.name(),
+                show_size(size),
+                bw.gbyte_s(),
+                row.bw_ratio(),
+                bw.mmsg_s(),
+                lat.p50_us,
+                row.lat_ratio()
+            ));
+            rows.push(row);
+        }
+    }
+    let raw_rate =
+        raw_rows.get(&RATE_SIZE).map(|r| r.stream).ok_or_else(|| BenchError("no raw-TCP 64 B row".into()))?;
+    let iwarp_rate = match rows.iter().find(|r| r.op == Op::Send && r.size == RATE_SIZE) {
+        Some(r) => r.bw,
+        None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
+    };
+    let (received, sent) = (bench.received(), bench.sent());
+    bench.close();
+    Ok(Report {
+        rows,
+        rate: RateSummary { iwarp: iwarp_rate, raw: raw_rate },
+        negotiated,
+        idle_bytes_per_qp,
+        received,
+        sent,
+        offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
+    })
+}
+
+fn config_line(args: &Args, report: &Report) -> String {
+    let b = budget(args);
+    let per = match b.iters {
+        Some(n) => format!("{n} iterations"),
+        None => format!("{} s", b.duration.as_secs_f64()),
+    };
+    let neg = match report.negotiated {
+        Some(n) => format!(" (negotiated: CRC {}, rev {}, ORD {})", on_off(n.crc), n.revision, n.ord),
+        None => String::new(),
+    };
+    let path = match (&args.transport.iface, &args.peer_iface) {
+        (Some(a), Some(b)) if args.transport.smoltcp() => format!("smoltcp on {a} <-> {b}"),
+        _ => "127.0.0.1".to_string(),
+    };
+    let raw_kind = if args.transport.smoltcp() { "smoltcp raw TCP" } else { "raw TCP" };
+    let layout = match (args.shared_device, args.zero_copy == OnOff::On) {
+        (true, true) => "client and server on one shared device",
+        (false, true) => "client and server on separate devices (engines)",
+        (true, false) => "client and server on one shared device, payloads copied (--zero-copy off)",
+        (false, false) => {
+            "client and server on separate devices (engines), payloads copied (--zero-copy off)"
+        }
+    };
+    let gap =
+        if gap(args).is_zero() { String::new() } else { format!(", {:?} between round trips", gap(args)) };
+    let offloads = match report.offloads {
+        Some((c, s)) => format!("smoltcp offloads: client {c}; server {s}\n"),
+        None => String::new(),
+    };
+    let memory = match report.idle_bytes_per_qp {
+        Some(b) => {
+            format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
+        }
+        None => String::new(),
+    };
+    format!(
+        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{offloads}{memory}",
+        on_off(args.crc == OnOff::On),
+        args.mpa_rev,
+        args.poll.name(),
+        args.qps,
+        args.window,
+        if raw_busy(args) { "busy-polling" } else { "blocking" },
+    )
+}
+
+/// Where the kernel-TCP comparison of a smoltcp run went.
+fn kernel_path(args: &Args) -> &'static str {
+    if args.netns.is_some() { "the same veth pair" } else { "127.0.0.1" }
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+fn text_report(args: &Args, report: &Report) -> String {
+    let mut out = config_line(args, report);
+    for op in ops(args) {
+        out.push('\n');
+        out.push_str(&format!("{}\n", op.name()));
+        out.push_str(&format!(
+            "{:>6} | {:>9} {:>9} {:>6} | {:>8} {:>6} | {:>22} {:>22} {:>6}\n",
+            "size",
+            "iwarp GB/s",
+            "raw GB/s",
+            "ratio",
+            "Mmsg/s",
+            "ratio",
+            "iwarp p50/p99/p99.9 us",
+            "raw p50/p99/p99.9 us",
+            "ratio"
+        ));
+        for r in report.rows.iter().filter(|r| r.op == op) {
+            let iw = format!("{:.1}/{:.1}/{:.1}", r.lat.p50_us, r.lat.p99_us, r.lat.p999_us);
+            let raw = format!(
+                "{:.1}/{:.1}/{:.1}",
+                r.raw.ping_pong.p50_us, r.raw.ping_pong.p99_us, r.raw.ping_pong.p999_us
+            );
+            out.push_str(&format!(
+                "{:>6} | {:>10.3} {:>9.3} {:>6.2} | {:>8.3} {:>6.2} | {:>22} {:>22} {:>6.2}\n",
+                show_size(r.size),
+                r.bw.gbyte_s(),
+                r.raw.stream.gbyte_s(),
+                r.bw_ratio(),
+                r.bw.mmsg_s(),
+                r.rate_ratio(),
+                iw,
+                raw,
+                r.lat_ratio()
+            ));
+        }
+    }
+    if report.rows.iter().any(|r| r.kernel.is_some()) {
+        out.push_str(&format!(
+            "\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and / kernel TCP over {} (goal >= 0.5)\n",
+            kernel_path(args)
+        ));
+        for r in report.rows.iter().filter(|r| r.kernel.is_some()) {
+            let kernel = r.kernel.map_or(0.0, |k| k.gbyte_s());
+            out.push_str(&format!(
+                "{:<5} {:>6}: iwarp {:.3} GB/s, smoltcp raw {:.3} GB/s, ratio {:.2}; kernel TCP {:.3} GB/s, iwarp/kernel {:.2}\n",
+                r.op.name(),
+                show_size(r.size),
+                r.bw.gbyte_s(),
+                r.raw.stream.gbyte_s(),
+                r.bw_ratio(),
+                kernel,
+                ratio(r.bw.gbyte_s(), kernel)
+            ));
+        }
+    }
+    if report.rows.iter().any(|r| r.raw.frames.is_some()) {
+        out.push_str(
+            "\nsmoltcp raw TCP frames through the two devices (sent and received), per second and per CPU-second (per core busy)\n",
+        );
+        let mut seen = Vec::new();
+        for r in report.rows.iter() {
+            let Some(f) = r.raw.frames else { continue };
+            if seen.contains(&r.size) {
+                continue;
+            }
+            seen.push(r.size);
+            out.push_str(&format!(
+                "{:>6}: {:.0} kframes/s, {:.0} kframes per CPU-second, {:.2} cores busy, {:.0} stream bytes per frame sent and received\n",
+                show_size(r.size),
+                f.per_sec() / 1e3,
+                f.per_cpu_sec() / 1e3,
+                f.cpu_secs / f.secs.max(1e-9),
+                r.raw.stream.bytes as f64 / f.frames.max(1) as f64
+            ));
+        }
+    }
+    let rate = report.rate;
+    out.push_str(&format!(
+        "\n64 B message rate: iwarp send {:.3} Mmsg/s, raw TCP stream {:.3} Mmsg/s, ratio {:.2}\n",
+        rate.iwarp.mmsg_s(),
+        rate.raw.mmsg_s(),
+        ratio(rate.iwarp.mmsg_s(), rate.raw.mmsg_s())
+    ));
+    let (bytes, in_place) = report.received;
+    out.push_str(&format!(
+        "received: {:.1} MB, {:.0}% read straight into registered memory (the rest copied from a receive buffer)\n",
+        bytes as f64 / 1e6,
+        100.0 * ratio(in_place as f64, bytes as f64)
+    ));
+    let (bytes, by_ref, staged) = report.sent;
+    out.push_str(&format!(
+        "sent: {:.1} MB, at least {:.0}% written straight from registered memory, {:.0}% copied into a transmit buffer as framed, {:.0}% copied for a full link\n",
+        bytes as f64 / 1e6,
+        100.0 * ratio((by_ref.saturating_sub(staged)) as f64, bytes as f64),
+        100.0 * ratio((bytes - by_ref) as f64, bytes as f64),
+        100.0 * ratio(staged as f64, bytes as f64)
+    ));
+    out
+}
+
+fn json_report(args: &Args, report: &Report) -> String {
+    let b = budget(args);
+    let rows: Vec<Value> = report
+        .rows
+        .iter()
+        .map(|r| {
+            let mut iwarp = r.bw.to_json();
+            let mut raw = r.raw.stream.to_json();
+            if let (Value::Object(i), Value::Object(l)) = (&mut iwarp, r.lat.to_json()) {
+                i.extend(l);
+            }
+            if let (Value::Object(i), Value::Object(l)) = (&mut raw, r.raw.ping_pong.to_json()) {
+                i.extend(l);
+            }
+            json!({
+                "op": r.op.name(),
+                "size": r.size,
+                "iwarp": iwarp,
+                "raw": raw,
+                "kernel_tcp": r.kernel.map(|k| k.to_json()),
+                "raw_frames": r.raw.frames.map(|f| f.to_json()),
+                "ratio": {
+                    "bandwidth": r.bw_ratio(),
+                    "msg_rate": r.rate_ratio(),
+                    "p50": r.lat_ratio(),
+                },
+            })
+        })
+        .collect();
+    let doc = json!({
+        "config": {
+            "ops": ops(args).iter().map(|o| o.name()).collect::<Vec<_>>(),
+            "sizes": sizes(args),
+            "iters": b.iters,
+            "duration_s": if b.iters.is_some() { None } else { Some(b.duration.as_secs_f64()) },
+            "crc": args.crc == OnOff::On,
+            "mpa_revision": args.mpa_rev,
+            "poll": args.poll.name(),
+            "transport": if args.transport.smoltcp() { "smoltcp" } else { "kernel" },
+            "kernel_tcp_path": args.transport.smoltcp().then(|| kernel_path(args)),
+            "offloads": report.offloads.map(|(c, s)| json!({ "client": c.to_string(), "server": s.to_string() })),
+            "qps": args.qps,
+            "window": args.window,
+            "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
+            "shared_device": args.shared_device,
+            "zero_copy": args.zero_copy == OnOff::On,
+            "gap_us": gap(args).as_secs_f64() * 1e6,
+            "idle_bytes_per_qp": report.idle_bytes_per_qp,
+            "rx_bytes": report.received.0,
+            "rx_in_place_bytes": report.received.1,
+            "tx_bytes": report.sent.0,
+            "tx_by_ref_bytes": report.sent.1,
+            "tx_staged_bytes": report.sent.2,
+            "latency": "round trip",
+            "negotiated": report.negotiated.map(|n| json!({
+                "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,
+            })),
+        },
+        "rows": rows,
+        "msg_rate_64": {
+            "iwarp_send_mmsg_s": report.rate.iwarp.mmsg_s(),
+            "raw_mmsg_s": report.rate.raw.mmsg_s(),
+            "ratio": ratio(report.rate.iwarp.mmsg_s(), report.rate.raw.mmsg_s()),
+        },
+    });
+    let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}

@@ -1,0 +1,220 @@
+//! The raw-TCP baseline: a length-prefixed stream and a ping-pong over `std::net::TcpStream`
+//! on 127.0.0.1 with TCP_NODELAY, a server thread and the calling thread as the client. The
+//! stream also runs over a veth pair between two network namespaces (see `veth.rs`).
+
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::results::{BenchError, Budget, Latency, Samples, Throughput};
+use super::veth::VethPath;
+
+/// How long a socket may go without progress before the measurement fails.
+const STALL: Duration = Duration::from_secs(10);
+/// Buffering of the stream measurement, like the engine's transmit batch.
+const STREAM_BUFFER: usize = 256 * 1024;
+
+fn io_err(what: &str) -> impl Fn(io::Error) -> BenchError + '_ {
+    move |e| BenchError(format!("raw TCP {what}: {e}"))
+}
+
+/// Binds a listener on 127.0.0.1 (or on the server's end of `veth`, in its namespace) and
+/// accepts one connection on a new thread, which then runs `serve` on it.
+fn server<T: Send + 'static>(
+    veth: Option<&VethPath>,
+    serve: impl FnOnce(TcpStream) -> Result<T, BenchError> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<Result<T, BenchError>>), BenchError> {
+    let listener = match veth {
+        None => TcpListener::bind("127.0.0.1:0"),
+        Some(v) => v.server.run(|| TcpListener::bind((v.server_ip, 0)))?,
+    }
+    .map_err(io_err("listen"))?;
+    let addr = listener.local_addr().map_err(io_err("listen"))?;
+    listener.set_nonblocking(true).map_err(io_err("listen"))?;
+    let handle = std::thread::Builder::new()
+        .name("raw-tcp-server".into())
+        .spawn(move || {
+            let deadline = Instant::now() + STALL;
+            let stream = loop {
+                match listener.accept() {
+                    Ok((s, _)) => break s,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(io_err("accept")(e)),
+                }
+            };
+            stream.set_nonblocking(false).map_err(io_err("accept"))?;
+            stream.set_nodelay(true).map_err(io_err("accept"))?;
+            serve(stream)
+        })
+        .map_err(io_err("server thread"))?;
+    Ok((addr, handle))
+}
+
+fn join<T>(handle: JoinHandle<Result<T, BenchError>>) -> Result<T, BenchError> {
+    handle.join().map_err(|_| BenchError("raw TCP server thread panicked".into()))?
+}
+
+fn connect(addr: SocketAddr, veth: Option<&VethPath>) -> Result<TcpStream, BenchError> {
+    let s = match veth {
+        None => TcpStream::connect_timeout(&addr, STALL),
+        Some(v) => v.client.run(|| TcpStream::connect_timeout(&addr, STALL))?,
+    }
+    .map_err(io_err("connect"))?;
+    s.set_nodelay(true).map_err(io_err("connect"))?;
+    Ok(s)
+}
+
+/// Stream bandwidth: the client writes 4-byte-length-prefixed messages of `size` bytes until
+/// the budget is spent, the server reads and counts them until end of stream; over 127.0.0.1,
+/// or over `veth`.
+pub(super) fn stream(
+    size: usize,
+    budget: &Budget,
+    veth: Option<&VethPath>,
+) -> Result<Throughput, BenchError> {
+    let prefix = u32::try_from(size)
+        .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
+        .to_be_bytes();
+    let (addr, handle) = server(veth, move |s| {
+        s.set_read_timeout(Some(STALL)).map_err(io_err("read"))?;
+        let mut r = BufReader::with_capacity(STREAM_BUFFER, s);
+        let mut buf = vec![0u8; size];
+        let (mut msgs, mut bytes) = (0u64, 0u64);
+        loop {
+            let mut len = [0u8; 4];
+            match r.read_exact(&mut len) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok((msgs, bytes)),
+                Err(e) => return Err(io_err("read")(e)),
+            }
+            let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
+            if len != size {
+                return Err(BenchError(format!("raw TCP: message of {len} bytes, expected {size}")));
+            }
+            r.read_exact(&mut buf).map_err(io_err("read"))?;
+            msgs += 1;
+            bytes += size as u64;
+        }
+    })?;
+    let s = connect(addr, veth)?;
+    s.set_write_timeout(Some(STALL)).map_err(io_err("write"))?;
+    let payload = vec![0x5au8; size];
+    let mut w = BufWriter::with_capacity(STREAM_BUFFER, &s);
+    let start = Instant::now();
+    let mut sent = 0u64;
+    loop {
+        w.write_all(&prefix).and_then(|()| w.write_all(&payload)).map_err(io_err("write"))?;
+        sent += 1;
+        if (sent.is_multiple_of(32) || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
+            break;
+        }
+    }
+    w.flush().map_err(io_err("write"))?;
+    drop(w);
+    s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    let (msgs, bytes) = join(handle)?;
+    let secs = start.elapsed().as_secs_f64();
+    if msgs != sent {
+        return Err(BenchError(format!("raw TCP: sent {sent} messages, the server counted {msgs}")));
+    }
+    Ok(Throughput { msgs, bytes, secs })
+}
+
+/// Reads exactly `buf.len()` bytes, spinning on a nonblocking socket when `busy`.
+fn read_exact(s: &mut TcpStream, mut buf: &mut [u8], busy: bool) -> io::Result<bool> {
+    let first = buf.is_empty();
+    let deadline = Instant::now() + STALL;
+    let mut got_any = first;
+    while !buf.is_empty() {
+        match s.read(buf) {
+            Ok(0) if !got_any => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                got_any = true;
+                buf = &mut buf[n..];
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if busy && e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes all of `buf`, spinning on a nonblocking socket when `busy`.
+fn write_all(s: &mut TcpStream, mut buf: &[u8], busy: bool) -> io::Result<()> {
+    let deadline = Instant::now() + STALL;
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if busy && e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn prepare(s: &TcpStream, busy: bool) -> io::Result<()> {
+    if busy {
+        s.set_nonblocking(true)
+    } else {
+        s.set_read_timeout(Some(STALL))?;
+        s.set_write_timeout(Some(STALL))
+    }
+}
+
+/// Ping-pong: the client sends `size` bytes, the server echoes them; one sample per round
+/// trip, each after a pause of `gap`. With `busy`, both ends spin on nonblocking sockets.
+pub(super) fn ping_pong(
+    size: usize,
+    budget: &Budget,
+    busy: bool,
+    gap: Duration,
+) -> Result<Latency, BenchError> {
+    let (addr, handle) = server(None, move |mut s| {
+        prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
+        let mut buf = vec![0u8; size];
+        while read_exact(&mut s, &mut buf, busy).map_err(io_err("echo read"))? {
+            write_all(&mut s, &buf, busy).map_err(io_err("echo write"))?;
+        }
+        Ok(())
+    })?;
+    let mut s = connect(addr, None)?;
+    prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
+    let out = vec![0xa5u8; size];
+    let mut back = vec![0u8; size];
+    let mut samples = Samples::new();
+    let start = Instant::now();
+    loop {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
+        let t0 = Instant::now();
+        write_all(&mut s, &out, busy).map_err(io_err("ping write"))?;
+        if !read_exact(&mut s, &mut back, busy).map_err(io_err("pong read"))? {
+            return Err(BenchError("raw TCP: the echo server closed the connection".into()));
+        }
+        samples.push(t0.elapsed());
+        if budget.spent(samples.len() as u64, start) {
+            break;
+        }
+    }
+    s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    join(handle)?;
+    Ok(Latency::from_samples(samples))
+}

@@ -1,0 +1,914 @@
+//! The iWARP measurements, shaped like two hosts: the client and the server each have their
+//! own device (their own engine), protection domain, completion queue and thread. The
+//! calling thread is the client; a server thread answers what each measurement needs of it
+//! (keeping receive buffers posted, answering ping-pongs). `--shared-device` puts both ends
+//! on one device (one engine), the layout that hides wake-up costs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use iwarp::mpa::{CrcPolicy, Policy};
+use iwarp::{
+    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, ProtectionDomain,
+    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::results::{BenchError, Budget, Latency, Op, Samples, Throughput};
+
+/// How long the engine may go without completing anything before a measurement fails.
+const STALL: Duration = Duration::from_secs(10);
+/// The iWARP listener's port on the server's smoltcp stack.
+const SMOL_PORT: u16 = 7290;
+
+/// Busy-wait turns before a busy wait starts yielding the core (some tens of microseconds).
+const SPINS_BEFORE_YIELD: u32 = 20_000;
+/// How often the server thread looks for its next command while it waits for completions.
+const SERVER_TICK: Duration = Duration::from_millis(2);
+
+/// What a work request id says about its origin (low byte); the pair index is above it.
+const TAG_SQ: u64 = 0;
+const TAG_RQ: u64 = 2;
+/// The final Read that proves earlier Writes were placed.
+const TAG_FLUSH: u64 = 4;
+
+fn wr_id(pair: usize, tag: u64) -> u64 {
+    ((pair as u64) << 8) | tag
+}
+
+fn split(wr_id: u64) -> (usize, u64) {
+    (usize::try_from(wr_id >> 8).unwrap_or(usize::MAX), wr_id & 0xff)
+}
+
+/// Settings of the iWARP side.
+#[derive(Debug, Clone)]
+pub(super) struct Config {
+    pub(super) poll: PollMode,
+    pub(super) crc: bool,
+    pub(super) revision: u8,
+    pub(super) qps: usize,
+    pub(super) window: usize,
+    /// The largest message size of the run (buffers are registered once, this big).
+    pub(super) max_size: usize,
+    /// Both ends on one device.
+    pub(super) shared_device: bool,
+    /// Payloads straight between the links and registered memory (DeviceConfig::zero_copy).
+    pub(super) zero_copy: bool,
+    /// A pause between the round trips of the latency measurements.
+    pub(super) gap: Duration,
+    /// Where to record the connections, if anywhere.
+    pub(super) pcap: Option<std::sync::Arc<std::sync::Mutex<iwarp::netdev::PcapWriter>>>,
+    /// smoltcp: the client's and the server's stacks (else kernel TCP over 127.0.0.1).
+    pub(super) smol: Option<(iwarp::netdev::SmolStack, iwarp::netdev::SmolStack)>,
+}
+
+impl Config {
+    fn busy(&self) -> bool {
+        matches!(self.poll, PollMode::Busy | PollMode::Inline)
+    }
+}
+
+/// How the client, out of credits for Sends, sleeps until the server reposts buffers.
+#[derive(Debug)]
+struct CreditBell {
+    /// The client sleeps (or is about to): unpark it.
+    waiting: std::sync::atomic::AtomicBool,
+    client: std::thread::Thread,
+}
+
+/// One end's memory: a source and a destination buffer, `max_size` bytes each.
+struct Buffers {
+    src: MemoryRegion,
+    dst: MemoryRegion,
+}
+
+impl Buffers {
+    fn register(pd: &ProtectionDomain, size: usize) -> Result<Buffers, BenchError> {
+        let remote = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+        Ok(Buffers {
+            src: pd.register(size, Access::REMOTE_READ).map_err(reg_err)?,
+            dst: pd.register(size, remote).map_err(reg_err)?,
+        })
+    }
+}
+
+/// What the server thread does during a measurement.
+#[derive(Debug, Clone, Copy)]
+enum Serve {
+    /// Nothing: the client's Writes and Reads need no help.
+    Idle,
+    /// Keep receive buffers posted and count the messages received (Send bandwidth).
+    Sink,
+    /// Answer each Write of `size` bytes (seen by its marker) with a Write back.
+    WritePong(usize),
+    /// Answer each received Send with a Send of `size` bytes.
+    SendPong(usize),
+    /// Finish.
+    Stop,
+}
+
+/// The server end, as its thread sees it.
+struct Server {
+    qps: Vec<QueuePair>,
+    cq: CompletionQueue,
+    bufs: Buffers,
+    /// The client's destination buffer (key, address), where answering Writes go.
+    client_dst: (iwarp::STag, u64),
+    /// Receives posted per pair.
+    posted: Vec<usize>,
+    /// Receives completed per pair and not reposted yet.
+    consumed: Vec<usize>,
+    /// Messages received per pair (read by the client for flow control).
+    received: Arc<Vec<AtomicU64>>,
+    credits: Arc<CreditBell>,
+    /// Send-queue work outstanding.
+    sq_out: usize,
+    /// The last ping-pong marker seen in the destination buffer.
+    mark: [u8; 8],
+    rq_target: usize,
+    max_size: usize,
+    busy: bool,
+    /// The server's device runs inline: this thread drives it.
+    inline: bool,
+}
+
+/// Measurement results, on the client's device.
+pub(super) struct Bench {
+    // Fields drop in order: queue pairs and regions before the devices.
+    qps: Vec<QueuePair>,
+    bufs: Buffers,
+    /// The server's regions' keys and addresses.
+    peer: (iwarp::STag, u64, iwarp::STag, u64),
+    cq: CompletionQueue,
+    cfg: Config,
+    seq: u64,
+    /// Receives posted per pair, and the target kept posted.
+    posted: Vec<usize>,
+    rq_target: usize,
+    /// Outstanding work requests allowed per pair.
+    per_pair: usize,
+    ords: Vec<usize>,
+    received: Arc<Vec<AtomicU64>>,
+    credits: Arc<CreditBell>,
+    commands: Sender<Serve>,
+    acks: Receiver<Result<(), BenchError>>,
+    server: Option<JoinHandle<()>>,
+    /// Resident memory growth per connection end while the connections were set up idle.
+    idle_bytes_per_qp: Option<u64>,
+    _devices: Vec<Device>,
+}
+
+/// What the connections negotiated.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Negotiated {
+    pub(super) crc: bool,
+    pub(super) revision: u8,
+    pub(super) ord: u16,
+}
+
+fn cm_err(what: &'static str) -> impl Fn(iwarp::CmError) -> BenchError {
+    move |e| BenchError(format!("{what}: {e}"))
+}
+
+fn reg_err(e: iwarp::RegisterError) -> BenchError {
+    BenchError(format!("memory registration failed: {e}"))
+}
+
+fn post_err(what: &str) -> impl Fn(iwarp::PostError) -> BenchError + '_ {
+    move |e| BenchError(format!("posting {what} failed: {e}"))
+}
+
+fn len32(size: usize) -> Result<u32, BenchError> {
+    u32::try_from(size).map_err(|_| BenchError(format!("a message of {size} bytes is too long")))
+}
+
+/// The process's resident memory in bytes (Linux), if it can be read.
+pub(super) fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl Bench {
+    /// Opens the devices and connects `cfg.qps` queue pairs.
+    pub(super) fn open(cfg: Config) -> Result<Bench, BenchError> {
+        let dev_config =
+            DeviceConfig { poll_mode: cfg.poll, zero_copy: cfg.zero_copy, ..DeviceConfig::default() };
+        let mut devices = vec![Device::open(dev_config)];
+        if !cfg.shared_device {
+            devices.push(Device::open(dev_config));
+        }
+        let (client_dev, server_dev) = (&devices[0], &devices[devices.len() - 1]);
+        let (pd, server_pd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
+        // Room for every completion a measurement can have outstanding.
+        let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
+        let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
+        let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
+        let rq_target = per_pair + 8;
+        let opts = ConnectOptions {
+            policy: Policy {
+                revision: cfg.revision,
+                crc: if cfg.crc { CrcPolicy::Required } else { CrcPolicy::Off },
+                ird: 16,
+                ord: 16,
+                ..Policy::default()
+            },
+            max_send_wr: per_pair + 64,
+            max_recv_wr: rq_target + 64,
+            capture: cfg.pcap.clone(),
+            transport: crate::transport::transport(cfg.smol.as_ref().map(|s| &s.0)),
+            ..ConnectOptions::default()
+        };
+        let bind = match &cfg.smol {
+            Some((_, server)) => std::net::SocketAddr::from((server.ip(), SMOL_PORT)),
+            None => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let listener = crate::transport::listen(server_dev, cfg.smol.as_ref().map(|s| &s.1), bind)
+            .map_err(cm_err("listen"))?;
+        let addr = listener.local_addr().map_err(|e| BenchError(format!("listen: {e}")))?;
+        let rss_before = resident_bytes();
+        let accepting = {
+            // The client end records the connection; recording both ends would show it twice.
+            let server_opts = ConnectOptions { capture: None, ..opts.clone() };
+            let (pd, cq, opts, n) = (server_pd.clone(), server_cq.clone(), server_opts, cfg.qps);
+            std::thread::Builder::new()
+                .name("bench-accept".into())
+                .spawn(move || -> Result<Vec<QueuePair>, BenchError> {
+                    let mut qps = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let req = listener.accept(STALL).map_err(cm_err("accept"))?;
+                        qps.push(req.accept(&pd, &cq, &cq, &opts).map_err(cm_err("accept"))?);
+                    }
+                    Ok(qps)
+                })
+                .map_err(|e| BenchError(format!("cannot start the accepting thread: {e}")))?
+        };
+        let mut qps = Vec::with_capacity(cfg.qps);
+        for _ in 0..cfg.qps {
+            let connected = client_dev.connect(addr, &pd, &cq, &cq, &opts);
+            match connected {
+                Ok(c) => qps.push(c.qp),
+                Err(e) => {
+                    // The accepting thread gives up on its own after its timeout.
+                    let _ = accepting.join();
+                    return Err(cm_err("connect")(e));
+                }
+            }
+        }
+        let server_qps =
+            accepting.join().map_err(|_| BenchError("the accepting thread panicked".into()))??;
+        // Both ends of every connection live in this process: growth per end.
+        let idle_bytes_per_qp = match (rss_before, resident_bytes()) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b) / (2 * cfg.qps as u64)),
+            _ => None,
+        };
+        let ords = qps.iter().map(|q| usize::from(q.conn_params().ord).max(1)).collect();
+        let bufs = Buffers::register(&pd, cfg.max_size)?;
+        let server_bufs = Buffers::register(&server_pd, cfg.max_size)?;
+        let peer =
+            (server_bufs.src.rkey(), server_bufs.src.addr(), server_bufs.dst.rkey(), server_bufs.dst.addr());
+        let received: Arc<Vec<AtomicU64>> = Arc::new((0..cfg.qps).map(|_| AtomicU64::new(0)).collect());
+        let credits = Arc::new(CreditBell {
+            waiting: std::sync::atomic::AtomicBool::new(false),
+            client: std::thread::current(),
+        });
+        let server = Server {
+            posted: vec![0; server_qps.len()],
+            consumed: vec![0; server_qps.len()],
+            qps: server_qps,
+            cq: server_cq,
+            bufs: server_bufs,
+            client_dst: (bufs.dst.rkey(), bufs.dst.addr()),
+            received: received.clone(),
+            credits: credits.clone(),
+            sq_out: 0,
+            mark: [0; 8],
+            rq_target,
+            max_size: cfg.max_size,
+            busy: cfg.busy(),
+            inline: cfg.poll == PollMode::Inline,
+        };
+        let (commands, command_rx) = mpsc::channel();
+        let (ack_tx, acks) = mpsc::channel();
+        let server = std::thread::Builder::new()
+            .name("bench-server".into())
+            .spawn(move || server.run(&command_rx, &ack_tx))
+            .map_err(|e| BenchError(format!("cannot start the server thread: {e}")))?;
+        Ok(Bench {
+            posted: vec![0; qps.len()],
+            qps,
+            bufs,
+            peer,
+            cq,
+            cfg,
+            seq: 0,
+            rq_target,
+            per_pair,
+            ords,
+            received,
+            credits,
+            commands,
+            acks,
+            server: Some(server),
+            idle_bytes_per_qp,
+            _devices: devices,
+        })
+    }
+
+    /// What the first connection negotiated.
+    pub(super) fn negotiated(&self) -> Option<Negotiated> {
+        self.qps.first().map(|q| {
+            let c = q.conn_params();
+            Negotiated { crc: c.crc, revision: c.revision, ord: c.ord }
+        })
+    }
+
+    /// Bytes received by both ends so far, and how many of them the links read straight into
+    /// registered memory.
+    pub(super) fn received(&self) -> (u64, u64) {
+        self._devices.iter().map(Device::stats).fold((0, 0), |(b, p), s| (b + s.rx_bytes, p + s.rx_in_place))
+    }
+
+    /// Bytes framed by both ends so far, those written straight from registered memory, and
+    /// those a full link left to be copied and sent later.
+    pub(super) fn sent(&self) -> (u64, u64, u64) {
+        self._devices
+            .iter()
+            .map(Device::stats)
+            .fold((0, 0, 0), |(b, r, s), x| (b + x.tx_bytes, r + x.tx_by_ref, s + x.tx_staged))
+    }
+
+    /// Resident memory per idle connection end, measured while connecting.
+    pub(super) fn idle_bytes_per_qp(&self) -> Option<u64> {
+        self.idle_bytes_per_qp
+    }
+
+    /// Tells the server thread what to do next and waits until it is ready.
+    fn serve(&self, what: Serve) -> Result<(), BenchError> {
+        self.commands.send(what).map_err(|_| BenchError("the server thread is gone".into()))?;
+        match self.acks.recv_timeout(STALL) {
+            Ok(r) => r,
+            Err(_) => Err(BenchError("the server thread did not answer".into())),
+        }
+    }
+
+    /// The next completion, failing on a timeout or an unsuccessful status.
+    fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
+        let wc = next_completion(&self.cq, self.cfg.busy());
+        let wc =
+            wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
+        check(&wc, what)?;
+        Ok(wc)
+    }
+
+    /// Tops the client's receive queues up to the target.
+    fn top_up(&mut self) -> Result<(), BenchError> {
+        let sge = self.bufs.dst.sge(0, len32(self.cfg.max_size)?);
+        for (i, qp) in self.qps.iter().enumerate() {
+            let n = self.rq_target.saturating_sub(self.posted[i]);
+            if n > 0 {
+                let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+                qp.post_recv_list(wrs).map_err(|e| BenchError(format!("posting receives failed: {e}")))?;
+                self.posted[i] += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn client_wr(&self, op: Op, pair: usize, size: usize, tag: u64) -> Result<SendWr, BenchError> {
+        let len = len32(size)?;
+        let (src_key, src_addr, dst_key, dst_addr) = self.peer;
+        let (op, sge) = match op {
+            Op::Write => {
+                (SendOp::Write { remote_stag: dst_key, remote_to: dst_addr }, self.bufs.src.sge(0, len))
+            }
+            Op::Read => {
+                (SendOp::Read { remote_stag: src_key, remote_to: src_addr }, self.bufs.dst.sge(0, len))
+            }
+            Op::Send => (SendOp::Send { solicited: false, invalidate: None }, self.bufs.src.sge(0, len)),
+        };
+        Ok(SendWr { wr_id: wr_id(pair, tag), op, sgl: sge.into(), signaled: true })
+    }
+
+    /// Streams messages of `size` bytes, `window` outstanding, spread round-robin over the
+    /// pairs, until the budget is spent; then waits for all of them.
+    pub(super) fn throughput(
+        &mut self,
+        op: Op,
+        size: usize,
+        budget: &Budget,
+    ) -> Result<Throughput, BenchError> {
+        let what = format!("{} {size} B bandwidth", op.name());
+        self.serve(if op == Op::Send { Serve::Sink } else { Serve::Idle })?;
+        let n = self.qps.len();
+        let limit: Vec<usize> = self
+            .ords
+            .iter()
+            .map(|&ord| if op == Op::Read { self.per_pair.min(ord) } else { self.per_pair })
+            .collect();
+        // Per pair: send-queue work outstanding, and (Send) messages posted.
+        let mut sq_out = vec![0usize; n];
+        let mut sent = vec![0u64; n];
+        let base: Vec<u64> = self.received.iter().map(|r| r.load(Ordering::Acquire)).collect();
+        let in_flight = |i: usize, sent: &[u64]| -> usize {
+            let got = self.received[i].load(Ordering::Acquire) - base[i];
+            usize::try_from(sent[i].saturating_sub(got)).unwrap_or(usize::MAX)
+        };
+        let (mut posted, mut done) = (0u64, 0u64);
+        let mut next_pair = 0usize;
+        let mut stop = false;
+        let start = Instant::now();
+        let mut batch = Vec::new();
+        // Turns spent waiting for the server to receive.
+        let mut waits = 0u32;
+        loop {
+            // Post while some pair has room, a list per pair.
+            while !stop {
+                let Some(i) = (0..n)
+                    .map(|k| (next_pair + k) % n)
+                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < limit[i]))
+                else {
+                    break;
+                };
+                next_pair = (i + 1) % n;
+                let room = if op == Op::Send {
+                    (limit[i] - sq_out[i]).min(limit[i] - in_flight(i, &sent))
+                } else {
+                    limit[i] - sq_out[i]
+                };
+                batch.clear();
+                while batch.len() < room && !stop {
+                    batch.push(self.client_wr(op, i, size, TAG_SQ)?);
+                    posted += 1;
+                    stop = budget.spent(posted, start);
+                }
+                let k = batch.len();
+                self.qps[i]
+                    .post_send_list(batch.drain(..))
+                    .map_err(|e| BenchError(format!("posting {what} failed: {e}")))?;
+                sq_out[i] += k;
+                sent[i] += k as u64;
+            }
+            if op == Op::Send {
+                done = (0..n).map(|i| self.received[i].load(Ordering::Acquire) - base[i]).sum();
+            }
+            if stop && done == posted && sq_out.iter().all(|&o| o == 0) {
+                break;
+            }
+            // Reap at least one completion when some are outstanding, then whatever else is
+            // ready; a Send run waits for the server to receive too.
+            let mut wc = if sq_out.iter().any(|&o| o > 0) {
+                Some(self.next(&what)?)
+            } else {
+                // Out of credits: sleep until the server reposts (it unparks this thread).
+                waits = waits.wrapping_add(1);
+                if self.cfg.busy() || waits < 64 {
+                    relax(waits);
+                } else {
+                    self.credits.waiting.store(true, Ordering::SeqCst);
+                    let got: u64 = (0..n).map(|i| self.received[i].load(Ordering::SeqCst) - base[i]).sum();
+                    if got == done {
+                        std::thread::park_timeout(SERVER_TICK);
+                    }
+                    self.credits.waiting.store(false, Ordering::SeqCst);
+                    waits = 0;
+                }
+                None
+            };
+            while let Some(c) = wc {
+                match split(c.wr_id) {
+                    (i, TAG_SQ) if i < n => {
+                        sq_out[i] = sq_out[i].saturating_sub(1);
+                        if op != Op::Send {
+                            done += 1;
+                        }
+                    }
+                    _ => return Err(unexpected(&what, &c)),
+                }
+                wc = self.cq.poll();
+                if let Some(c) = &wc {
+                    check(c, &what)?;
+                }
+            }
+            if start.elapsed() > budget.duration + STALL && budget.iters.is_none() {
+                return Err(BenchError(format!("{what}: the peer stopped receiving")));
+            }
+        }
+        if op == Op::Write {
+            // A Write completes when handed to TCP; a Read behind it completes only after the
+            // peer placed everything before it.
+            for i in 0..n {
+                let mut wr = self.client_wr(Op::Read, i, size.min(8), TAG_FLUSH)?;
+                wr.sgl = self.bufs.dst.sge(0, len32(size.min(8))?).into();
+                self.qps[i].post_send(wr).map_err(post_err(&what))?;
+            }
+            for _ in 0..n {
+                let c = self.next(&what)?;
+                if split(c.wr_id).1 != TAG_FLUSH {
+                    return Err(unexpected(&what, &c));
+                }
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        Ok(Throughput { msgs: done, bytes: done * size as u64, secs })
+    }
+
+    /// Round trips of one message of `size` bytes on the first pair.
+    pub(super) fn latency(&mut self, op: Op, size: usize, budget: &Budget) -> Result<Latency, BenchError> {
+        let what = format!("{} {size} B ping-pong", op.name());
+        self.serve(match op {
+            Op::Write => Serve::WritePong(size),
+            Op::Send => Serve::SendPong(size),
+            Op::Read => Serve::Idle,
+        })?;
+        self.top_up()?;
+        let mut samples = Samples::new();
+        let start = Instant::now();
+        // Send completions of the ping-pong not reaped yet.
+        let mut sq_out = 0usize;
+        loop {
+            if !self.cfg.gap.is_zero() {
+                std::thread::sleep(self.cfg.gap);
+            }
+            let t0 = Instant::now();
+            match op {
+                Op::Read => {
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Read, 0, size, TAG_SQ)?)
+                        .map_err(post_err(&what))?;
+                    let c = self.next(&what)?;
+                    if c.wr_id != wr_id(0, TAG_SQ) || c.opcode != WcOpcode::Read {
+                        return Err(unexpected(&what, &c));
+                    }
+                }
+                Op::Write => {
+                    self.seq = self.seq.wrapping_add(1);
+                    let (mark_at, mark) = marker(size, self.seq);
+                    self.bufs
+                        .src
+                        .write(mark_at, &mark)
+                        .map_err(|_| BenchError("marker out of bounds".into()))?;
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Write, 0, size, TAG_SQ)?)
+                        .map_err(post_err(&what))?;
+                    sq_out += 1;
+                    self.wait_marker(mark_at, &mark, &mut sq_out, &what)?;
+                }
+                Op::Send => {
+                    self.qps[0]
+                        .post_send(self.client_wr(Op::Send, 0, size, TAG_SQ)?)
+                        .map_err(post_err(&what))?;
+                    sq_out += 1;
+                    self.wait_recv(size, &mut sq_out, &what)?;
+                    self.posted[0] -= 1;
+                }
+            }
+            samples.push(t0.elapsed());
+            if op == Op::Send {
+                self.top_up()?;
+            }
+            // Keep the send queue from filling up with unreaped completions.
+            while sq_out > 0 {
+                let Some(c) = self.cq.poll() else { break };
+                check(&c, &what)?;
+                match split(c.wr_id) {
+                    (0, TAG_SQ) => sq_out -= 1,
+                    _ => return Err(unexpected(&what, &c)),
+                }
+            }
+            if budget.spent(samples.len() as u64, start) {
+                break;
+            }
+        }
+        while sq_out > 0 {
+            let c = self.next(&what)?;
+            match split(c.wr_id) {
+                (0, TAG_SQ) => sq_out -= 1,
+                _ => return Err(unexpected(&what, &c)),
+            }
+        }
+        Ok(Latency::from_samples(samples))
+    }
+
+    /// Spins until the server's answering Write shows the marker in the client's buffer,
+    /// reaping send completions meanwhile (which, inline, also drives the engine).
+    fn wait_marker(&self, at: usize, mark: &[u8], sq_out: &mut usize, what: &str) -> Result<(), BenchError> {
+        let deadline = Instant::now() + STALL;
+        let mut seen = [0u8; 8];
+        let seen = &mut seen[..mark.len()];
+        let mut spins = 0u32;
+        loop {
+            self.bufs.dst.read(at, seen).map_err(|_| BenchError("marker out of bounds".into()))?;
+            if seen == mark {
+                return Ok(());
+            }
+            if let Some(c) = self.cq.poll() {
+                check(&c, what)?;
+                match split(c.wr_id) {
+                    (0, TAG_SQ) => *sq_out -= 1,
+                    _ => return Err(unexpected(what, &c)),
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && Instant::now() >= deadline {
+                return Err(BenchError(format!(
+                    "{what}: the Write was not placed within {} s",
+                    STALL.as_secs()
+                )));
+            }
+            wait_for_memory(spins, self.cfg.busy());
+        }
+    }
+
+    /// Reaps completions until a receive on pair 0 completes.
+    fn wait_recv(&self, size: usize, sq_out: &mut usize, what: &str) -> Result<(), BenchError> {
+        loop {
+            let c = self.next(what)?;
+            match split(c.wr_id) {
+                (0, TAG_SQ) => *sq_out -= 1,
+                (0, TAG_RQ) => {
+                    if c.byte_len != size as u64 {
+                        return Err(BenchError(format!("{what}: received {} bytes", c.byte_len)));
+                    }
+                    return Ok(());
+                }
+                _ => return Err(unexpected(what, &c)),
+            }
+        }
+    }
+
+    /// Stops the server thread and disconnects every queue pair (the devices stop when
+    /// dropped).
+    pub(super) fn close(mut self) {
+        let _ = self.commands.send(Serve::Stop);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+        for qp in &self.qps {
+            qp.disconnect();
+        }
+    }
+}
+
+/// The next completion of `cq` within [`STALL`]: spinning (busy and inline modes) or
+/// blocking.
+fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
+    if !busy {
+        return cq.wait(STALL);
+    }
+    let deadline = Instant::now() + STALL;
+    let mut spins = 0u32;
+    loop {
+        if let Some(wc) = cq.poll() {
+            return Some(wc);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(1024) && Instant::now() >= deadline {
+            return None;
+        }
+        relax(spins);
+    }
+}
+
+impl Server {
+    /// Serves commands until told to stop; acknowledges each once it is ready for it.
+    fn run(mut self, commands: &Receiver<Serve>, acks: &Sender<Result<(), BenchError>>) {
+        let mut current = Serve::Idle;
+        loop {
+            // Inline, nothing runs the server's engine unless this thread does: never block.
+            let idle = matches!(current, Serve::Idle | Serve::Stop) && !self.inline;
+            let next = match idle {
+                true => commands.recv().ok(),
+                false => match commands.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => {
+                        if let Err(e) = self.step(current) {
+                            let _ = acks.send(Err(e));
+                            current = Serve::Idle;
+                        }
+                        continue;
+                    }
+                    Err(TryRecvError::Disconnected) => None,
+                },
+            };
+            let Some(next) = next else { return };
+            if let Serve::Stop = next {
+                return;
+            }
+            if let Serve::WritePong(size) = next {
+                // The marker as it stands; the client's next Write changes it.
+                let (at, len) = (size - size.min(8), size.min(8));
+                self.mark = [0; 8];
+                let _ = self.bufs.dst.read(at, &mut self.mark[..len]);
+            }
+            let ready = self.top_up().and_then(|()| self.reap_sends());
+            current = if ready.is_ok() { next } else { Serve::Idle };
+            if acks.send(ready).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Keeps `rq_target` receives posted on every pair.
+    fn top_up(&mut self) -> Result<(), BenchError> {
+        let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
+        for (i, qp) in self.qps.iter().enumerate() {
+            let n = self.rq_target.saturating_sub(self.posted[i]);
+            if n > 0 {
+                let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+                qp.post_recv_list(wrs).map_err(|e| BenchError(format!("server: posting receives: {e}")))?;
+                self.posted[i] += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reaps the completions that are ready (which, inline, also drives the engine).
+    fn reap_sends(&mut self) -> Result<(), BenchError> {
+        while let Some(c) = self.cq.poll() {
+            self.completed(&c, "server")?;
+        }
+        self.repost()
+    }
+
+    /// Accounts for one completion: a send done, or a message received (its buffer is
+    /// reposted by the next [`Server::repost`]). Returns the pair of a receive.
+    fn completed(&mut self, c: &WorkCompletion, what: &str) -> Result<Option<usize>, BenchError> {
+        check(c, what)?;
+        match split(c.wr_id) {
+            (_, TAG_SQ) => {
+                self.sq_out = self.sq_out.saturating_sub(1);
+                Ok(None)
+            }
+            (i, TAG_RQ) if i < self.qps.len() => {
+                self.posted[i] -= 1;
+                self.consumed[i] += 1;
+                Ok(Some(i))
+            }
+            _ => Err(unexpected(what, c)),
+        }
+    }
+
+    /// Reposts the buffers of the messages received since the last call, a list per pair
+    /// (one doorbell each), then tells the client they are received.
+    fn repost(&mut self) -> Result<(), BenchError> {
+        let sge = self.bufs.dst.sge(0, len32(self.max_size)?);
+        for i in 0..self.qps.len() {
+            let n = std::mem::take(&mut self.consumed[i]);
+            if n == 0 {
+                continue;
+            }
+            let wrs = (0..n).map(|_| RecvWr { wr_id: wr_id(i, TAG_RQ), sgl: sge.into() });
+            self.qps[i]
+                .post_recv_list(wrs)
+                .map_err(|e| BenchError(format!("server: reposting receives: {e}")))?;
+            self.posted[i] += n;
+            self.received[i].fetch_add(n as u64, Ordering::SeqCst);
+            if self.credits.waiting.swap(false, Ordering::SeqCst) {
+                self.credits.client.unpark();
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits a little for a completion (at most [`SERVER_TICK`], so commands are seen).
+    fn wait(&self) -> Option<WorkCompletion> {
+        if !self.busy {
+            return self.cq.wait(SERVER_TICK);
+        }
+        let deadline = Instant::now() + SERVER_TICK;
+        let mut spins = 0u32;
+        loop {
+            if let Some(wc) = self.cq.poll() {
+                return Some(wc);
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
+                return None;
+            }
+            relax(spins);
+        }
+    }
+
+    /// One step of the current measurement.
+    fn step(&mut self, what: Serve) -> Result<(), BenchError> {
+        match what {
+            Serve::Idle | Serve::Stop => {
+                // Only reached inline: polling drives the engine.
+                if let Some(c) = self.cq.poll() {
+                    self.completed(&c, "server")?;
+                }
+                Ok(())
+            }
+            Serve::Sink => {
+                // Everything that is in, then the buffers back in one list.
+                let mut next = self.wait();
+                while let Some(c) = next {
+                    self.completed(&c, "server receive")?;
+                    next = self.cq.poll();
+                }
+                self.repost()
+            }
+            Serve::SendPong(size) => {
+                // Answer every ping that is in, not only the first.
+                let mut next = self.wait();
+                while let Some(c) = next {
+                    if self.completed(&c, "server pong")? == Some(0) {
+                        let sgl = self.bufs.src.sge(0, len32(size)?).into();
+                        let op = SendOp::Send { solicited: false, invalidate: None };
+                        self.qps[0]
+                            .post_send(SendWr { wr_id: wr_id(0, TAG_SQ), op, sgl, signaled: true })
+                            .map_err(post_err("the pong"))?;
+                        self.sq_out += 1;
+                    }
+                    next = self.cq.poll();
+                }
+                self.repost()
+            }
+            Serve::WritePong(size) => self.write_pong(size),
+        }
+    }
+
+    /// Waits (a tick at most) for the client's Write to show a new marker, then answers it.
+    fn write_pong(&mut self, size: usize) -> Result<(), BenchError> {
+        let (at, len) = (size - size.min(8), size.min(8));
+        let deadline = Instant::now() + SERVER_TICK;
+        let mut seen = [0u8; 8];
+        let mut spins = 0u32;
+        loop {
+            self.bufs
+                .dst
+                .read(at, &mut seen[..len])
+                .map_err(|_| BenchError("marker out of bounds".into()))?;
+            if seen != self.mark {
+                self.mark = seen;
+                break;
+            }
+            self.reap_sends()?;
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && Instant::now() >= deadline {
+                return Ok(());
+            }
+            wait_for_memory(spins, self.busy);
+        }
+        self.bufs.src.write(at, &seen[..len]).map_err(|_| BenchError("marker out of bounds".into()))?;
+        let (remote_stag, remote_to) = self.client_dst;
+        let wr = SendWr {
+            wr_id: wr_id(0, TAG_SQ),
+            op: SendOp::Write { remote_stag, remote_to },
+            sgl: self.bufs.src.sge(0, len32(size)?).into(),
+            signaled: true,
+        };
+        self.qps[0].post_send(wr).map_err(post_err("the answering Write"))?;
+        self.sq_out += 1;
+        Ok(())
+    }
+}
+
+/// One turn of a busy wait: spin, and after a while also yield the core, so that on a machine
+/// with more runnable threads than cores the engine (or the peer) gets to run.
+fn relax(spins: u32) {
+    if spins >= SPINS_BEFORE_YIELD {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// One turn of waiting for a peer's Write to show in memory (RDMA Writes complete nothing at
+/// their target, so the target polls). With a busy or inline engine this thread spins as the
+/// engine does; otherwise an engine thread must run to place the Write, so after a few turns
+/// every turn gives the core away (on a small machine spinning here would starve it).
+fn wait_for_memory(spins: u32, busy: bool) {
+    if busy {
+        relax(spins);
+    } else if spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Where the ping-pong's sequence marker goes (the last up-to-8 bytes) and its bytes.
+fn marker(size: usize, seq: u64) -> (usize, Vec<u8>) {
+    let m = size.min(8);
+    (size - m, seq.to_le_bytes()[..m].to_vec())
+}
+
+fn check(wc: &WorkCompletion, what: &str) -> Result<(), BenchError> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(BenchError(format!("{what}: {:?} completed with status {:?}", wc.opcode, wc.status)))
+    }
+}
+
+fn unexpected(what: &str, wc: &WorkCompletion) -> BenchError {
+    BenchError(format!(
+        "{what}: unexpected completion {:?} (wr_id {:#x}, qp {})",
+        wc.opcode, wc.wr_id, wc.qp_num
+    ))
+}

@@ -1,0 +1,193 @@
+//! The control connection: one 56-byte receive posted at all times, lockstep Sends (the
+//! version, cycle buffer, cache line and MTU exchange, the "pre"/"post" handshakes, key records
+//! and the report).
+
+use super::args::*;
+use super::conn::*;
+use crate::toolbox::{self, Fail, register};
+use std::time::{Duration, Instant};
+
+use iwarp::{
+    Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::wire::{self, KeyRecord};
+
+/// The control connection: one 56-byte receive posted at all times, lockstep Sends.
+pub(super) struct Ctrl {
+    pub(super) qp: QueuePair,
+    pub(super) cq: CompletionQueue,
+    pub(super) recv_mr: MemoryRegion,
+    pub(super) send_mr: MemoryRegion,
+    /// Completions of the other kind seen while waiting for one kind.
+    pub(super) stash: Vec<WorkCompletion>,
+    pub(super) timeout: Duration,
+    pub(super) server: bool,
+    pub(super) next_wr: u64,
+}
+
+/// The control connection's buffers, registered before it is made (its receive is posted
+/// before the connection goes live).
+pub(super) struct CtrlBufs {
+    pub(super) cq: CompletionQueue,
+    pub(super) recv_mr: MemoryRegion,
+    pub(super) send_mr: MemoryRegion,
+}
+
+impl CtrlBufs {
+    pub(super) fn new(device: &Device, pd: &ProtectionDomain) -> Result<CtrlBufs, Fail> {
+        Ok(CtrlBufs {
+            cq: device.create_cq(16),
+            recv_mr: register(pd, wire::MAX_MSG, Access::LOCAL_WRITE)?,
+            send_mr: register(pd, wire::MAX_MSG, Access::NONE)?,
+        })
+    }
+
+    /// The receive posted before the connection goes live.
+    pub(super) fn first_recv(&self) -> RecvWr {
+        RecvWr { wr_id: 0, sgl: self.recv_mr.sge_all().into() }
+    }
+
+    pub(super) fn into_ctrl(self, qp: QueuePair, timeout: Duration, server: bool) -> Ctrl {
+        Ctrl {
+            qp,
+            cq: self.cq,
+            recv_mr: self.recv_mr,
+            send_mr: self.send_mr,
+            stash: Vec::new(),
+            timeout,
+            server,
+            next_wr: 1,
+        }
+    }
+}
+
+impl Ctrl {
+    /// Waits for the next completion of `want` (Send or Recv); `limit` None waits as long as
+    /// the connection lives.
+    pub(super) fn wait(
+        &mut self,
+        want: WcOpcode,
+        what: &str,
+        limit: Option<Duration>,
+    ) -> Result<WorkCompletion, String> {
+        if let Some(i) = self.stash.iter().position(|wc| wc.opcode == want) {
+            return Ok(self.stash.remove(i));
+        }
+        let deadline = limit.map(|l| Instant::now() + l);
+        loop {
+            if let Some(ev) = self.qp.poll_event() {
+                return Err(toolbox::event_text(ev, Some(what)));
+            }
+            let slice = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(format!("timed out waiting for {what}"));
+                    }
+                    left.min(Duration::from_millis(50))
+                }
+                None => Duration::from_millis(50),
+            };
+            let Some(wc) = self.cq.wait(slice) else { continue };
+            if wc.status != WcStatus::Success {
+                return Err(wc_failure(&self.qp, &wc, what));
+            }
+            if wc.opcode == want {
+                return Ok(wc);
+            }
+            self.stash.push(wc);
+        }
+    }
+
+    /// Sends one control message and waits for its completion.
+    pub(super) fn send(&mut self, msg: &[u8], what: &str) -> Result<(), String> {
+        self.send_mr.write(0, msg).map_err(|e| format!("control send buffer: {e:?}"))?;
+        self.next_wr += 1;
+        let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
+        let wr = SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: self.send_mr.sge(0, len).into(),
+            signaled: true,
+        };
+        self.qp.post_send(wr).map_err(|e| format!("cannot post the Send of {what}: {e:?}"))?;
+        self.wait(WcOpcode::Send, &format!("the Send of {what}"), Some(self.timeout))?;
+        Ok(())
+    }
+
+    /// Receives one control message (the `expect` bytes perftest copies out), then reposts.
+    pub(super) fn recv(
+        &mut self,
+        expect: usize,
+        what: &str,
+        limit: Option<Duration>,
+    ) -> Result<Vec<u8>, String> {
+        self.wait(WcOpcode::Recv, &format!("the peer's {what}"), limit)?;
+        let mut b = vec![0u8; expect.min(wire::MAX_MSG)];
+        self.recv_mr.read(0, &mut b).map_err(|e| format!("control receive buffer: {e:?}"))?;
+        self.next_wr += 1;
+        let wr = RecvWr { wr_id: self.next_wr, sgl: self.recv_mr.sge_all().into() };
+        self.qp.post_recv(wr).map_err(|e| format!("cannot post a control receive: {e:?}"))?;
+        Ok(b)
+    }
+
+    /// One lockstep exchange: the client sends first and waits for the answer; the server
+    /// receives, reposts, then answers. Returns the peer's message.
+    pub(super) fn exchange(
+        &mut self,
+        msg: &[u8],
+        what: &str,
+        limit: Option<Duration>,
+    ) -> Result<Vec<u8>, String> {
+        if self.server {
+            let got = self.recv(msg.len(), what, limit)?;
+            self.send(msg, what)?;
+            Ok(got)
+        } else {
+            self.send(msg, what)?;
+            self.recv(msg.len(), what, limit)
+        }
+    }
+
+    /// Part A: version, cycle buffer, cache line, MTU, then the "pre" handshake.
+    pub(super) fn part_a(&mut self) -> Result<Agreed, String> {
+        let t = Some(self.timeout);
+        let v = self.exchange(&wire::version_msg(wire::VERSION), "version", t)?;
+        match wire::parse_version(&v) {
+            Some(peer) if peer >= wire::MIN_PEER_VERSION => {}
+            _ => {
+                let end = v.iter().position(|&c| c == 0).unwrap_or(v.len());
+                return Err(format!(
+                    "the peer's perftest version {:?} is older than {} or not a version",
+                    String::from_utf8_lossy(&v[..end]),
+                    wire::MIN_PEER_VERSION
+                ));
+            }
+        }
+        let cycle = wire::parse_u32(&self.exchange(&wire::u32_msg(CYCLE_BUFFER), "cycle buffer size", t)?);
+        let line = wire::parse_u32(&self.exchange(&wire::u32_msg(CACHE_LINE), "cache line size", t)?);
+        let mtu = wire::parse_mtu(&self.exchange(&wire::mtu_msg(MTU_ENUM), "MTU", t)?);
+        self.exchange(&[0u8; wire::KEY_RECORD_LEN], "\"pre\" handshake", t)?;
+        Ok(Agreed {
+            // The peer's cycle buffer sizes our data buffer: bounded, so a client cannot make
+            // a server hold more than MAX_PEER_CYCLE (perftest's own is a page).
+            cycle: cycle.clamp(CYCLE_BUFFER, MAX_PEER_CYCLE),
+            cache_line: line.clamp(CACHE_LINE, 4096),
+            mtu: mtu.map_or(MTU_ENUM, |m| m.min(MTU_ENUM)),
+        })
+    }
+
+    /// The "post" handshake and K1-K3; returns the peer's record (the last one).
+    pub(super) fn keys(&mut self, mine: &KeyRecord) -> Result<KeyRecord, String> {
+        let t = Some(self.timeout);
+        self.exchange(&[0u8; wire::KEY_RECORD_LEN], "\"post\" handshake", t)?;
+        let mut peer = KeyRecord::default();
+        for k in 1..=3 {
+            let b = self.exchange(&mine.to_bytes(), &format!("key record K{k}"), t)?;
+            peer = KeyRecord::parse(&b).ok_or_else(|| format!("short key record K{k}"))?;
+        }
+        Ok(peer)
+    }
+}

@@ -1,0 +1,383 @@
+//! The data connection: the Write and Read client loops, and the Send client and server
+//! loops, with perftest's windows of outstanding work requests.
+
+use super::args::*;
+use super::conn::*;
+use super::report::*;
+use crate::toolbox::{self, Capture, Fail, register};
+use std::time::{Duration, Instant};
+
+use iwarp::{
+    Access, CompletionQueue, ConnectOptions, Device, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, STag,
+    SendOp, SendWr, WcOpcode, WcStatus,
+};
+
+use super::wire::{self, KeyRecord, Report};
+
+/// The data connection and its buffers.
+pub(super) struct Data {
+    pub(super) qp: QueuePair,
+    pub(super) cq: CompletionQueue,
+    /// Two halves of `half` bytes: the first is sent/read from, the second advertised.
+    pub(super) buf: MemoryRegion,
+    pub(super) half: usize,
+    /// send_bw's credit words, as perftest's: [4..8] is the word the peer writes (advertised).
+    pub(super) credit: MemoryRegion,
+    /// The sources of the send_bw server's credit Writes, one 4-byte word per send-queue
+    /// slot.
+    pub(super) credit_src: MemoryRegion,
+}
+
+impl Data {
+    /// This side's key record.
+    pub(super) fn record(&self, p: &Params, psn: u32) -> KeyRecord {
+        let (rkey, vaddr) = if p.test == Test::Send {
+            (self.credit.rkey().0, self.credit.addr() + 4)
+        } else {
+            (self.buf.rkey().0, self.buf.addr() + self.half as u64)
+        };
+        KeyRecord {
+            out_reads: u32::from(p.out_reads),
+            qpn: self.qp.qp_num(),
+            psn,
+            rkey,
+            vaddr,
+            gid: local_gid(),
+            ..KeyRecord::default()
+        }
+    }
+}
+
+/// The GID shown in the key record: a locally administered MAC (02:00:00:00:00:01, no real
+/// netdev here) and ten zero bytes, laid out as siw's.
+pub(super) fn local_gid() -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    g
+}
+
+/// A data connection's completion queue and buffers, before the connection.
+pub(super) struct DataBufs {
+    pub(super) cq: CompletionQueue,
+    pub(super) buf: MemoryRegion,
+    pub(super) half: usize,
+    pub(super) credit: MemoryRegion,
+    pub(super) credit_src: MemoryRegion,
+}
+
+impl DataBufs {
+    pub(super) fn new(
+        device: &Device,
+        pd: &ProtectionDomain,
+        p: &Params,
+        a: &Agreed,
+    ) -> Result<DataBufs, Fail> {
+        let half = a.half(p.size);
+        let buf = register(pd, 2 * half, DATA_ACCESS)?;
+        buf.write(0, &random_bytes(half)).map_err(|e| Fail::Run(format!("data buffer: {e:?}")))?;
+        let credit = register(pd, 8, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE))?;
+        let credit_src = register(pd, 4 * send_depth(p), Access::LOCAL_WRITE)?;
+        let depth = usize::try_from(p.tx_depth + p.rx_depth).unwrap_or(1024) + 64;
+        Ok(DataBufs { cq: device.create_cq(depth), buf, half, credit, credit_src })
+    }
+
+    pub(super) fn into_data(self, qp: QueuePair) -> Data {
+        let DataBufs { cq, buf, half, credit, credit_src } = self;
+        Data { qp, cq, buf, half, credit, credit_src }
+    }
+}
+
+/// The data connection's send queue depth.
+pub(super) fn send_depth(p: &Params) -> usize {
+    usize::try_from(p.tx_depth.max(p.rx_depth)).unwrap_or(512) + 16
+}
+
+pub(super) fn data_options(args: &Args, p: &Params, capture: Option<&Capture>) -> ConnectOptions {
+    let ird_ord = if p.test == Test::Read { p.out_reads } else { 0 };
+    ConnectOptions {
+        max_send_wr: send_depth(p),
+        max_recv_wr: usize::try_from(p.rx_depth).unwrap_or(512) + 16,
+        ..conn_options(args, ird_ord, capture)
+    }
+}
+
+/// The write/read client's run: N (or -D seconds of) Writes or Reads, at most tx depth
+/// outstanding, every cq_mod-th and the last signaled.
+pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord) -> Result<Report, String> {
+    let size = p.size;
+    let tx = u64::from(p.tx_depth);
+    let cq_mod = u64::from(p.cq_mod.max(1));
+    let n = p.iters;
+    let cap = usize::try_from(n).unwrap_or(0);
+    let (mut tposted, mut tcompleted) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    let start = Instant::now();
+    let mut window = p.duration.map(Window::new);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut last_progress = Instant::now();
+    let mut stopping = false;
+    let what = if p.test == Test::Read { "RDMA Read" } else { "RDMA Write" };
+    loop {
+        if let Some(w) = window.as_mut() {
+            stopping |= w.tick(completed);
+        }
+        let more = if n == 0 { !stopping } else { posted < n };
+        if !more && completed >= posted {
+            break;
+        }
+        while more_to_post(n, posted, stopping) && posted - completed < tx {
+            let off = a.offset(size, posted);
+            let last = n != 0 && posted + 1 == n;
+            let signaled = (posted + 1) % cq_mod == 0 || last || (n == 0 && posted - completed + 1 >= tx);
+            let op = match p.test {
+                Test::Read => SendOp::Read { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
+                _ => SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
+            };
+            let local = usize::try_from(off).unwrap_or(0);
+            let wr = SendWr { wr_id: posted, op, sgl: d.buf.sge(local, size).into(), signaled };
+            match d.qp.post_send(wr) {
+                Ok(()) => {}
+                Err(iwarp::PostError::QueueFull) => break,
+                Err(e) => return Err(format!("cannot post an {what}: {e:?}")),
+            }
+            if n != 0 {
+                tposted.push(nanos(start));
+            }
+            posted += 1;
+        }
+        let Some(wc) = d.cq.wait(Duration::from_millis(20)) else {
+            if let Some(ev) = d.qp.poll_event() {
+                return Err(format!("{} during the {what}s", toolbox::event_text(ev, None)));
+            }
+            if last_progress.elapsed() > p.timeout {
+                return Err(format!("no {what} completed for {} s", p.timeout.as_secs()));
+            }
+            continue;
+        };
+        if wc.status != WcStatus::Success {
+            return Err(wc_failure(&d.qp, &wc, &format!("{what} completions")));
+        }
+        last_progress = Instant::now();
+        let done = wc.wr_id + 1;
+        if done > completed {
+            if n != 0 {
+                let now = nanos(start);
+                tcompleted.resize(usize::try_from(done).unwrap_or(0), now);
+            }
+            completed = done;
+        }
+    }
+    Ok(match window {
+        Some(w) => w.report(p),
+        None => iteration_report(p, &tposted, &tcompleted),
+    })
+}
+
+pub(super) fn more_to_post(n: u64, posted: u64, stopping: bool) -> bool {
+    if n == 0 { !stopping } else { posted < n }
+}
+
+pub(super) fn nanos(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The send_bw client: Sends while (sent + 1 - credit) < rx depth, credit being the count
+/// the server last wrote into our credit word.
+pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
+    let size = p.size;
+    let tx = u64::from(p.tx_depth);
+    let rx = u64::from(p.rx_depth);
+    let cq_mod = u64::from(p.cq_mod.max(1));
+    let n = p.iters;
+    let cap = usize::try_from(n).unwrap_or(0);
+    let (mut tposted, mut tcompleted) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    let start = Instant::now();
+    let mut window = p.duration.map(Window::new);
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut last_progress = Instant::now();
+    let mut stopping = false;
+    loop {
+        if let Some(w) = window.as_mut() {
+            stopping |= w.tick(completed);
+        }
+        if !more_to_post(n, posted, stopping) && completed >= posted {
+            break;
+        }
+        let mut word = [0u8; 4];
+        d.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
+        let credit = u64::from(u32::from_le_bytes(word));
+        let mut progressed = false;
+        while more_to_post(n, posted, stopping)
+            && posted - completed < tx
+            && (posted + 1).saturating_sub(credit) < rx
+        {
+            let last = n != 0 && posted + 1 == n;
+            // In duration mode the run may stop while the client waits for credits: the Send
+            // after which the credits run out is signaled too, so that the Sends outstanding
+            // then still end in a completion.
+            let credit_bound = n == 0 && (posted + 2).saturating_sub(credit) >= rx;
+            let signaled = (posted + 1) % cq_mod == 0
+                || last
+                || (n == 0 && posted - completed + 1 >= tx)
+                || credit_bound;
+            let wr = SendWr {
+                wr_id: posted,
+                op: SendOp::Send { solicited: false, invalidate: None },
+                sgl: d.buf.sge(0, size).into(),
+                signaled,
+            };
+            match d.qp.post_send(wr) {
+                Ok(()) => {}
+                Err(iwarp::PostError::QueueFull) => break,
+                Err(e) => return Err(format!("cannot post a Send: {e:?}")),
+            }
+            if n != 0 {
+                tposted.push(nanos(start));
+            }
+            posted += 1;
+            progressed = true;
+        }
+        // Credits arrive as RDMA Writes (no completion here): poll briefly.
+        let wait = if progressed || posted > completed { Duration::from_millis(1) } else { Duration::ZERO };
+        match d.cq.wait(wait) {
+            Some(wc) => {
+                if wc.status != WcStatus::Success {
+                    return Err(wc_failure(&d.qp, &wc, "Send completions"));
+                }
+                last_progress = Instant::now();
+                let done = wc.wr_id + 1;
+                if done > completed {
+                    if n != 0 {
+                        let now = nanos(start);
+                        tcompleted.resize(usize::try_from(done).unwrap_or(0), now);
+                    }
+                    completed = done;
+                }
+            }
+            None => {
+                if let Some(ev) = d.qp.poll_event() {
+                    return Err(format!("{} during the Sends", toolbox::event_text(ev, None)));
+                }
+                if progressed {
+                    last_progress = Instant::now();
+                } else if last_progress.elapsed() > p.timeout {
+                    return Err(format!(
+                        "no progress for {} s (sent {posted}, credit {credit}, rx depth {rx})",
+                        p.timeout.as_secs()
+                    ));
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+    Ok(match window {
+        Some(w) => w.report(p),
+        None => iteration_report(p, &tposted, &tcompleted),
+    })
+}
+
+/// Posts one `size`-byte receive into the second half of the buffer.
+pub(super) fn post_data_recv(d: &Data, p: &Params, wr_id: u64) -> Result<(), String> {
+    let wr = RecvWr { wr_id, sgl: d.buf.sge(d.half, p.size).into() };
+    d.qp.post_recv(wr).map_err(|e| format!("cannot post a data receive: {e:?}"))
+}
+
+/// The send_bw server after K4: counts receives, reposts until N are posted, and writes its
+/// cumulative count into the client's credit word whenever
+/// (count mod rx depth) mod floor(rx depth / 3) == 0.
+pub(super) fn run_send_server(
+    p: &Params,
+    d: &Data,
+    peer: &KeyRecord,
+    mut posted_recvs: u64,
+) -> Result<Report, String> {
+    let n = p.iters;
+    let rx = u64::from(p.rx_depth.max(1));
+    let every = (rx / 3).max(1);
+    let mut received = 0u64;
+    let mut first: Option<Instant> = None;
+    let mut last = Instant::now();
+    let mut stop_at: Option<Instant> = None;
+    let mut wr = posted_recvs;
+    let mut last_progress = Instant::now();
+    let slots = u64::try_from(d.credit_src.len() / 4).unwrap_or(1).max(1);
+    let mut credit_seq = 0u64;
+    // Credit Writes posted and not completed yet.
+    let mut credits_out = 0u64;
+    loop {
+        if n != 0 && received >= n {
+            break;
+        }
+        if let Some(s) = stop_at
+            && Instant::now() >= s
+        {
+            break;
+        }
+        let Some(wc) = d.cq.wait(Duration::from_millis(20)) else {
+            if let Some(ev) = d.qp.poll_event() {
+                return Err(format!("{} during the Sends", toolbox::event_text(ev, None)));
+            }
+            // Duration mode waits for the first message without limit (the client starts it).
+            if (n != 0 || first.is_some()) && last_progress.elapsed() > p.timeout {
+                return Err(format!("no Send arrived for {} s ({received} received)", p.timeout.as_secs()));
+            }
+            continue;
+        };
+        if wc.status != WcStatus::Success {
+            return Err(wc_failure(&d.qp, &wc, "the client's Sends"));
+        }
+        if wc.opcode != WcOpcode::Recv {
+            credits_out = credits_out.saturating_sub(1);
+            continue;
+        }
+        last_progress = Instant::now();
+        received += 1;
+        last = last_progress;
+        if first.is_none() {
+            first = Some(last);
+            stop_at = p.duration.map(|dur| last + dur);
+        }
+        if n == 0 || posted_recvs < n {
+            wr += 1;
+            post_data_recv(d, p, wr)?;
+            posted_recvs += 1;
+        }
+        if (received % rx).is_multiple_of(every) {
+            // Each Write gets its own source word: a word still waiting to be sent must not
+            // change under it.
+            let count = u32::try_from(received).unwrap_or(u32::MAX);
+            let slot = usize::try_from(credit_seq % slots).unwrap_or(0) * 4;
+            credit_seq += 1;
+            d.credit_src
+                .write(slot, &wire::credit_bytes(count))
+                .map_err(|e| format!("credit word: {e:?}"))?;
+            let w = SendWr {
+                wr_id: u64::MAX - received,
+                op: SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr },
+                sgl: d.credit_src.sge(slot, 4).into(),
+                signaled: true,
+            };
+            d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
+            credits_out += 1;
+        }
+    }
+    // The last credit Writes go out before the connection is torn down (a disconnect flushes
+    // what is still queued).
+    let deadline = Instant::now() + p.timeout;
+    while credits_out > 0 && Instant::now() < deadline {
+        match d.cq.wait(Duration::from_millis(20)) {
+            Some(wc) if wc.opcode != WcOpcode::Recv => credits_out -= 1,
+            Some(_) => {}
+            None => {
+                if let Some(ev) = d.qp.poll_event() {
+                    return Err(format!("{} after the Sends", toolbox::event_text(ev, None)));
+                }
+            }
+        }
+    }
+    let elapsed = first.map_or(Duration::ZERO, |f| last - f).max(Duration::from_nanos(1));
+    let mut r = duration_report(p, received, elapsed);
+    if p.duration.is_some() {
+        r.iters = received;
+    }
+    Ok(r)
+}

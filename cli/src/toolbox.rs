@@ -1,0 +1,172 @@
+//! What the commands that run connections share: the failure type and exit statuses, name
+//! resolution, registration, the smoltcp stack and capture setup, waiting for a connection
+//! request, and the text of a queue pair's events.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use iwarp::netdev::{PcapWriter, SmolStack};
+use iwarp::{Access, CmError, ConnectRequest, Listener, MemoryRegion, ProtectionDomain, QpEvent};
+
+use crate::transport::TransportArgs;
+
+/// Exit status of a failed run.
+pub(crate) const EXIT_FAILURE: u8 = 1;
+/// Exit status of a usage error clap cannot catch.
+pub(crate) const EXIT_USAGE: u8 = 2;
+
+/// Why a run failed.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// A flag combination clap cannot check.
+    Usage(String),
+    /// Anything else.
+    Run(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Fail {
+        Fail::Run(s)
+    }
+}
+
+/// The exit status of a run of `command`, its failure printed as `command: message`.
+pub(crate) fn exit(command: &str, result: Result<(), Fail>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fail::Usage(m)) => {
+            eprintln!("{command}: {m}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(Fail::Run(m)) => {
+            eprintln!("{command}: {m}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// The address of `host` (a name or a literal) at `port`, an IPv4 one where there is one.
+pub(crate) fn resolve(host: &str, port: u16) -> Result<SocketAddr, Fail> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Fail::Run(format!("cannot resolve {host}: {}", io_message(&e))))?;
+    let mut first = None;
+    for a in addrs {
+        if a.is_ipv4() {
+            return Ok(a);
+        }
+        first.get_or_insert(a);
+    }
+    first.ok_or_else(|| Fail::Run(format!("cannot resolve {host}: no address")))
+}
+
+/// `len` zeroed bytes registered with `access`.
+pub(crate) fn register(pd: &ProtectionDomain, len: usize, access: Access) -> Result<MemoryRegion, Fail> {
+    pd.register(len, access).map_err(|e| Fail::Run(e.to_string()))
+}
+
+/// Opens the smoltcp stack of `--transport smoltcp`, capturing its frames into `pcap`.
+pub(crate) fn open_stack(transport: &TransportArgs, pcap: Option<&Path>) -> Result<Option<SmolStack>, Fail> {
+    let Some((dev, config)) = transport.check().map_err(Fail::Usage)? else {
+        return Ok(None);
+    };
+    let stack = crate::transport::open_stack(&dev, config).map_err(Fail::Run)?;
+    if let Some(path) = pcap {
+        crate::transport::capture(&stack, path).map_err(Fail::Run)?;
+    }
+    Ok(Some(stack))
+}
+
+/// Flushes the frames a smoltcp stack recorded (`--pcap`).
+pub(crate) fn flush_stack_capture(command: &str, stack: Option<&SmolStack>) {
+    if let Some(stack) = stack
+        && let Err(e) = stack.flush_capture()
+    {
+        eprintln!("{command}: cannot write the capture: {}", io_message(&e));
+    }
+}
+
+/// A pcap file shared by this process's connections.
+pub(crate) type Capture = std::sync::Arc<std::sync::Mutex<PcapWriter>>;
+
+/// Opens the `--pcap` file for connections over the kernel's TCP; none over a smoltcp stack
+/// (`stack`), which records the real frames itself.
+pub(crate) fn open_capture(pcap: Option<&Path>, stack: Option<&SmolStack>) -> Result<Option<Capture>, Fail> {
+    match pcap {
+        Some(path) if stack.is_none() => PcapWriter::create(path)
+            .map(|w| Some(w.shared()))
+            .map_err(|e| Fail::Usage(format!("cannot create {}: {}", path.display(), io_message(&e)))),
+        _ => Ok(None),
+    }
+}
+
+/// Writes out what the capture holds.
+pub(crate) fn flush_capture(command: &str, c: Option<&Capture>) {
+    if let Some(c) = c {
+        let mut w = c.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = w.flush() {
+            eprintln!("{command}: cannot write the capture: {}", io_message(&e));
+        }
+    }
+}
+
+/// Waits for the next well-formed connection request (until `deadline`, if any); handshakes
+/// that fail are reported and skipped.
+pub(crate) fn accept_next(
+    command: &str,
+    listener: &Listener,
+    deadline: Option<Instant>,
+) -> Result<ConnectRequest, Fail> {
+    loop {
+        let slice = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Fail::Run("no connection arrived in time (--accept-timeout)".into()));
+                }
+                left.min(Duration::from_secs(1))
+            }
+            None => Duration::from_secs(1),
+        };
+        match listener.accept(slice) {
+            Ok(req) => return Ok(req),
+            Err(CmError::Timeout) => {}
+            Err(e) => eprintln!("{command}: a connection attempt failed: {}", cm_message(&e)),
+        }
+    }
+}
+
+/// A queue pair's event as the commands print it; `waiting`: what the command was waiting
+/// for when it came.
+pub(crate) fn event_text(ev: QpEvent, waiting: Option<&str>) -> String {
+    let during = waiting.map_or_else(String::new, |w| format!(" while waiting for {w}"));
+    match ev {
+        QpEvent::LlpLost => "the peer closed the connection".to_string(),
+        QpEvent::RemoteTerminate { header, siw } => format!(
+            "the peer sent a Terminate{during}: {} (read as siw lays it out: {})",
+            header.cause, siw.cause
+        ),
+        QpEvent::LocalTerminate(code) => {
+            format!("terminated the connection after a protocol error by the peer{during}: {code}")
+        }
+    }
+}
+
+/// The message of an I/O error without its "(os error N)" suffix: what the commands print.
+pub(crate) fn io_message(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// A connection-manager error as the commands print it.
+pub(crate) fn cm_message(e: &iwarp::CmError) -> String {
+    match e {
+        iwarp::CmError::Io(io) => io_message(io),
+        e => e.to_string(),
+    }
+}

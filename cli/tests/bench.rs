@@ -1,0 +1,185 @@
+//! `iwarp bench`: every row, text and JSON, the plot, flags, and the smoltcp transport.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test helpers panic on broken fixtures")]
+
+mod common;
+
+use common::{SmolNetns, iwarp, stderr, stdout, wait_bounded};
+
+/// A short `iwarp bench --json` run: every op's rows with positive numbers and the ratios.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["bench", "--sizes", "64,4k", "--duration", "0.05", "--json", "--quiet"];
+    args.extend_from_slice(extra);
+    let o = iwarp(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    for op in ["write", "read", "send"] {
+        for size in [64, 4096] {
+            let r = rows
+                .iter()
+                .find(|r| r["op"] == op && r["size"] == size)
+                .unwrap_or_else(|| panic!("{op} {size}"));
+            for side in ["iwarp", "raw"] {
+                for key in ["gbyte_s", "gbit_s", "mmsg_s", "p50_us", "p99_us"] {
+                    assert!(r[side][key].as_f64().unwrap() > 0.0, "{op} {size} {side} {key}: {r}");
+                }
+            }
+            for key in ["bandwidth", "msg_rate", "p50"] {
+                assert!(r["ratio"][key].as_f64().unwrap() > 0.0, "{op} {size} ratio {key}: {r}");
+            }
+        }
+    }
+    assert!(v["msg_rate_64"]["ratio"].as_f64().unwrap() > 0.0);
+    v
+}
+
+#[test]
+fn bench_json_has_every_row() {
+    let v = bench_json(&[]);
+    assert_eq!(v["config"]["crc"], true);
+    assert_eq!(v["config"]["poll"], "adaptive");
+    assert_eq!(v["config"]["shared_device"], false);
+    assert_eq!(v["config"]["negotiated"]["crc"], true);
+}
+
+#[test]
+fn bench_inline_two_qps_no_crc() {
+    let v =
+        bench_json(&["--poll", "inline", "--qps", "2", "--crc", "off", "--mpa-rev", "1", "--window", "8"]);
+    assert_eq!(v["config"]["poll"], "inline");
+    assert_eq!(v["config"]["negotiated"]["crc"], false);
+    assert_eq!(v["config"]["negotiated"]["mpa_revision"], 1);
+}
+
+#[test]
+fn bench_text_and_iters() {
+    let o = iwarp(&["bench", "--ops", "send", "--sizes", "1K", "--iters", "50", "--poll", "event"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for word in ["send", "1K", "iwarp GB/s", "raw p50/p99/p99.9 us", "64 B message rate"] {
+        assert!(s.contains(word), "{word}: {s}");
+    }
+    // Progress lines count the measurements: the raw 1K and 64 B rows, then send 1K.
+    let err = stderr(&o);
+    assert!(err.contains("bench: [1/3] raw TCP"), "{err}");
+    assert!(err.contains("bench: [3/3] send"), "{err}");
+}
+
+#[test]
+fn bench_plot_draws_both_panels_and_every_op() {
+    let file = std::env::temp_dir().join(format!("iwarp-bench-{}.svg", std::process::id()));
+    let f = file.to_str().unwrap();
+    let o = iwarp(&["bench", "--sizes", "64,4k", "--iters", "20", "--quiet", "--plot", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let svg = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_file(&file).ok();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    for word in
+        ["Bandwidth", "round trip", "write iwarp", "read iwarp", "send iwarp", "raw TCP", ">64<", ">4K<"]
+    {
+        assert!(svg.contains(word), "{word}");
+    }
+    // Per operation: this stack and raw TCP, in each of the two panels.
+    assert_eq!(svg.matches("<polyline").count(), 3 * 2 * 2);
+    let o = iwarp(&["bench", "--sizes", "64", "--iters", "5", "--quiet", "--plot", "/nonexistent-dir/x.svg"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot write /nonexistent-dir/x.svg"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
+    for (args, needle) in [
+        (&["--sizes", "0"][..], "at least 1 byte"),
+        (&["--sizes", "2g"], "1 GiB"),
+        (&["--sizes", "12q"], "not a size"),
+        (&["--qps", "0"], "--qps"),
+        (&["--window", "0"], "--window"),
+        (&["--crc", "maybe"], "--crc"),
+        (&["--mpa-rev", "3"], "--mpa-rev"),
+        (&["--poll", "sometimes"], "--poll"),
+        (&["--duration", "0"], "duration"),
+        (&["--duration", "1", "--iters", "5"], "cannot be used with"),
+        (&["--ops", "atomic"], "--ops"),
+    ] {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        let o = iwarp(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = stderr(&o);
+        assert!(e.starts_with("error:") && e.contains(needle), "{args:?}: {e}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
+    if !iwarp_tests::netns::privileged("bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp") {
+        return;
+    }
+    let ns = SmolNetns::new("bench");
+    let child = ns
+        .iwarp(&[
+            "bench",
+            "--transport",
+            "smoltcp",
+            "--iface",
+            "va",
+            "--peer-iface",
+            "vb",
+            "--ip",
+            "10.82.0.1/24",
+            "--peer-ip",
+            "10.82.0.2/24",
+            "--ops",
+            "write,send",
+            "--sizes",
+            "64,64k",
+            "--iters",
+            "20",
+            "--json",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(child, std::time::Duration::from_secs(120), "bench over smoltcp");
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["config"]["transport"], "smoltcp");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert!(r["iwarp"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["raw"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["kernel_tcp"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+#[test]
+fn bench_smoltcp_flag_errors() {
+    let o = iwarp(&["bench", "--transport", "smoltcp", "--iface", "va", "--ip", "10.82.0.1/24"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--peer-iface"), "{}", stderr(&o));
+    let o = iwarp(&["bench", "--transport", "smoltcp", "--tap", "tp0", "--ip", "10.82.0.1/24"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("two interfaces"), "{}", stderr(&o));
+    let o = iwarp(&[
+        "bench",
+        "--transport",
+        "smoltcp",
+        "--iface",
+        "iwnosuch8",
+        "--peer-iface",
+        "iwnosuch9",
+        "--ip",
+        "10.82.0.1/24",
+        "--peer-ip",
+        "10.82.0.2/24",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("iwnosuch8"), "{}", stderr(&o));
+    let o = iwarp(&["bench", "--peer-iface", "vb"]);
+    assert_eq!(o.status.code(), Some(2));
+}
