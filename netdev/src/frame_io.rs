@@ -578,7 +578,7 @@ pub(crate) fn borrow_fd(fd: &RawFd) -> BorrowedFd<'_> {
 
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, reason = "test patterns wrap on purpose")]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::offload::VnetHdr;
     use std::process::Command;
@@ -587,7 +587,7 @@ mod tests {
     /// Runs `body` on a thread of its own in a new, private network namespace (gone when the
     /// thread ends, with everything made in it) after running the `ip` commands `setup`
     /// there; `None` (skipped) without root.
-    fn in_private_netns<T: Send + 'static>(
+    pub(crate) fn in_private_netns<T: Send + 'static>(
         test: &str,
         setup: &'static [&'static [&'static str]],
         body: impl FnOnce() -> T + Send + 'static,
@@ -606,7 +606,8 @@ mod tests {
         Some(thread.join().expect("the test thread"))
     }
 
-    const VETH: &[&[&str]] = &[
+    /// A veth pair `fa`/`fb`, both up, without addresses.
+    pub(crate) const VETH: &[&[&str]] = &[
         &["link", "add", "fa", "type", "veth", "peer", "name", "fb"],
         &["link", "set", "fa", "up"],
         &["link", "set", "fb", "up"],

@@ -728,3 +728,229 @@ impl Device for FrameDevice {
         caps
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What leaves a stack and what it takes, seen from another packet socket on the peer end
+    //! of a veth pair (in a private network namespace; skipped without root).
+
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::{Duration, Instant};
+
+    use super::{ETHERNET_HEADER, RX_SLOT};
+    use crate::frame_io::PacketSocket;
+    use crate::frame_io::tests::{VETH, in_private_netns};
+    use crate::{Link, Offload, SmolConfig, SmolStack};
+
+    const IP_A: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
+    const IP_B: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
+    /// The largest frame a 1500-byte MTU puts on the wire.
+    const WIRE_FRAME: usize = 1500 + ETHERNET_HEADER;
+
+    fn stack(dev: &str, ip: Ipv4Addr, offload: Offload) -> SmolStack {
+        let mut cfg = SmolConfig::new(ip, 24);
+        cfg.offload = offload;
+        SmolStack::raw(dev, cfg).unwrap()
+    }
+
+    /// Reads every frame waiting on `observer`; their lengths and source MAC addresses.
+    fn observe(observer: &PacketSocket, seen: &mut Vec<(usize, [u8; 6])>) {
+        let mut slots = vec![vec![0u8; RX_SLOT]; 16];
+        let mut lens = vec![0; 16];
+        loop {
+            let n = observer.recv_batch(&mut slots, &mut lens).unwrap();
+            for (slot, &len) in slots.iter().zip(&lens).take(n) {
+                let mut src = [0; 6];
+                src.copy_from_slice(&slot[6..12]);
+                seen.push((len, src));
+            }
+            if n < slots.len() {
+                return;
+            }
+        }
+    }
+
+    /// Moves 4 MiB from `a` to `b` (stacks, or `b` the kernel's socket), polling the stacks
+    /// and reading `observer` meanwhile; the lengths of the frames it saw from `a`.
+    fn frames_seen(
+        stacks: &[&SmolStack],
+        tx: &mut crate::SmolLink,
+        mut rx: impl FnMut(&mut [u8]) -> usize,
+        observer: &PacketSocket,
+    ) -> Vec<usize> {
+        let from = stacks[0].mac();
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        let (mut sent, mut got) = (0, Vec::with_capacity(data.len()));
+        let mut buf = vec![0; 1 << 16];
+        let mut seen = Vec::new();
+        let start = Instant::now();
+        while got.len() < data.len() {
+            if sent < data.len() {
+                sent += tx.send(&data[sent..]).unwrap();
+            }
+            for stack in stacks {
+                stack.poll_now();
+            }
+            observe(observer, &mut seen);
+            loop {
+                let n = rx(&mut buf);
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "stuck at {} bytes", got.len());
+        }
+        assert!(got == data, "the bytes arrived changed");
+        observe(observer, &mut seen);
+        seen.into_iter().filter(|(_, src)| *src == from).map(|(len, _)| len).collect()
+    }
+
+    /// Connects `a` to a listener on `b`.
+    fn connect(a: &SmolStack, b: &SmolStack, port: u16) -> (crate::SmolLink, crate::SmolLink) {
+        let mut listener = b.listen(port).unwrap();
+        let tx = a.connect(SocketAddr::from((b.ip(), port))).unwrap();
+        let start = Instant::now();
+        loop {
+            a.poll_now();
+            if let Some(rx) = listener.accept().unwrap() {
+                return (tx, rx);
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "no connection");
+        }
+    }
+
+    /// With the offloads on, the stack hands the kernel TCP segments far larger than the wire
+    /// takes, and the kernel cuts them to the peer's MSS: the peer end of the veth sees many
+    /// wire-sized frames per frame the stack sent, none larger than the MTU. Without them,
+    /// one frame on the wire per frame sent.
+    #[test]
+    fn segmentation_offload_is_cut_to_the_wire_on_a_veth() {
+        in_private_netns("segmentation_offload_is_cut_to_the_wire_on_a_veth", VETH, || {
+            for (port, offload) in [(7300, Offload::Auto), (7301, Offload::Off)] {
+                let a = stack("fa", IP_A, offload);
+                let b = stack("fb", IP_B, offload);
+                // Another socket on the peer end sees every frame that arrives there.
+                let (observer, _) = PacketSocket::open("fb", false, None).unwrap();
+                let (mut tx, mut rx) = connect(&a, &b, port);
+                let sent_before = a.device_stats().tx_frames;
+                let lens = frames_seen(&[&a, &b], &mut tx, |buf| rx.recv(buf).unwrap(), &observer);
+                let stats = a.device_stats();
+                let sent = stats.tx_frames - sent_before;
+                let largest = lens.iter().copied().max().unwrap_or(0);
+                println!(
+                    "veth, {offload:?} ({}): {sent} frames sent, {} seen on the peer end, the largest {largest} bytes; {stats:?}",
+                    a.offloads(),
+                    lens.len()
+                );
+                assert!(largest <= WIRE_FRAME, "a {largest}-byte frame on a 1500-byte wire");
+                // 4 MiB is about 2900 full wire segments (the observer may miss some when its
+                // queue overflows).
+                assert!(lens.len() > 500, "the observer saw {} frames", lens.len());
+                match offload {
+                    Offload::Auto => assert!(
+                        stats.tx_gso_frames > 0 && lens.len() as u64 > 8 * sent,
+                        "{sent} frames sent for {} on the wire",
+                        lens.len()
+                    ),
+                    Offload::Off => {
+                        assert!(
+                            stats.tx_gso_frames == 0 && lens.len() as u64 <= stats.tx_frames,
+                            "{sent} frames sent"
+                        )
+                    }
+                }
+            }
+        });
+    }
+
+    /// Through a TAP device the kernel takes the stack's TCP segments whole, as a host takes
+    /// a guest's through virtio-net: the kernel's side of the TAP sees frames far larger than
+    /// the wire's with the offloads on, none without; the kernel's TCP gets every byte.
+    #[test]
+    fn segmentation_offload_sends_super_frames_into_a_tap() {
+        const TAP: &[&[&str]] = &[
+            &["tuntap", "add", "mode", "tap", "name", "ft0"],
+            &["addr", "add", "10.80.0.1/24", "dev", "ft0"],
+            &["link", "set", "ft0", "up"],
+        ];
+        in_private_netns("segmentation_offload_sends_super_frames_into_a_tap", TAP, || {
+            for (port, offload) in [(7302, Offload::Auto), (7303, Offload::Off)] {
+                let mut cfg = SmolConfig::new(Ipv4Addr::new(10, 80, 0, 2), 24);
+                cfg.offload = offload;
+                let a = SmolStack::tap("ft0", cfg).unwrap();
+                let (observer, _) = PacketSocket::open("ft0", false, None).unwrap();
+                let listener = std::net::TcpListener::bind(("10.80.0.1", port)).unwrap();
+                let mut tx = a.connect(SocketAddr::from(([10, 80, 0, 1], port))).unwrap();
+                let start = Instant::now();
+                while !tx.is_established() {
+                    a.poll_now();
+                    assert!(start.elapsed() < Duration::from_secs(10), "no connection");
+                }
+                let (kernel, _) = listener.accept().unwrap();
+                kernel.set_nonblocking(true).unwrap();
+                let read = |buf: &mut [u8]| match std::io::Read::read(&mut &kernel, buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+                    Err(e) => panic!("kernel read: {e}"),
+                };
+                let lens = frames_seen(&[&a], &mut tx, read, &observer);
+                let largest = lens.iter().copied().max().unwrap_or(0);
+                let supers = lens.iter().filter(|&&len| len > WIRE_FRAME).count();
+                println!(
+                    "tap, {offload:?} ({}): the kernel saw {} frames, {supers} larger than the wire's, the largest {largest} bytes; {:?}",
+                    a.offloads(),
+                    lens.len(),
+                    a.device_stats()
+                );
+                match offload {
+                    Offload::Auto => assert!(supers > 0 && largest > 4 * WIRE_FRAME, "no super-frames"),
+                    Offload::Off => assert!(largest <= WIRE_FRAME, "a {largest}-byte frame without offloads"),
+                }
+            }
+        });
+    }
+
+    /// A SYN with a wrong TCP checksum from the wire is dropped, whether smoltcp checks the sum
+    /// (offloads off) or the device does (on: nobody vouched for the frame); the same SYN with
+    /// the right one is answered.
+    #[test]
+    fn wire_checksum_errors_are_caught_with_offloads_on_and_off() {
+        in_private_netns("wire_checksum_errors_are_caught_with_offloads_on_and_off", VETH, || {
+            for (port, offload) in [(7310, Offload::Auto), (7311, Offload::Off)] {
+                let a = stack("fa", IP_A, offload);
+                let _listener = a.listen(port).unwrap();
+                let (peer, _) = PacketSocket::open("fb", false, None).unwrap();
+                let peer_mac = [0x02, 0, 0, 0, 0x79, 0x02];
+                let builder = etherparse::PacketBuilder::ethernet2(peer_mac, a.mac())
+                    .ipv4(IP_B.octets(), IP_A.octets(), 64)
+                    .tcp(40000, port, 1000, 65535)
+                    .syn();
+                let mut good = Vec::new();
+                builder.write(&mut good, &[]).unwrap();
+                // The TCP checksum: Ethernet, IPv4 (20 bytes), then 16 bytes into TCP.
+                let mut bad = good.clone();
+                bad[14 + 20 + 16] ^= 0x5a;
+                // Whatever `a` sends within `wait`.
+                let answers = |wait: Duration| {
+                    let mut seen = Vec::new();
+                    let until = Instant::now() + wait;
+                    while Instant::now() < until {
+                        a.poll_now();
+                        observe(&peer, &mut seen);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    seen.into_iter().filter(|(_, src)| *src == a.mac()).count()
+                };
+                assert_eq!(peer.send_batch(&[&bad]).unwrap(), 1);
+                assert_eq!(answers(Duration::from_millis(300)), 0, "{offload:?}: a bad SYN was answered");
+                if offload == Offload::Auto {
+                    assert_eq!(a.device_stats().rx_checksum_errors, 1, "{:?}", a.device_stats());
+                }
+                assert_eq!(peer.send_batch(&[&good]).unwrap(), 1);
+                // A SYN-ACK, or first an ARP request for the sender's address.
+                assert!(answers(Duration::from_millis(500)) > 0, "{offload:?}: the good SYN went unanswered");
+            }
+        });
+    }
+}
