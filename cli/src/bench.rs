@@ -40,7 +40,8 @@ const RATE_SIZE: usize = 64;
 /// when its ends are in two network namespaces (`--netns NS --peer-netns NS2`, the kernel's
 /// addresses on the two ends; scripts/bench-smol.sh sets this up), over 127.0.0.1 otherwise.
 /// What the smoltcp stacks' frames cost (frames per second and per CPU-second) and which
-/// offloads they use are reported too. `--pcap` then records the client interface's frames.
+/// offloads they use are reported too (`--offload off` runs both stacks without them).
+/// `--pcap` then records the client interface's frames.
 ///
 /// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
 /// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
@@ -126,10 +127,6 @@ pub(crate) struct Args {
     /// smoltcp: the network namespace holding --peer-iface.
     #[arg(long, value_name = "NAME", requires = "netns")]
     peer_netns: Option<String>,
-    /// smoltcp: segmentation and checksum offload on both stacks (auto: what the devices
-    /// offer).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    offload: OnOff,
 }
 
 /// On or off.
@@ -254,15 +251,12 @@ type Opened = (Stacks, Option<veth::VethPath>);
 /// kernel-TCP baseline, or `None` for kernel TCP; `Err` is a one-line message and whether it
 /// is a usage error.
 fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
-    let Some((dev, mut config)) = args.transport.check().map_err(|m| (m, true))? else {
+    let Some((dev, config)) = args.transport.check().map_err(|m| (m, true))? else {
         if args.peer_iface.is_some() || args.peer_ip.is_some() || args.netns.is_some() {
             return Err(("--peer-iface, --peer-ip and --netns need --transport smoltcp".into(), true));
         }
         return Ok(None);
     };
-    let offload =
-        if args.offload == OnOff::On { iwarp::netdev::Offload::Auto } else { iwarp::netdev::Offload::Off };
-    config.offload = offload;
     let crate::transport::Dev::Raw(_) = dev else {
         return Err((
             "bench over smoltcp needs two interfaces (a veth pair): --iface NAME --peer-iface NAME2, not --tap".into(),
@@ -279,7 +273,7 @@ fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
         return Err((format!("--ip and --peer-ip are both {peer_ip}"), true));
     }
     let mut peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
-    peer_config.offload = offload;
+    peer_config.offload = config.offload;
     let peer_dev = crate::transport::Dev::Raw(peer.clone());
     let namespaces = args.netns.clone().map(veth::Netns).zip(args.peer_netns.clone().map(veth::Netns));
     let (client, server, veth) = match namespaces {
