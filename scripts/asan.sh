@@ -5,6 +5,9 @@
 #  - the whole-stack memory tests and the deregistration race (tests/tests/memory.rs,
 #    tests/tests/dereg_race.rs): a placement or Read Response after the buffer was given back
 #    and freed would be a heap-use-after-free,
+#  - netdev's frame-I/O module (netdev/src/frame_io.rs, its only module with unsafe code: the
+#    packet socket's receive ring, the TAP ioctls) and the devices over it, in private network
+#    namespaces (those tests skip without root),
 #  - short runs of the ddp_placement and qp_receive fuzz targets (cargo fuzz builds with ASan).
 # ASan needs nightly flags; RUSTC_BOOTSTRAP=1 enables them on the stable toolchain. The
 # sanitized builds go to target/asan, apart from the normal ones. Leak checking stays on: an
@@ -29,6 +32,9 @@ asan_test -p iwarp-ddp --lib -- dma:: placement::
 step "memory over real connections, and the deregistration race"
 IWARP_RACE_ROUNDS="${IWARP_RACE_ROUNDS:-100}" asan_test -p iwarp-tests --test memory --test dereg_race
 
+step "frame I/O: packet sockets, the receive ring, TAP devices (iwarp-netdev unit tests)"
+asan_test -p iwarp-netdev --lib -- frame_io:: smol_device::
+
 step "fuzz targets ddp_placement and qp_receive (${seconds}s each)"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 cd fuzz
@@ -42,4 +48,4 @@ for t in ddp_placement qp_receive; do
   st=${PIPESTATUS[0]}
   if [ "$st" -ne 0 ]; then echo "fuzz target $t failed under ASan (status $st)" >&2; exit 1; fi
 done
-echo "asan: DMA tests, memory tests, deregistration race and fuzz targets ran clean"
+echo "asan: DMA tests, memory tests, deregistration race, frame I/O and fuzz targets ran clean"
