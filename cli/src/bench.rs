@@ -333,6 +333,11 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: bench: {e}");
+            if let Some((client, server)) = &stacks {
+                // What the devices saw: losses, drops in the kernel, errors.
+                eprintln!("bench: client device {:?}", client.device_stats());
+                eprintln!("bench: server device {:?}", server.device_stats());
+            }
             ExitCode::from(EXIT_FAILED)
         }
     }

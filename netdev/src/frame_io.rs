@@ -27,9 +27,9 @@ const ETH_P_ALL_BE: u16 = 0x0003_u16.to_be();
 const AF_PACKET: libc::c_ushort = 17;
 /// `PACKET_MR_PROMISC`, as a `packet_mreq` holds it.
 const PACKET_MR_PROMISC: libc::c_ushort = 1;
-/// Socket buffers asked for on packet sockets (the kernel clamps them to `rmem_max` and
-/// `wmem_max`): a burst between two polls waits there.
-const PACKET_SOCKET_BUFFER: usize = 8 << 20;
+/// Socket buffers asked for on packet sockets (see [`size_buffers`]): a burst between two polls
+/// waits there.
+const PACKET_SOCKET_BUFFER: usize = 16 << 20;
 /// `TUN_F_CSUM | TUN_F_TSO4`: the TAP takes partial checksums and TCP/IPv4 segments to cut,
 /// and may hand them over.
 pub(crate) const TAP_OFFLOAD_TSO: u32 = libc::TUN_F_CSUM | libc::TUN_F_TSO4;
@@ -78,18 +78,42 @@ pub(crate) fn interface_mtu(name: &str) -> io::Result<usize> {
 
 /// Sets an integer option at level `SOL_PACKET`.
 fn set_packet_option(sock: &Socket, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    set_int_option(sock, libc::SOL_PACKET, option, value)
+}
+
+/// Sets an integer socket option.
+fn set_int_option(
+    sock: &Socket,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: the value points at a live `c_int` and the length is its size; the descriptor
     // is open for the call.
     let rc = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_PACKET,
+            level,
             option,
             (&raw const value).cast(),
             socklen_of::<libc::c_int>(),
         )
     };
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Gives the socket buffers of [`PACKET_SOCKET_BUFFER`] bytes each: past `rmem_max` and
+/// `wmem_max` where the process may (`SO_RCVBUFFORCE`, `CAP_NET_ADMIN`), within them otherwise.
+/// Coalesced segments larger than a ring slot wait in the receive buffer, a 64 KiB one each:
+/// the kernel's default room holds three.
+fn size_buffers(sock: &Socket) {
+    let bytes = libc::c_int::try_from(PACKET_SOCKET_BUFFER).unwrap_or(libc::c_int::MAX);
+    if set_int_option(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes).is_err() {
+        let _ = sock.set_recv_buffer_size(PACKET_SOCKET_BUFFER);
+    }
+    if set_int_option(sock, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, bytes).is_err() {
+        let _ = sock.set_send_buffer_size(PACKET_SOCKET_BUFFER);
+    }
 }
 
 /// The size of `T` as a socket length.
@@ -136,8 +160,7 @@ impl PacketSocket {
         // Protocol 0: the socket receives nothing until it is bound to one interface below.
         let sock = Socket::new(Domain::PACKET, Type::RAW.nonblocking().cloexec(), Some(Protocol::from(0)))?;
         // Best effort: larger buffers absorb bursts between two polls.
-        let _ = sock.set_recv_buffer_size(PACKET_SOCKET_BUFFER);
-        let _ = sock.set_send_buffer_size(PACKET_SOCKET_BUFFER);
+        size_buffers(&sock);
         // Before the bind, so that every frame received has the header or none does.
         let vnet_header = vnet_header && set_packet_option(&sock, libc::PACKET_VNET_HDR, 1).is_ok();
         // What this host sends out on the interface is not for this stack (and with the
@@ -597,6 +620,12 @@ pub(crate) mod tests {
         }
         let thread = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+            // No IPv6: its multicast listener reports would arrive among the test's frames.
+            // (A thread reaches the sysctls of the namespace it is in.)
+            for key in ["all", "default"] {
+                std::fs::write(format!("/proc/sys/net/ipv6/conf/{key}/disable_ipv6"), "1")
+                    .expect("disabling IPv6 in the test namespace");
+            }
             for args in setup {
                 let out = Command::new("ip").args(*args).output().expect("running ip");
                 assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -661,6 +690,8 @@ pub(crate) mod tests {
             let (a, fa) = PacketSocket::open("fa", false, None).unwrap();
             let (b, _) = PacketSocket::open("fb", false, None).unwrap();
             assert!(a.bypass_qdisc(), "PACKET_QDISC_BYPASS");
+            // Room past rmem_max for the coalesced segments a ring slot cannot hold (root here).
+            assert!(a.sock.recv_buffer_size().unwrap() >= PACKET_SOCKET_BUFFER);
             assert!(!fa.vnet_header);
             let frames: Vec<Vec<u8>> = (0..20).map(|i| test_frame(60 + i * 70, i as u8)).collect();
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();

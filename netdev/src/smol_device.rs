@@ -821,12 +821,13 @@ mod tests {
     }
 
     /// With the offloads on, the stack hands the kernel TCP segments far larger than the wire
-    /// takes, and the kernel cuts them to the peer's MSS: the peer end of the veth sees many
-    /// wire-sized frames per frame the stack sent, none larger than the MTU. Without them,
-    /// one frame on the wire per frame sent.
+    /// takes: a small fraction of the frames 4 MiB takes at a 1500-byte MTU (about 2900). The
+    /// kernel cuts them to the peer's MSS, or passes them on whole through the veth (as into a
+    /// TAP): the peer end sees wire-sized frames, or larger ones of whole segments. Without
+    /// offloads every frame is wire-sized and the stack sends every one.
     #[test]
-    fn segmentation_offload_is_cut_to_the_wire_on_a_veth() {
-        in_private_netns("segmentation_offload_is_cut_to_the_wire_on_a_veth", VETH, || {
+    fn segmentation_offload_sends_few_large_frames_on_a_veth() {
+        in_private_netns("segmentation_offload_sends_few_large_frames_on_a_veth", VETH, || {
             for (port, offload) in [(7300, Offload::Auto), (7301, Offload::Off)] {
                 let a = stack("fa", IP_A, offload);
                 let b = stack("fb", IP_B, offload);
@@ -838,26 +839,21 @@ mod tests {
                 let stats = a.device_stats();
                 let sent = stats.tx_frames - sent_before;
                 let largest = lens.iter().copied().max().unwrap_or(0);
+                let supers = lens.iter().filter(|&&len| len > WIRE_FRAME).count();
                 println!(
-                    "veth, {offload:?} ({}): {sent} frames sent, {} seen on the peer end, the largest {largest} bytes; {stats:?}",
+                    "veth, {offload:?} ({}): {sent} frames sent, {} seen on the peer end, {supers} larger than the wire's, the largest {largest} bytes; {stats:?}",
                     a.offloads(),
                     lens.len()
                 );
-                assert!(largest <= WIRE_FRAME, "a {largest}-byte frame on a 1500-byte wire");
-                // 4 MiB is about 2900 full wire segments (the observer may miss some when its
-                // queue overflows).
-                assert!(lens.len() > 500, "the observer saw {} frames", lens.len());
+                assert!(!lens.is_empty(), "the observer saw nothing");
+                assert!(largest <= 65535 + ETHERNET_HEADER, "a {largest}-byte frame");
                 match offload {
-                    Offload::Auto => assert!(
-                        stats.tx_gso_frames > 0 && lens.len() as u64 > 8 * sent,
-                        "{sent} frames sent for {} on the wire",
-                        lens.len()
-                    ),
+                    Offload::Auto => {
+                        assert!(stats.tx_gso_frames > 0 && sent < 2900 / 8, "{sent} frames sent: {stats:?}")
+                    }
                     Offload::Off => {
-                        assert!(
-                            stats.tx_gso_frames == 0 && lens.len() as u64 <= stats.tx_frames,
-                            "{sent} frames sent"
-                        )
+                        assert!(stats.tx_gso_frames == 0 && sent > 2800, "{sent} frames sent: {stats:?}");
+                        assert!(largest <= WIRE_FRAME, "a {largest}-byte frame without offloads");
                     }
                 }
             }
