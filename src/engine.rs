@@ -670,6 +670,11 @@ impl EngineCore {
         if let Some(p) = &self.poll {
             let _ = p.add(stack.fd(), STACK_BASE - self.stacks.len() as Token, false);
         }
+        // Frames come in only when a pass polls the stack, before the visits: a visit takes
+        // the receives the application posted and then reads, so a Send its peer made in
+        // answer to those receives is never read before them (a read that polled the stack
+        // itself could bring it in between).
+        stack.set_poll_on_read(false);
         self.stacks.push(stack.clone());
         true
     }

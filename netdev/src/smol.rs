@@ -135,6 +135,9 @@ struct Inner {
     listening: Vec<u16>,
     /// Sockets whose link or listener is gone, removed once closed.
     orphans: Vec<SocketHandle>,
+    /// Links' reads poll the stack when nothing is buffered (with `config.auto_poll`); see
+    /// [`SmolStack::set_poll_on_read`].
+    poll_on_read: bool,
 }
 
 impl Inner {
@@ -303,6 +306,7 @@ impl SmolStack {
             next_port: 49152 + spread,
             listening: Vec::new(),
             orphans: Vec::new(),
+            poll_on_read: true,
         };
         Ok(SmolStack { inner: Arc::new(Mutex::new(inner)), fd })
     }
@@ -368,6 +372,15 @@ impl SmolStack {
     /// The device's MTU (largest IP packet).
     pub fn mtu(&self) -> usize {
         lock(&self.inner).device.mtu()
+    }
+
+    /// Whether a link's read polls the stack when nothing is buffered (on by default, with
+    /// [`SmolConfig::auto_poll`]). An engine that polls the stack itself turns it off: then
+    /// the bytes a read returns were all taken in by an earlier poll, never by the read
+    /// itself, so whatever the application posted before the engine last looked (receive
+    /// buffers, say) is known before any bytes its peer sent in answer are read.
+    pub fn set_poll_on_read(&self, on: bool) {
+        lock(&self.inner).poll_on_read = on;
     }
 
     /// The offloads the device uses (see [`SmolConfig::offload`]).
@@ -681,7 +694,7 @@ impl Link for SmolLink {
             return Ok(0);
         }
         let mut inner = lock(&self.stack.inner);
-        let auto_poll = inner.config.auto_poll;
+        let auto_poll = inner.config.auto_poll && inner.poll_on_read;
         for attempt in 0..2 {
             let socket = inner.tcp(self.handle);
             match socket.state() {
