@@ -9,6 +9,9 @@
 #    and the C programs of verbs-abi/tests/c/ on the instrumented library, with LLVM's shared
 #    ASan runtime preloaded into those uninstrumented programs (IWARP_VERBS_ABI_PRELOAD; from
 #    libclang-rt-14-dev); a canary checks that a bad access inside the library is reported,
+#  - netdev's frame-I/O module (netdev/src/frame_io.rs, its only module with unsafe code: the
+#    packet socket's receive ring, the TAP ioctls) and the devices over it, in private network
+#    namespaces (those tests skip without root),
 #  - short runs of the ddp_placement and qp_receive fuzz targets (cargo fuzz builds with ASan).
 # ASan needs nightly flags; RUSTC_BOOTSTRAP=1 enables them on the stable toolchain. The
 # sanitized builds go to target/asan, apart from the normal ones. Leak checking stays on: an
@@ -42,6 +45,9 @@ if [ -z "$runtime" ]; then
 fi
 IWARP_VERBS_ABI_PRELOAD="$runtime" asan_test -p iwarp-verbs-abi
 
+step "frame I/O: packet sockets, the receive ring, TAP devices (iwarp-netdev unit tests)"
+asan_test -p iwarp-netdev --lib -- frame_io:: smol_device::
+
 step "fuzz targets ddp_placement and qp_receive (${seconds}s each)"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 cd fuzz
@@ -55,4 +61,4 @@ for t in ddp_placement qp_receive; do
   st=${PIPESTATUS[0]}
   if [ "$st" -ne 0 ]; then echo "fuzz target $t failed under ASan (status $st)" >&2; exit 1; fi
 done
-echo "asan: DMA tests, memory tests, deregistration race, the verbs drop-in and fuzz targets ran clean"
+echo "asan: DMA tests, memory tests, deregistration race, the verbs drop-in, frame I/O and fuzz targets ran clean"

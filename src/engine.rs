@@ -693,6 +693,11 @@ impl EngineCore {
         if let Some(p) = &self.poll {
             let _ = p.add(stack.fd(), STACK_BASE - self.stacks.len() as Token, false);
         }
+        // Frames come in only when a pass polls the stack, before the visits: a visit takes
+        // the receives the application posted and then reads, so a Send its peer made in
+        // answer to those receives is never read before them (a read that polled the stack
+        // itself could bring it in between).
+        stack.set_poll_on_read(false);
         self.stacks.push(stack.clone());
         true
     }
@@ -978,6 +983,25 @@ fn give_back(pool: &mut Vec<Vec<u8>>, tx: &mut Vec<u8>) {
     }
 }
 
+/// Hands the receives the application posted to the queue pair; whether there were any.
+fn take_posted_receives(slot: &mut ConnSlot) -> bool {
+    let shared = &slot.shared;
+    let mut any = false;
+    while let Some(wr) = shared.rq.pop() {
+        any = true;
+        let wr_id = wr.wr_id;
+        if let Err(e) = slot.conn.qp().post_recv(wr) {
+            tracing::debug!(wr_id, error = %e, "post_recv refused");
+            shared.rq_retired();
+            shared.recv_cq.push(WorkCompletion {
+                status: WcStatus::LocalLengthError,
+                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
+            });
+        }
+    }
+    any
+}
+
 /// Moves the queue pair's events and completions to the application: events first, so the
 /// reason for a flush is there before the flushed requests; each queue's waiters are woken
 /// once for the batch.
@@ -1048,18 +1072,8 @@ fn visit(
             });
         }
     }
-    while let Some(wr) = shared.rq.pop() {
-        v.work = true;
-        let wr_id = wr.wr_id;
-        if let Err(e) = slot.conn.qp().post_recv(wr) {
-            tracing::debug!(wr_id, error = %e, "post_recv refused");
-            shared.rq_retired();
-            shared.recv_cq.push(WorkCompletion {
-                status: WcStatus::LocalLengthError,
-                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
-            });
-        }
-    }
+    v.work |= take_posted_receives(slot);
+    let shared = &slot.shared;
     if shared.take_disconnect() {
         v.work = true;
         slot.conn.qp().close();
@@ -1075,6 +1089,10 @@ fn visit(
                 break;
             }
             reads += 1;
+            // Receives posted while this visit ran: the application may have answered the
+            // completions of an earlier visit and let its peer send into them, and what the
+            // peer sent may be what this read brings.
+            v.work |= take_posted_receives(slot);
             let link = &mut slot.link;
             match slot.conn.receive(&mut mem, rx, |bufs| link.recv_vectored(bufs)) {
                 Ok(step) if step.read == 0 => {

@@ -14,6 +14,7 @@ mod raw;
 mod rdma;
 mod results;
 mod smolraw;
+mod veth;
 
 pub(crate) use results::Op;
 use results::{BenchError, Budget, Latency, RawRow, Row, Throughput, ratio, show_size};
@@ -33,10 +34,14 @@ const RATE_SIZE: usize = 64;
 /// process over 127.0.0.1.
 ///
 /// With `--transport smoltcp --iface A --peer-iface B --ip ADDR/P --peer-ip ADDR/P` (the two
-/// ends of a veth pair, no kernel addresses on them) client and server each run their own
-/// smoltcp stack on one end; the baseline is then smoltcp's raw TCP between the same two
-/// interfaces (a plain byte stream and an echo), and kernel TCP over 127.0.0.1 is measured
-/// for comparison. `--pcap` then records the client interface's real frames.
+/// ends of a veth pair) client and server each run their own smoltcp stack on one end; the
+/// baseline is then smoltcp's raw TCP between the same two interfaces (a plain byte stream
+/// and an echo), and a kernel-TCP stream is measured for comparison: over the same veth pair
+/// when its ends are in two network namespaces (`--netns NS --peer-netns NS2`, the kernel's
+/// addresses on the two ends; scripts/bench-smol.sh sets this up), over 127.0.0.1 otherwise.
+/// What the smoltcp stacks' frames cost (frames per second and per CPU-second) and which
+/// offloads they use are reported too (`--offload off` runs both stacks without them).
+/// `--pcap` then records the client interface's frames.
 ///
 /// For every operation and message size: bandwidth (GB/s) and message rate (Mmsg/s) with
 /// `--window` work requests outstanding, and ping-pong round-trip latency (p50/p99, µs); next
@@ -114,6 +119,14 @@ pub(crate) struct Args {
     /// smoltcp: the server stack's IPv4 address and prefix length.
     #[arg(long, value_name = "ADDR/PREFIX", value_parser = crate::transport::parse_cidr)]
     peer_ip: Option<(std::net::Ipv4Addr, u8)>,
+    /// smoltcp: the network namespace holding --iface (`ip netns add`). With --peer-netns
+    /// the kernel-TCP baseline runs over the same veth pair, between the kernel's addresses
+    /// of the two ends.
+    #[arg(long, value_name = "NAME", requires = "peer_netns")]
+    netns: Option<String>,
+    /// smoltcp: the network namespace holding --peer-iface.
+    #[arg(long, value_name = "NAME", requires = "netns")]
+    peer_netns: Option<String>,
 }
 
 /// On or off.
@@ -224,17 +237,23 @@ struct Report {
     received: (u64, u64),
     /// Bytes framed, of those written from registered memory, and copied for a full link.
     sent: (u64, u64, u64),
+    /// smoltcp runs: the offloads of the client's and the server's devices.
+    offloads: Option<(iwarp::netdev::Offloads, iwarp::netdev::Offloads)>,
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
 type Stacks = (iwarp::netdev::SmolStack, iwarp::netdev::SmolStack);
 
-/// Opens the two smoltcp stacks, or `None` for kernel TCP; `Err` is a one-line message and
-/// whether it is a usage error.
-fn open_stacks(args: &Args) -> Result<Option<Stacks>, (String, bool)> {
+/// The two stacks and, when their ends are in two namespaces, the kernel-TCP path between them.
+type Opened = (Stacks, Option<veth::VethPath>);
+
+/// Opens the two smoltcp stacks (each in its namespace, when given) and the veth path of the
+/// kernel-TCP baseline, or `None` for kernel TCP; `Err` is a one-line message and whether it
+/// is a usage error.
+fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
     let Some((dev, config)) = args.transport.check().map_err(|m| (m, true))? else {
-        if args.peer_iface.is_some() || args.peer_ip.is_some() {
-            return Err(("--peer-iface and --peer-ip need --transport smoltcp".into(), true));
+        if args.peer_iface.is_some() || args.peer_ip.is_some() || args.netns.is_some() {
+            return Err(("--peer-iface, --peer-ip and --netns need --transport smoltcp".into(), true));
         }
         return Ok(None);
     };
@@ -253,26 +272,45 @@ fn open_stacks(args: &Args) -> Result<Option<Stacks>, (String, bool)> {
     if peer_ip == config.ip {
         return Err((format!("--ip and --peer-ip are both {peer_ip}"), true));
     }
-    let peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
-    let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
-    let server = crate::transport::open_stack(&crate::transport::Dev::Raw(peer.clone()), peer_config)
-        .map_err(|m| (m, false))?;
+    let mut peer_config = iwarp::netdev::SmolConfig::new(peer_ip, peer_prefix);
+    peer_config.offload = config.offload;
+    let peer_dev = crate::transport::Dev::Raw(peer.clone());
+    let namespaces = args.netns.clone().map(veth::Netns).zip(args.peer_netns.clone().map(veth::Netns));
+    let (client, server, veth) = match namespaces {
+        None => {
+            let client = crate::transport::open_stack(&dev, config).map_err(|m| (m, false))?;
+            let server = crate::transport::open_stack(&peer_dev, peer_config).map_err(|m| (m, false))?;
+            (client, server, None)
+        }
+        Some((ns, peer_ns)) => {
+            let in_ns = |ns: &veth::Netns, dev: &crate::transport::Dev, config| {
+                ns.run(|| crate::transport::open_stack(dev, config))
+                    .map_err(|e| (e.to_string(), false))?
+                    .map_err(|m| (m, false))
+            };
+            let client = in_ns(&ns, &dev, config)?;
+            let server = in_ns(&peer_ns, &peer_dev, peer_config)?;
+            let path = veth::VethPath::new(ns, peer_ns, peer).map_err(|e| (e.to_string(), false))?;
+            (client, server, Some(path))
+        }
+    };
     if let Some(path) = &args.pcap {
         crate::transport::capture(&client, path).map_err(|m| (m, false))?;
     }
-    Ok(Some((client, server)))
+    Ok(Some(((client, server), veth)))
 }
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    let stacks = match open_stacks(args) {
-        Ok(s) => s,
+    let (stacks, veth) = match open_stacks(args) {
+        Ok(Some((s, v))) => (Some(s), v),
+        Ok(None) => (None, None),
         Err((m, usage)) => {
             eprintln!("error: bench: {m}");
             return ExitCode::from(if usage { 2 } else { EXIT_FAILED });
         }
     };
-    let result = measure(args, stacks.as_ref());
+    let result = measure(args, stacks.as_ref(), veth.as_ref());
     if let Some((client, _)) = &stacks
         && let Err(e) = client.flush_capture()
     {
@@ -295,6 +333,11 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: bench: {e}");
+            if let Some((client, server)) = &stacks {
+                // What the devices saw: losses, drops in the kernel, errors.
+                eprintln!("bench: client device {:?}", client.device_stats());
+                eprintln!("bench: server device {:?}", server.device_stats());
+            }
             ExitCode::from(EXIT_FAILED)
         }
     }
@@ -336,7 +379,11 @@ fn raw_busy(args: &Args) -> bool {
     matches!(args.poll, Poll::Busy | Poll::Inline)
 }
 
-fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
+fn measure(
+    args: &Args,
+    stacks: Option<&Stacks>,
+    veth: Option<&veth::VethPath>,
+) -> Result<Report, BenchError> {
     let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
     // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
     let total = sizes.len() + usize::from(!sizes.contains(&RATE_SIZE)) + ops.len() * sizes.len();
@@ -355,33 +402,34 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
     }
     let mut kernel_rows = BTreeMap::new();
     for &size in &raw_sizes {
-        let (stream, ping_pong) = match stacks {
+        let (stream, ping_pong, frames) = match stacks {
             Some((client, server)) => {
-                let kernel = raw::stream(size, &budget)?;
+                let kernel = raw::stream(size, &budget, veth)?;
                 if !args.quiet {
                     eprintln!(
-                        "bench: kernel TCP (127.0.0.1) {:>5}: {:8.3} GB/s",
+                        "bench: kernel TCP ({}) {:>5}: {:8.3} GB/s",
+                        if veth.is_some() { "veth pair" } else { "127.0.0.1" },
                         show_size(size),
                         kernel.gbyte_s()
                     );
                 }
                 kernel_rows.insert(size, kernel);
-                let stream = smolraw::stream(client, server, size, &budget)?;
+                let (stream, cost) = smolraw::stream(client, server, size, &budget)?;
                 let ping_pong = if sizes.contains(&size) {
                     smolraw::ping_pong(client, server, size, &budget)?
                 } else {
                     Latency::default()
                 };
-                (stream, ping_pong)
+                (stream, ping_pong, Some(cost))
             }
             None => {
-                let stream = raw::stream(size, &budget)?;
+                let stream = raw::stream(size, &budget, None)?;
                 let ping_pong = if sizes.contains(&size) {
                     raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
                 } else {
                     Latency::default()
                 };
-                (stream, ping_pong)
+                (stream, ping_pong, None)
             }
         };
         progress(format!(
@@ -392,7 +440,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
             stream.mmsg_s(),
             ping_pong.p50_us
         ));
-        raw_rows.insert(size, RawRow { stream, ping_pong });
+        raw_rows.insert(size, RawRow { stream, ping_pong, frames });
     }
     let cfg = rdma::Config {
         poll: args.poll.mode(),
@@ -455,6 +503,7 @@ fn measure(args: &Args, stacks: Option<&Stacks>) -> Result<Report, BenchError> {
         idle_bytes_per_qp,
         received,
         sent,
+        offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
     })
 }
 
@@ -483,6 +532,10 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     let gap =
         if gap(args).is_zero() { String::new() } else { format!(", {:?} between round trips", gap(args)) };
+    let offloads = match report.offloads {
+        Some((c, s)) => format!("smoltcp offloads: client {c}; server {s}\n"),
+        None => String::new(),
+    };
     let memory = match report.idle_bytes_per_qp {
         Some(b) => {
             format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
@@ -491,7 +544,7 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
-         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{memory}",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -499,6 +552,11 @@ fn config_line(args: &Args, report: &Report) -> String {
         args.window,
         if raw_busy(args) { "busy-polling" } else { "blocking" },
     )
+}
+
+/// Where the kernel-TCP comparison of a smoltcp run went.
+fn kernel_path(args: &Args) -> &'static str {
+    if args.netns.is_some() { "the same veth pair" } else { "127.0.0.1" }
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -543,7 +601,10 @@ fn text_report(args: &Args, report: &Report) -> String {
         }
     }
     if report.rows.iter().any(|r| r.kernel.is_some()) {
-        out.push_str("\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and kernel TCP over 127.0.0.1\n");
+        out.push_str(&format!(
+            "\nbandwidth: iwarp over smoltcp / smoltcp raw TCP (goal >= 0.8), and / kernel TCP over {} (goal >= 0.5)\n",
+            kernel_path(args)
+        ));
         for r in report.rows.iter().filter(|r| r.kernel.is_some()) {
             let kernel = r.kernel.map_or(0.0, |k| k.gbyte_s());
             out.push_str(&format!(
@@ -555,6 +616,27 @@ fn text_report(args: &Args, report: &Report) -> String {
                 r.bw_ratio(),
                 kernel,
                 ratio(r.bw.gbyte_s(), kernel)
+            ));
+        }
+    }
+    if report.rows.iter().any(|r| r.raw.frames.is_some()) {
+        out.push_str(
+            "\nsmoltcp raw TCP frames through the two devices (sent and received), per second and per CPU-second (per core busy)\n",
+        );
+        let mut seen = Vec::new();
+        for r in report.rows.iter() {
+            let Some(f) = r.raw.frames else { continue };
+            if seen.contains(&r.size) {
+                continue;
+            }
+            seen.push(r.size);
+            out.push_str(&format!(
+                "{:>6}: {:.0} kframes/s, {:.0} kframes per CPU-second, {:.2} cores busy, {:.0} stream bytes per frame sent and received\n",
+                show_size(r.size),
+                f.per_sec() / 1e3,
+                f.per_cpu_sec() / 1e3,
+                f.cpu_secs / f.secs.max(1e-9),
+                r.raw.stream.bytes as f64 / f.frames.max(1) as f64
             ));
         }
     }
@@ -602,6 +684,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "iwarp": iwarp,
                 "raw": raw,
                 "kernel_tcp": r.kernel.map(|k| k.to_json()),
+                "raw_frames": r.raw.frames.map(|f| f.to_json()),
                 "ratio": {
                     "bandwidth": r.bw_ratio(),
                     "msg_rate": r.rate_ratio(),
@@ -620,6 +703,8 @@ fn json_report(args: &Args, report: &Report) -> String {
             "mpa_revision": args.mpa_rev,
             "poll": args.poll.name(),
             "transport": if args.transport.smoltcp() { "smoltcp" } else { "kernel" },
+            "kernel_tcp_path": args.transport.smoltcp().then(|| kernel_path(args)),
+            "offloads": report.offloads.map(|(c, s)| json!({ "client": c.to_string(), "server": s.to_string() })),
             "qps": args.qps,
             "window": args.window,
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },

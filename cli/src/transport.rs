@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use iwarp::netdev::{SmolConfig, SmolStack};
+use iwarp::netdev::{Offload, SmolConfig, SmolStack};
 use iwarp::{CmError, Device, ListenOptions, Listener, Transport};
 
 /// Which TCP/IP runs under MPA.
@@ -14,6 +14,16 @@ pub(crate) enum Kind {
     Kernel,
     /// smoltcp, this process's own TCP/IP, on --tap or --iface.
     Smoltcp,
+}
+
+/// Whether a smoltcp stack asks its device for offloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OffloadArg {
+    /// Segmentation (64 KiB TCP segments cut by the kernel or the NIC), receive coalescing
+    /// and checksum offload, as far as the device offers them.
+    Auto,
+    /// None: smoltcp sends wire-sized segments and computes and checks every checksum.
+    Off,
 }
 
 /// The transport flags.
@@ -39,6 +49,10 @@ pub(crate) struct TransportArgs {
     /// smoltcp: the default gateway.
     #[arg(long, value_name = "ADDR")]
     pub(crate) gateway: Option<Ipv4Addr>,
+    /// smoltcp: segmentation and checksum offload through the device's virtio-net header
+    /// (default auto: what the device offers).
+    #[arg(long, value_enum, value_name = "auto|off")]
+    pub(crate) offload: Option<OffloadArg>,
 }
 
 /// Parses `ADDR/PREFIX` (IPv4).
@@ -95,6 +109,7 @@ impl TransportArgs {
                 ("--ip", self.ip.is_some()),
                 ("--mac", self.mac.is_some()),
                 ("--gateway", self.gateway.is_some()),
+                ("--offload", self.offload.is_some()),
             ];
             if let Some((flag, _)) = stray.iter().find(|(_, set)| *set) {
                 return Err(format!("{flag} needs --transport smoltcp"));
@@ -112,6 +127,10 @@ impl TransportArgs {
         let mut config = SmolConfig::new(ip, prefix);
         config.mac = self.mac;
         config.gateway = self.gateway;
+        config.offload = match self.offload {
+            Some(OffloadArg::Off) => Offload::Off,
+            Some(OffloadArg::Auto) | None => Offload::Auto,
+        };
         Ok(Some((dev, config)))
     }
 }

@@ -156,6 +156,76 @@ fn bench_over_smoltcp_reports_the_raw_ratio_and_kernel_tcp() {
     }
 }
 
+/// The two ends of the veth pair in two namespaces: the kernel-TCP baseline runs over the same
+/// pair (between the kernel's addresses of its ends), and `--offload off` runs both stacks
+/// without offloads, which the report says.
+#[test]
+fn bench_over_smoltcp_in_two_namespaces_compares_with_kernel_tcp_on_the_pair() {
+    let test = "bench_over_smoltcp_in_two_namespaces_compares_with_kernel_tcp_on_the_pair";
+    if !iwarp_tests::netns::privileged(test) {
+        return;
+    }
+    let limit = std::time::Duration::from_secs(120);
+    let a = iwarp_tests::netns::Netns::new("iwcli", "bench2a", "IWARP_CLI_NS", limit);
+    let b = iwarp_tests::netns::Netns::new("iwcli", "bench2b", "IWARP_CLI_NS", limit);
+    iwarp_tests::netns::run_checked(
+        "creating a veth pair between two namespaces",
+        std::process::Command::new("ip").args([
+            "link", "add", "vsa", "netns", &a.name, "type", "veth", "peer", "name", "vsb", "netns", &b.name,
+        ]),
+    );
+    a.ip(&["addr", "add", "10.84.0.1/24", "dev", "vsa"]);
+    b.ip(&["addr", "add", "10.84.0.2/24", "dev", "vsb"]);
+    a.ip(&["link", "set", "vsa", "up"]);
+    b.ip(&["link", "set", "vsb", "up"]);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_iwarp"))
+        .args([
+            "bench",
+            "--transport",
+            "smoltcp",
+            "--netns",
+            &a.name,
+            "--peer-netns",
+            &b.name,
+            "--iface",
+            "vsa",
+            "--peer-iface",
+            "vsb",
+            "--ip",
+            "10.84.1.1/24",
+            "--peer-ip",
+            "10.84.1.2/24",
+            "--offload",
+            "off",
+            "--ops",
+            "write",
+            "--sizes",
+            "64k",
+            "--iters",
+            "20",
+            "--json",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(child, limit, "bench over smoltcp in two namespaces");
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["config"]["kernel_tcp_path"], "the same veth pair", "{v}");
+    for end in ["client", "server"] {
+        let offloads = v["config"]["offloads"][end].as_str().unwrap();
+        assert!(!offloads.contains("tso") && !offloads.contains("csum"), "{end}: {offloads}");
+    }
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        assert!(r["kernel_tcp"]["gbyte_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["raw_frames"]["frames"].as_u64().unwrap() > 0, "{r}");
+    }
+}
+
 #[test]
 fn bench_smoltcp_flag_errors() {
     let o = iwarp(&["bench", "--transport", "smoltcp", "--iface", "va", "--ip", "10.82.0.1/24"]);
@@ -181,5 +251,10 @@ fn bench_smoltcp_flag_errors() {
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     assert!(stderr(&o).contains("iwnosuch8"), "{}", stderr(&o));
     let o = iwarp(&["bench", "--peer-iface", "vb"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = iwarp(&["bench", "--offload", "off"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--offload needs --transport smoltcp"), "{}", stderr(&o));
+    let o = iwarp(&["bench", "--netns", "a", "--peer-netns", "b"]);
     assert_eq!(o.status.code(), Some(2));
 }

@@ -16,8 +16,10 @@
 //!
 //! This crate depends on none of the protocol crates (docs/architecture.md#dependency-rules).
 
+mod frame_io;
 mod link;
 mod mem;
+mod offload;
 mod pcap;
 mod rand;
 mod smol;
@@ -26,8 +28,9 @@ mod tcp;
 
 pub use link::{Link, LinkError};
 pub use mem::{MemFaults, MemLink};
+pub use offload::{Offload, Offloads};
 pub use pcap::{CapturingLink, Direction, PcapFlow, PcapWriter, TCP_MSS};
-pub use smol::{DeviceStats, SmolConfig, SmolLink, SmolListener, SmolStack, random_mac};
+pub use smol::{DeviceStats, SmolConfig, SmolLink, SmolListener, SmolStack, interface_ipv4, random_mac};
 /// The smoltcp types in [`SmolStack`]'s API (time, TCP state).
 pub use smoltcp;
 pub use tcp::{LinkOptions, TcpLink, TcpListenerLink};

@@ -9,9 +9,12 @@
 //! poll the stack themselves, so an engine that only calls [`Link::recv`] and
 //! [`Link::send_vectored`] in its loop keeps the stack going.
 //!
-//! Devices: a TAP device ([`SmolStack::tap`]) or a raw Ethernet interface through pnet's
-//! `AF_PACKET` datalink channel ([`SmolStack::raw`]), for example one end of a veth pair whose
-//! kernel side has no IP address. Both need root (or `CAP_NET_ADMIN` / `CAP_NET_RAW`).
+//! Devices: a TAP device ([`SmolStack::tap`]) or a raw Ethernet interface through an
+//! `AF_PACKET` socket ([`SmolStack::raw`]), for example one end of a veth pair. Both need
+//! root (or `CAP_NET_ADMIN` / `CAP_NET_RAW`). Frames cross into the kernel in batches, and
+//! where the device offers them with segmentation and checksum offload
+//! ([`SmolConfig::offload`], [`SmolStack::offloads`]): smoltcp then sends and takes TCP
+//! segments of up to 64 KiB.
 //!
 //! TCP is tuned for RDMA traffic: large socket buffers (window scaling follows from them),
 //! Nagle off, delayed ACK off by default.
@@ -27,10 +30,21 @@ use smoltcp::socket::tcp::{self, RecvError, State};
 use smoltcp::time::{Duration as SmolDuration, Instant};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
+use crate::offload::{Offload, Offloads};
 pub(crate) use crate::rand::random_u64;
 pub use crate::smol_device::DeviceStats;
 use crate::smol_device::FrameDevice;
 use crate::{Link, LinkError};
+
+/// The first IPv4 address the kernel has on interface `name` (in the calling thread's
+/// network namespace), if any.
+pub fn interface_ipv4(name: &str) -> io::Result<Option<Ipv4Addr>> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
+    Ok(addrs
+        .filter(|a| a.interface_name == name)
+        .filter_map(|a| a.address?.as_sockaddr_in().map(|sin| sin.ip()))
+        .next())
+}
 
 /// A random locally administered unicast MAC address.
 pub fn random_mac() -> [u8; 6] {
@@ -80,6 +94,9 @@ pub struct SmolConfig {
     /// TCP congestion control. Cubic by default: smoltcp retransmits go-back-N, so without
     /// a congestion window a loss costs a whole 4 MiB window of retransmissions.
     pub congestion: tcp::CongestionControl,
+    /// Segmentation and checksum offload: [`Offload::Auto`] (the default) uses what the
+    /// device offers, [`Offload::Off`] none; [`SmolStack::offloads`] says what is in use.
+    pub offload: Offload,
 }
 
 impl SmolConfig {
@@ -102,6 +119,7 @@ impl SmolConfig {
             max_rounds: 256,
             drop_chance: 0.0,
             congestion: tcp::CongestionControl::Cubic,
+            offload: Offload::Auto,
         }
     }
 }
@@ -117,17 +135,23 @@ struct Inner {
     listening: Vec<u16>,
     /// Sockets whose link or listener is gone, removed once closed.
     orphans: Vec<SocketHandle>,
+    /// Links' reads poll the stack when nothing is buffered (with `config.auto_poll`); see
+    /// [`SmolStack::set_poll_on_read`].
+    poll_on_read: bool,
 }
 
 impl Inner {
     fn poll(&mut self, now: Instant) -> bool {
         let mut changed = false;
+        self.device.start_poll();
         for _ in 0..self.config.max_rounds.max(1) {
             match self.iface.poll(now, &mut self.device, &mut self.sockets) {
                 PollResult::SocketStateChanged => changed = true,
                 PollResult::None => break,
             }
         }
+        // What the rounds queued leaves in one go.
+        self.device.flush();
         self.reap_orphans();
         changed
     }
@@ -229,17 +253,18 @@ impl SmolStack {
     /// root or `CAP_NET_ADMIN` needed), the device is attached elsewhere (`AddrInUse`); the
     /// message names the device.
     pub fn tap(name: &str, config: SmolConfig) -> io::Result<SmolStack> {
-        SmolStack::new(FrameDevice::open_tap(name)?, config)
+        SmolStack::new(FrameDevice::open_tap(name, config.offload)?, config)
     }
 
-    /// A stack on the raw Ethernet interface `name` (`AF_PACKET` through pnet's datalink
-    /// channel, promiscuous), for example one end of a veth pair. The kernel side of the
-    /// interface should carry no IP address, or the kernel answers too.
+    /// A stack on the raw Ethernet interface `name` (an `AF_PACKET` socket, promiscuous,
+    /// with a receive ring), for example one end of a veth pair, in the calling thread's
+    /// network namespace. The kernel side of the interface should carry no address in the
+    /// stack's subnet, or the kernel answers too.
     ///
     /// Errors: no such interface (`NotFound`), no permission (`PermissionDenied`: root or
     /// `CAP_NET_RAW` needed); the message names the interface.
     pub fn raw(name: &str, config: SmolConfig) -> io::Result<SmolStack> {
-        SmolStack::new(FrameDevice::open_raw(name)?, config)
+        SmolStack::new(FrameDevice::open_raw(name, config.offload)?, config)
     }
 
     fn new(mut device: FrameDevice, config: SmolConfig) -> io::Result<SmolStack> {
@@ -281,6 +306,7 @@ impl SmolStack {
             next_port: 49152 + spread,
             listening: Vec::new(),
             orphans: Vec::new(),
+            poll_on_read: true,
         };
         Ok(SmolStack { inner: Arc::new(Mutex::new(inner)), fd })
     }
@@ -330,7 +356,7 @@ impl SmolStack {
     /// [`SmolStack::raw_fd`] borrowed for as long as this handle lives, for registering with
     /// a readiness poll.
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        crate::smol_device::borrow_fd(&self.fd)
+        crate::frame_io::borrow_fd(&self.fd)
     }
 
     /// The interface's MAC address.
@@ -346,6 +372,20 @@ impl SmolStack {
     /// The device's MTU (largest IP packet).
     pub fn mtu(&self) -> usize {
         lock(&self.inner).device.mtu()
+    }
+
+    /// Whether a link's read polls the stack when nothing is buffered (on by default, with
+    /// [`SmolConfig::auto_poll`]). An engine that polls the stack itself turns it off: then
+    /// the bytes a read returns were all taken in by an earlier poll, never by the read
+    /// itself, so whatever the application posted before the engine last looked (receive
+    /// buffers, say) is known before any bytes its peer sent in answer are read.
+    pub fn set_poll_on_read(&self, on: bool) {
+        lock(&self.inner).poll_on_read = on;
+    }
+
+    /// The offloads the device uses (see [`SmolConfig::offload`]).
+    pub fn offloads(&self) -> Offloads {
+        lock(&self.inner).device.offloads()
     }
 
     /// The device's name.
@@ -370,7 +410,7 @@ impl SmolStack {
 
     /// The device's frame counters.
     pub fn device_stats(&self) -> DeviceStats {
-        lock(&self.inner).device.stats
+        lock(&self.inner).device.stats()
     }
 
     /// Changes the fault-injection drop probability of frames (either direction).
@@ -654,7 +694,7 @@ impl Link for SmolLink {
             return Ok(0);
         }
         let mut inner = lock(&self.stack.inner);
-        let auto_poll = inner.config.auto_poll;
+        let auto_poll = inner.config.auto_poll && inner.poll_on_read;
         for attempt in 0..2 {
             let socket = inner.tcp(self.handle);
             match socket.state() {

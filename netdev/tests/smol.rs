@@ -8,6 +8,9 @@
 //! child process (`ip netns exec NS <this test binary> --exact inner_... --ignored`), so every
 //! frame stays inside the namespace. The inner tests are `#[ignore]`d and do nothing outside
 //! such a child.
+//!
+//! The veth, TAP and loss cases run twice in their namespace: with the offloads the device
+//! offers (segmentation, checksums: [`Offload::Auto`]) and with none ([`Offload::Off`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use iwarp_netdev::smoltcp::socket::tcp::State;
-use iwarp_netdev::{Link, LinkError, SmolConfig, SmolLink, SmolStack};
+use iwarp_netdev::{Link, LinkError, Offload, SmolConfig, SmolLink, SmolStack};
 
 const INNER_ENV: &str = "IWARP_SMOL_NETNS";
 const CHILD_TIMEOUT: Duration = Duration::from_secs(150);
@@ -48,10 +51,31 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Both offload settings, each test body runs with one and then the other.
+const OFFLOADS: [Offload; 2] = [Offload::Auto, Offload::Off];
+
 fn stack(dev: &str, ip: Ipv4Addr, drop_chance: f64) -> SmolStack {
+    stack_with(dev, ip, drop_chance, Offload::Auto)
+}
+
+/// A stack on `dev` with `offload`; checks that a veth takes every offload when asked and
+/// none is used when they are off.
+fn stack_with(dev: &str, ip: Ipv4Addr, drop_chance: f64, offload: Offload) -> SmolStack {
     let mut cfg = SmolConfig::new(ip, 24);
     cfg.drop_chance = drop_chance;
-    SmolStack::raw(dev, cfg).unwrap_or_else(|err| panic!("smoltcp stack on {dev}: {err}"))
+    cfg.offload = offload;
+    let stack = SmolStack::raw(dev, cfg).unwrap_or_else(|err| panic!("smoltcp stack on {dev}: {err}"));
+    check_offloads(&stack, offload);
+    stack
+}
+
+fn check_offloads(stack: &SmolStack, offload: Offload) {
+    let o = stack.offloads();
+    println!("{} ({offload:?}): offloads {o}", stack.device_name());
+    match offload {
+        Offload::Auto => assert!(o.tso && o.tx_checksum && o.rx_checksum, "offloads asked for, in use: {o}"),
+        Offload::Off => assert!(!o.tso && !o.tx_checksum && !o.rx_checksum, "offloads off, in use: {o}"),
+    }
 }
 
 /// Connects a link from `a` to a listener on `b`.
@@ -209,12 +233,18 @@ fn inner_raw_transfer() {
     if !inside() {
         return;
     }
-    let a = stack("va", IP_A, 0.0);
-    let b = stack("vb", IP_B, 0.0);
+    for (i, offload) in (0u16..).zip(OFFLOADS) {
+        raw_transfer(offload, PORT + i);
+    }
+}
+
+fn raw_transfer(offload: Offload, port: u16) {
+    let a = stack_with("va", IP_A, 0.0, offload);
+    let b = stack_with("vb", IP_B, 0.0, offload);
     assert_eq!(a.mtu(), 1500);
-    let (mut ca, mut cb) = connect(&a, &b, PORT);
-    assert_eq!(ca.peer_addr(), Some(SocketAddr::from((IP_B, PORT))));
-    assert_eq!(cb.local_addr(), Some(SocketAddr::from((IP_B, PORT))));
+    let (mut ca, mut cb) = connect(&a, &b, port);
+    assert_eq!(ca.peer_addr(), Some(SocketAddr::from((IP_B, port))));
+    assert_eq!(cb.local_addr(), Some(SocketAddr::from((IP_B, port))));
     assert_eq!(cb.peer_addr(), ca.local_addr());
     let ab = pattern(1, 8 << 20);
     let ba = pattern(2, 8 << 20);
@@ -228,9 +258,12 @@ fn inner_raw_transfer() {
     let big = pattern(3, 32 << 20);
     let took = exchange([&a, &b], &mut ca, &mut cb, &big, &[], Duration::from_secs(60));
     println!(
-        "smoltcp raw veth TCP throughput: 32 MiB one way in {took:?} = {:.0} Mbit/s",
+        "smoltcp raw veth TCP throughput ({offload:?}): 32 MiB one way in {took:?} = {:.0} Mbit/s",
         mbps(big.len(), took)
     );
+    // Segments larger than the wire's went out only with the offloads on.
+    let gso = a.device_stats().tx_gso_frames;
+    assert_eq!(gso > 0, offload == Offload::Auto, "{gso} segmentation requests ({offload:?})");
     ca.shutdown_write();
     assert!(read_to_close(&mut cb, [&a, &b], Duration::from_secs(10)).is_empty());
 }
@@ -420,11 +453,18 @@ fn inner_raw_loss() {
     if !inside() {
         return;
     }
+    for (i, offload) in (0u16..).zip(OFFLOADS) {
+        raw_loss(offload, PORT + i);
+    }
+}
+
+fn raw_loss(offload: Offload, port: u16) {
     // netem is not available on every kernel; the device's own fault injection drops 1% of
-    // the frames in each direction on both stacks.
-    let a = stack("va", IP_A, 0.0);
-    let b = stack("vb", IP_B, 0.0);
-    let (mut ca, mut cb) = connect(&a, &b, PORT);
+    // the frames in each direction on both stacks (with the offloads on, a dropped frame may
+    // be a whole 64 KiB segment).
+    let a = stack_with("va", IP_A, 0.0, offload);
+    let b = stack_with("vb", IP_B, 0.0, offload);
+    let (mut ca, mut cb) = connect(&a, &b, port);
     a.set_drop_chance(0.01);
     b.set_drop_chance(0.01);
     let ab = pattern(4, 4 << 20);
@@ -432,7 +472,7 @@ fn inner_raw_loss() {
     let took = exchange([&a, &b], &mut ca, &mut cb, &ab, &ba, Duration::from_secs(60));
     let (sa, sb) = (a.device_stats(), b.device_stats());
     println!(
-        "1% loss: 4 MiB each way in {took:?}; dropped {} + {} frames",
+        "1% loss ({offload:?}): 4 MiB each way in {took:?}; dropped {} + {} frames",
         sa.injected_drops, sb.injected_drops
     );
     assert!(sa.injected_drops + sb.injected_drops > 0, "fault injection dropped nothing");
@@ -483,27 +523,36 @@ fn inner_tap_kernel() {
     if !inside() {
         return;
     }
-    let smol = SmolStack::tap("tp0", SmolConfig::new(TAP_SMOL, 24)).unwrap();
-    let err = SmolStack::tap("tp0", SmolConfig::new(TAP_SMOL, 24)).unwrap_err();
+    for (i, offload) in (0u16..).zip(OFFLOADS) {
+        tap_kernel(offload, PORT + 2 * i);
+    }
+}
+
+fn tap_kernel(offload: Offload, port: u16) {
+    let mut cfg = SmolConfig::new(TAP_SMOL, 24);
+    cfg.offload = offload;
+    let smol = SmolStack::tap("tp0", cfg.clone()).unwrap();
+    check_offloads(&smol, offload);
+    let err = SmolStack::tap("tp0", cfg).unwrap_err();
     println!("second attach: {err}");
 
     // smoltcp connects to a kernel listener.
     let up = pattern(6, 4 << 20);
     let down = pattern(7, 4 << 20);
-    let listener = TcpListener::bind((TAP_KERNEL, PORT)).unwrap();
+    let listener = TcpListener::bind((TAP_KERNEL, port)).unwrap();
     let kernel = kernel_peer(listener, up.clone(), down.clone());
-    let mut link = smol.connect(SocketAddr::from((TAP_KERNEL, PORT))).unwrap();
+    let mut link = smol.connect(SocketAddr::from((TAP_KERNEL, port))).unwrap();
     link.wait_established(Duration::from_secs(10)).unwrap();
     transfer_with_kernel(&smol, &mut link, &up, &down);
     kernel.join().unwrap();
 
     // The kernel connects to a smoltcp listener.
-    let mut listener = smol.listen(PORT).unwrap();
+    let mut listener = smol.listen(port).unwrap();
     let (up2, down2) = (down, up);
     let (tx_expect, rx_data) = (up2.clone(), down2.clone());
     let kernel = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect_timeout(
-            &SocketAddr::from((TAP_SMOL, PORT)),
+            &SocketAddr::from((TAP_SMOL, port)),
             Duration::from_secs(10),
         )
         .unwrap();
@@ -523,6 +572,12 @@ fn inner_tap_kernel() {
     let mut link = listener.accept_timeout(Duration::from_secs(10)).unwrap();
     transfer_with_kernel(&smol, &mut link, &down2, &up2);
     kernel.join().unwrap();
+    let stats = smol.device_stats();
+    println!("tap ({offload:?}): {stats:?}");
+    assert_eq!(stats.tx_gso_frames > 0, offload == Offload::Auto, "segmentation requests: {stats:?}");
+    // The kernel hands over segments it did not cut (its TCP sends to a TAP with TSO as to a
+    // NIC with it) only when told the stack takes them.
+    assert_eq!(stats.rx_gso_frames > 0, offload == Offload::Auto, "large segments received: {stats:?}");
 }
 
 /// Sends `send` on `link` and closes; reads `expect` then the kernel's FIN.

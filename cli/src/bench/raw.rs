@@ -1,5 +1,6 @@
 //! The raw-TCP baseline: a length-prefixed stream and a ping-pong over `std::net::TcpStream`
-//! on 127.0.0.1 with TCP_NODELAY, a server thread and the calling thread as the client.
+//! on 127.0.0.1 with TCP_NODELAY, a server thread and the calling thread as the client. The
+//! stream also runs over a veth pair between two network namespaces (see `veth.rs`).
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -7,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::results::{BenchError, Budget, Latency, Samples, Throughput};
+use super::veth::VethPath;
 
 /// How long a socket may go without progress before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -17,12 +19,17 @@ fn io_err(what: &str) -> impl Fn(io::Error) -> BenchError + '_ {
     move |e| BenchError(format!("raw TCP {what}: {e}"))
 }
 
-/// Binds a listener on 127.0.0.1 and accepts one connection on a new thread, which then runs
-/// `serve` on it.
+/// Binds a listener on 127.0.0.1 (or on the server's end of `veth`, in its namespace) and
+/// accepts one connection on a new thread, which then runs `serve` on it.
 fn server<T: Send + 'static>(
+    veth: Option<&VethPath>,
     serve: impl FnOnce(TcpStream) -> Result<T, BenchError> + Send + 'static,
 ) -> Result<(SocketAddr, JoinHandle<Result<T, BenchError>>), BenchError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("listen"))?;
+    let listener = match veth {
+        None => TcpListener::bind("127.0.0.1:0"),
+        Some(v) => v.server.run(|| TcpListener::bind((v.server_ip, 0)))?,
+    }
+    .map_err(io_err("listen"))?;
     let addr = listener.local_addr().map_err(io_err("listen"))?;
     listener.set_nonblocking(true).map_err(io_err("listen"))?;
     let handle = std::thread::Builder::new()
@@ -50,19 +57,28 @@ fn join<T>(handle: JoinHandle<Result<T, BenchError>>) -> Result<T, BenchError> {
     handle.join().map_err(|_| BenchError("raw TCP server thread panicked".into()))?
 }
 
-fn connect(addr: SocketAddr) -> Result<TcpStream, BenchError> {
-    let s = TcpStream::connect_timeout(&addr, STALL).map_err(io_err("connect"))?;
+fn connect(addr: SocketAddr, veth: Option<&VethPath>) -> Result<TcpStream, BenchError> {
+    let s = match veth {
+        None => TcpStream::connect_timeout(&addr, STALL),
+        Some(v) => v.client.run(|| TcpStream::connect_timeout(&addr, STALL))?,
+    }
+    .map_err(io_err("connect"))?;
     s.set_nodelay(true).map_err(io_err("connect"))?;
     Ok(s)
 }
 
 /// Stream bandwidth: the client writes 4-byte-length-prefixed messages of `size` bytes until
-/// the budget is spent, the server reads and counts them until end of stream.
-pub(super) fn stream(size: usize, budget: &Budget) -> Result<Throughput, BenchError> {
+/// the budget is spent, the server reads and counts them until end of stream; over 127.0.0.1,
+/// or over `veth`.
+pub(super) fn stream(
+    size: usize,
+    budget: &Budget,
+    veth: Option<&VethPath>,
+) -> Result<Throughput, BenchError> {
     let prefix = u32::try_from(size)
         .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
         .to_be_bytes();
-    let (addr, handle) = server(move |s| {
+    let (addr, handle) = server(veth, move |s| {
         s.set_read_timeout(Some(STALL)).map_err(io_err("read"))?;
         let mut r = BufReader::with_capacity(STREAM_BUFFER, s);
         let mut buf = vec![0u8; size];
@@ -83,7 +99,7 @@ pub(super) fn stream(size: usize, budget: &Budget) -> Result<Throughput, BenchEr
             bytes += size as u64;
         }
     })?;
-    let s = connect(addr)?;
+    let s = connect(addr, veth)?;
     s.set_write_timeout(Some(STALL)).map_err(io_err("write"))?;
     let payload = vec![0x5au8; size];
     let mut w = BufWriter::with_capacity(STREAM_BUFFER, &s);
@@ -170,7 +186,7 @@ pub(super) fn ping_pong(
     busy: bool,
     gap: Duration,
 ) -> Result<Latency, BenchError> {
-    let (addr, handle) = server(move |mut s| {
+    let (addr, handle) = server(None, move |mut s| {
         prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
         let mut buf = vec![0u8; size];
         while read_exact(&mut s, &mut buf, busy).map_err(io_err("echo read"))? {
@@ -178,7 +194,7 @@ pub(super) fn ping_pong(
         }
         Ok(())
     })?;
-    let mut s = connect(addr)?;
+    let mut s = connect(addr, None)?;
     prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
     let out = vec![0xa5u8; size];
     let mut back = vec![0u8; size];

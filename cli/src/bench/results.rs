@@ -145,11 +145,44 @@ impl Latency {
     }
 }
 
+/// What the frames of a smoltcp stream cost: frames through the two devices (sent and
+/// received) and the process's CPU time (every thread) over the measurement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameCost {
+    pub(crate) frames: u64,
+    pub(crate) cpu_secs: f64,
+    pub(crate) secs: f64,
+}
+
+impl FrameCost {
+    /// Frames per second of wall time.
+    pub(crate) fn per_sec(&self) -> f64 {
+        self.frames as f64 / self.secs.max(1e-9)
+    }
+
+    /// Frames per CPU-second: per core kept busy.
+    pub(crate) fn per_cpu_sec(&self) -> f64 {
+        self.frames as f64 / self.cpu_secs.max(1e-9)
+    }
+
+    pub(crate) fn to_json(self) -> Value {
+        json!({
+            "frames": self.frames,
+            "frames_per_s": self.per_sec(),
+            "frames_per_cpu_s": self.per_cpu_sec(),
+            "cpu_s": self.cpu_secs,
+            "secs": self.secs,
+        })
+    }
+}
+
 /// One size of the raw-TCP baseline.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawRow {
     pub(crate) stream: Throughput,
     pub(crate) ping_pong: Latency,
+    /// smoltcp runs: what the stream's frames cost.
+    pub(crate) frames: Option<FrameCost>,
 }
 
 /// One operation at one size.
@@ -160,7 +193,8 @@ pub(crate) struct Row {
     pub(crate) bw: Throughput,
     pub(crate) lat: Latency,
     pub(crate) raw: RawRow,
-    /// smoltcp runs: the kernel-TCP stream over 127.0.0.1, for comparison.
+    /// smoltcp runs: the kernel-TCP stream (over the same veth pair, or 127.0.0.1), for
+    /// comparison.
     pub(crate) kernel: Option<Throughput>,
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use iwarp::netdev::{Link, LinkError, SmolLink, SmolStack};
 
-use super::results::{BenchError, Budget, Latency, Samples, Throughput};
+use super::results::{BenchError, Budget, FrameCost, Latency, Samples, Throughput};
 
 /// The longest a transfer may stall before the measurement fails.
 const STALL: Duration = Duration::from_secs(10);
@@ -79,15 +79,29 @@ fn read_exact(link: &mut SmolLink, buf: &mut [u8]) -> Result<bool, BenchError> {
     Ok(true)
 }
 
+/// The process's CPU time so far (every thread), in seconds.
+pub(super) fn cpu_seconds() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// Frames through both devices so far, sent and received.
+fn frames_sent(client: &SmolStack, server: &SmolStack) -> u64 {
+    let (c, s) = (client.device_stats(), server.device_stats());
+    c.tx_frames + c.rx_frames + s.tx_frames + s.rx_frames
+}
+
 /// Stream bandwidth: the client writes `size`-byte messages until the budget is spent, the
-/// server (its own thread) reads until end of stream.
+/// server (its own thread) reads until end of stream. Also what the frames cost: how many
+/// went through the two devices (sent and received) and the process's CPU time meanwhile.
 pub(super) fn stream(
     client: &SmolStack,
     server: &SmolStack,
     size: usize,
     budget: &Budget,
-) -> Result<Throughput, BenchError> {
+) -> Result<(Throughput, FrameCost), BenchError> {
     let (mut tx, mut rx) = pair(client, server)?;
+    let (frames_before, cpu_before) = (frames_sent(client, server), cpu_seconds());
     let reader = std::thread::Builder::new()
         .name("bench-smol-rx".into())
         .spawn(move || -> Result<u64, BenchError> {
@@ -132,13 +146,18 @@ pub(super) fn stream(
     }
     let bytes = reader.join().map_err(|_| BenchError("the reader panicked".into()))??;
     let secs = start.elapsed().as_secs_f64();
+    let cost = FrameCost {
+        frames: frames_sent(client, server) - frames_before,
+        cpu_secs: cpu_seconds() - cpu_before,
+        secs,
+    };
     if bytes != sent * size as u64 {
         return Err(BenchError(format!(
             "smoltcp raw TCP: sent {} bytes, received {bytes}",
             sent * size as u64
         )));
     }
-    Ok(Throughput { msgs: sent, bytes, secs })
+    Ok((Throughput { msgs: sent, bytes, secs }, cost))
 }
 
 /// Echo ping-pong of `size` bytes: round-trip times.
