@@ -295,13 +295,7 @@ impl Engine {
             poll.wait(&mut events, Some(Duration::ZERO));
         }
         let (work, visits) = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
-        let rearm = core.take_new_earliest() && self.doorbell.parked();
-        drop(core);
-        if rearm {
-            self.doorbell.wake();
-        }
-        bump(&self.counters.passes, 1);
-        bump(&self.counters.visits, visits);
+        self.after_pass(core, visits);
         bump(&self.counters.direct_passes, 1);
         work
     }
@@ -414,8 +408,13 @@ impl Engine {
         let mut core = lock(&self.core);
         self.pass_waiting.store(false, Ordering::Release);
         let (work, visits) = core.progress(events, &self.doorbell);
-        // A timer set while the engine thread sleeps (this pass runs on another thread):
-        // wake it to sleep no longer than the timer.
+        self.after_pass(core, visits);
+        work
+    }
+
+    /// Ends a pass: releases the core, wakes a sleeping engine thread when the pass set a
+    /// timer earlier than the one it sleeps for (a pass on another thread), and counts it.
+    fn after_pass(&self, mut core: MutexGuard<'_, EngineCore>, visits: u64) {
         let rearm = core.take_new_earliest() && self.doorbell.parked();
         drop(core);
         if rearm {
@@ -423,7 +422,6 @@ impl Engine {
         }
         bump(&self.counters.passes, 1);
         bump(&self.counters.visits, visits);
-        work
     }
 
     /// How long an idle engine may sleep: without limit when every link has readiness

@@ -550,9 +550,7 @@ pub(crate) fn run_initiator(
     // A buffer of another stream, when the case asks for one: that connection stays open (at
     // its Read Request, unanswered) until this one is done.
     let foreign = if case.has(&Op::ForeignStag) { Some(open_to_read(addr, case, t)?) } else { None };
-    let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
-        .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
-    let mut s = Session::new(stream, Side::Initiator);
+    let mut s = connect_initiator(addr, t)?;
     // rping's Request: revision 2, IRD/ORD 1/1 (and, offered, peer-to-peer with Write and Read
     // RTRs, as siw's initiator with peer_to_peer=1).
     let policy = Policy {
@@ -630,12 +628,17 @@ pub(crate) fn run_initiator(
     Ok(outcome)
 }
 
+/// A TCP connection to the responder at `addr`, as the MPA initiator's session.
+fn connect_initiator(addr: SocketAddr, t: Timing) -> Result<Session, String> {
+    let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
+        .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
+    Ok(Session::new(stream, Side::Initiator))
+}
+
 /// A well-formed connection to the responder at `addr`, as rping's client, up to the peer's
 /// Read Request (for [`Op::ForeignStag`]): the session and the request.
 fn open_to_read(addr: SocketAddr, case: &Case, t: Timing) -> Result<(Session, ReadRequest), String> {
-    let stream = TcpStream::connect_timeout(&addr, t.step.max(Duration::from_secs(1)))
-        .map_err(|e| format!("cannot connect to {addr}: {}", crate::toolbox::io_message(&e)))?;
-    let mut s = Session::new(stream, Side::Initiator);
+    let mut s = connect_initiator(addr, t)?;
     let policy = Policy {
         ird: 1,
         ord: 1,
