@@ -384,11 +384,16 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
                 Some(done) => done,
                 // Nothing yet: a program that polls in a loop spins on a core the engine
                 // needs (perftest's client and server both do). Run the engine's pass here,
-                // unless its thread (or another poller) is in one, and look once more.
+                // unless its thread (or another poller) is in one, and look once more. A pass
+                // that found nothing to do gives the core up for a moment: on a machine with
+                // fewer cores than spinning threads, the engine threads (this process's and
+                // the peer's) then run instead of waiting for the poller's time slice to end.
                 None if n == 0 && !drove => {
                     drove = true;
-                    if let Ok(rt) = runtime::runtime() {
-                        rt.device.try_progress();
+                    if let Ok(rt) = runtime::runtime()
+                        && !rt.device.try_progress()
+                    {
+                        std::thread::yield_now();
                     }
                     continue;
                 }
