@@ -46,7 +46,9 @@ TSHARK=""; command -v tshark > /dev/null && TSHARK=tshark
 iw_setup_ns
 G="$IW_GUEST_IP" H="$IW_HOST_IP"
 PT="-s 65536 -n 100"
-DROPIN=(env LD_LIBRARY_PATH="$LIBS")
+# The engine's debug log goes with each host program's output (a failed case then shows what the
+# connection did).
+DROPIN=(env LD_LIBRARY_PATH="$LIBS" IWARP_LOG="${IWARP_LOG:-debug}")
 
 # The guest: servers for the host's clients (rping 7501, perftest 7511-7513), ready once they
 # listen; after "go", its clients against the host's servers (rping 7521, perftest 7531-7533);
@@ -126,18 +128,20 @@ tshark_port() {
   [ "$mal" = 0 ] || echo "tshark: $mal malformed frames on port $1"
 }
 pings() { tr -d '\r' < "$1" | grep -ac "$2" || true; }
-bw() { tr -d '\r' < "$1" | grep -aE "${2}65536 +100 +[0-9.]+ +[0-9.]+" | head -1 | awk '{print $(NF-1)}'; }
+# The average of the result line ("65536 100 PEAK AVG RATE"; siw's may go on with an error of its
+# close handshake, see below).
+bw() { tr -d '\r' < "$1" | grep -aE "${2}65536 +100 +[0-9.]+ +[0-9.]+" | head -1 | sed -E 's/.*65536 +100 +[0-9.]+ +([0-9.]+).*/\1/'; }
 positive() { awk -v b="$1" 'BEGIN { exit !(b + 0 > 0) }'; }
 
 # rping
 why=""
 [ "${hrc[rping-a]}" = 0 ] || why+="host client exit ${hrc[rping-a]}; "
 n="$(pings "$OUT/rping-a.host.log" '^ping data: rdma-ping-')"; [ "$n" = 10 ] || why+="host client saw $n/10 pings; "
-grep -aq "RPING-SRV-RC=0" "$SERIAL" || why+="siw server: $(grep -a 'RPING-SRV-RC' "$SERIAL" | head -1); "
+grep -aq "RPING-SRV-RC=0" "$SERIAL" || why+="siw server: $(grep -a 'RPING-SRV-RC' "$SERIAL" | head -1 || true)$(grep -a '^\[rping-srv\]' "$SERIAL" | tail -n 1 || true); "
 why+="$(tshark_port 7501)"
 [ -z "$why" ] && result PASS rping-a "siw rping -s <- drop-in rping -c: 10 validated pings" || result FAIL rping-a "$why"
 why=""
-grep -aq "RPING-CLI-RC=0" "$SERIAL" || why+="siw client: $(grep -a 'RPING-CLI-RC' "$SERIAL" | head -1); "
+grep -aq "RPING-CLI-RC=0" "$SERIAL" || why+="siw client: $(grep -a 'RPING-CLI-RC' "$SERIAL" | head -1 || true); "
 n="$(pings "$SERIAL" '^\[rping-cli\] ping data: rdma-ping-')"; [ "$n" = 10 ] || why+="siw client saw $n/10 pings; "
 # the drop-in server ends on the client's disconnect (0), or was stopped (143) if it never did
 [ "${hrc[rping-b]}" = 0 ] || why+="host server exit ${hrc[rping-b]}: $(tail -n 2 "$OUT/rping-b.host.log" | tr '\n' '|'); "
@@ -153,13 +157,23 @@ for side in a b; do
     hbw="$(bw "$OUT/$id.host.log" " *" || true)"
     [ -n "$hbw" ] && positive "$hbw" || why+="host printed no result line; "
     if [ $side = a ]; then tag="pt-srv $port" re="PT-SRV-RC $port=0"; else tag="pt-cli $port" re="PT-CLI-RC $port=0"; fi
-    grep -aq "$re" "$SERIAL" || why+="siw side: $(grep -a "\[$tag\]" "$SERIAL" | tail -n 2 | cut -c1-160 | tr '\n' '|'); "
+    # siw's race at the end (docs/siw-quirks.md#perftests-close-handshake-against-a-quick-peer):
+    # after the results, perftest's close handshake Sends a last message, the drop-in answers
+    # it and disconnects within a millisecond, and siw can then complete its own last Send,
+    # already delivered and answered, with IBV_WC_LOC_QP_OP_ERR ("Bad wc status 2"). The data
+    # phase and the results are complete; the case passes with a note.
+    note=""
+    if grep -aE "\[$tag\] +65536 +100 .*Bad wc status 2" "$SERIAL" > /dev/null; then
+      note=" (siw's close-handshake race: its last Send completed with status 2)"
+    elif ! grep -aq "$re" "$SERIAL"; then
+      why+="siw side: $(grep -a "\[$tag\]" "$SERIAL" | tail -n 2 | cut -c1-160 | tr '\n' '|' || true); "
+    fi
     gbw="$(bw "$SERIAL" "\[$tag\] *" || true)"
     [ -n "$gbw" ] && positive "$gbw" || why+="siw printed no result line; "
     why+="$(tshark_port "$port")"
     role="siw ib_${t}_bw -R server <- drop-in client"
     [ $side = b ] && role="siw ib_${t}_bw -R client -> drop-in server"
-    [ -z "$why" ] && result PASS "$id" "$role: avg MB/s host $hbw, siw $gbw (TCG guest)" || result FAIL "$id" "$why"
+    [ -z "$why" ] && result PASS "$id" "$role: avg MB/s host $hbw, siw $gbw (TCG guest)$note" || result FAIL "$id" "$why"
     port=$((port + 1))
   done
 done
