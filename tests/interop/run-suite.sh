@@ -394,9 +394,12 @@ run_repeat() { # config
   local cfg="$1" dir="$OUT/$1" t1=$SECONDS i t port rc
   mkdir -p "$dir"
   iw_log "=== $cfg (siw stock, each client $REPEAT times)"
-  local pt="-s 4096 -n 20"
+  # 100 iterations, not fewer: the siw send_bw server stamps completions it polls in one batch
+  # alike, and when all of a short run's receives arrive together it has no time span to report
+  # ("Can't produce a report", exit 1), which the client sees as the peer closing.
+  local pt="-s 4096 -n 100"
   # shellcheck disable=SC2016
-  local gcmd='L(){ i=0; while [ $i -lt '"$REPEAT"' ]; do i=$((i+1)); timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$pt"' > /tmp/p 2>&1; echo "PT-SRV-RC $2 $i=$?"; done; }; '
+  local gcmd='L(){ i=0; while [ $i -lt '"$REPEAT"' ]; do i=$((i+1)); timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$pt"' > /tmp/p$2 2>&1; r=$?; echo "PT-SRV-RC $2 $i=$r"; [ $r = 0 ] || sed "s/^/[pt-srv $2 $i] /" /tmp/p$2; done; }; '
   gcmd+="rping -s -P -a 0.0.0.0 -p 7500 > /tmp/r 2>&1 & L write 7501 & L read 7502 & L send 7503 & "
   # shellcheck disable=SC2016
   gcmd+='for p in 7500 7501 7502 7503; do i=0; while ! netstat -ltn | grep -q ":$p "; do i=$((i+1)); [ $i -gt 200 ] && break; sleep 0.1; done; done; '
