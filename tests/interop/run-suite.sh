@@ -399,7 +399,8 @@ run_repeat() { # config
   # ("Can't produce a report", exit 1), which the client sees as the peer closing.
   local pt="-s 4096 -n 100"
   # shellcheck disable=SC2016
-  local gcmd='L(){ i=0; while [ $i -lt '"$REPEAT"' ]; do i=$((i+1)); timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$pt"' > /tmp/p$2 2>&1; r=$?; echo "PT-SRV-RC $2 $i=$r"; [ $r = 0 ] || sed "s/^/[pt-srv $2 $i] /" /tmp/p$2; done; }; '
+  # Each guest server loop has a few instances more than the runs: see the retry below.
+  local gcmd='L(){ i=0; while [ $i -lt '"$((REPEAT + 3))"' ]; do i=$((i+1)); timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$pt"' > /tmp/p$2 2>&1; r=$?; echo "PT-SRV-RC $2 $i=$r"; [ $r = 0 ] || sed "s/^/[pt-srv $2 $i] /" /tmp/p$2; done; }; '
   gcmd+="rping -s -P -a 0.0.0.0 -p 7500 > /tmp/r 2>&1 & L write 7501 & L read 7502 & L send 7503 & "
   # shellcheck disable=SC2016
   gcmd+='for p in 7500 7501 7502 7503; do i=0; while ! netstat -ltn | grep -q ":$p "; do i=$((i+1)); [ $i -gt 200 ] && break; sleep 0.1; done; done; '
@@ -410,7 +411,8 @@ run_repeat() { # config
     iw_stop_guest
     return 0
   fi
-  local ok_r=0 ok_w=0 ok_rd=0 ok_s=0 first=""
+  local ok_r=0 ok_w=0 ok_rd=0 ok_s=0 first="" retries=0
+  local -A attempt=()
   for i in $(seq 1 "$REPEAT"); do
     rc=0
     iw_ns timeout -k 2 60 "$IWARP_BIN" rping -c -a "$IW_GUEST_IP" -p 7500 -C 3 -V --timeout 20 \
@@ -418,10 +420,25 @@ run_repeat() { # config
     if [ "$rc" = 0 ]; then ok_r=$((ok_r + 1)); else first="${first:-rping run $i: $(tail -n 1 "$dir/rping-$i.log" | cut -c1-200)}"; fi
     for t in write read send; do
       case "$t" in write) port=7501 ;; read) port=7502 ;; send) port=7503 ;; esac
-      rc=0
-      # shellcheck disable=SC2086
-      iw_ns timeout -k 2 60 "$IWARP_BIN" perftest "$t" "$IW_GUEST_IP" -p "$port" $pt --timeout 20 \
-        > "$dir/$t-$i.log" 2>&1 || rc=$?
+      while :; do
+        attempt[$t]=$((${attempt[$t]:-0} + 1))
+        rc=0
+        # shellcheck disable=SC2086
+        iw_ns timeout -k 2 60 "$IWARP_BIN" perftest "$t" "$IW_GUEST_IP" -p "$port" $pt --timeout 20 \
+          > "$dir/$t-$i.log" 2>&1 || rc=$?
+        [ "$rc" = 0 ] || sleep 1
+        # perftest on the guest calibrates its cycle counter before it reports, and under TCG a
+        # noisy calibration makes it give up ("Correlation coefficient r^2: ... < 0.9", "Can't
+        # produce a report") and exit, which the client sees as the peer closing. That run
+        # says nothing about either stack: it is run again, at most three times in all.
+        if [ "$rc" != 0 ] && [ "$retries" -lt 3 ] &&
+          grep -aq "^\[pt-srv $port ${attempt[$t]}\] Correlation coefficient" "$IW_SERIAL"; then
+          retries=$((retries + 1))
+          iw_log "$cfg: perftest $t run $i again: siw's perftest could not calibrate its clock"
+          continue
+        fi
+        break
+      done
       if [ "$rc" = 0 ]; then
         case "$t" in write) ok_w=$((ok_w + 1)) ;; read) ok_rd=$((ok_rd + 1)) ;; send) ok_s=$((ok_s + 1)) ;; esac
       else
@@ -441,7 +458,9 @@ run_repeat() { # config
   [ "$ok_rd" = "$REPEAT" ] || why+="perftest read $ok_rd/$REPEAT; "
   [ "$ok_s" = "$REPEAT" ] || why+="perftest send $ok_s/$REPEAT; "
   [ -z "$why" ] || why+="first failure: $first"
-  verdict "$cfg/in-a-row" "$why" "rping, perftest write/read/send each $REPEAT/$REPEAT in a row with no extra flag"
+  local again=""
+  [ "$retries" = 0 ] || again=" ($retries perftest run(s) again after siw's perftest could not calibrate its clock)"
+  verdict "$cfg/in-a-row" "$why" "rping, perftest write/read/send each $REPEAT/$REPEAT in a row with no extra flag$again"
   iw_log "$cfg: done in $((SECONDS - t1)) s"
 }
 
