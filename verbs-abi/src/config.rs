@@ -13,6 +13,7 @@
 //! | `IWARP_MARKERS` | `0`, `1` (ask the peer for MPA markers) | `0` |
 //! | `IWARP_P2P` | `0`, `1` (peer-to-peer mode: offer RTR as initiator) | `0` |
 //! | `IWARP_POLL` | `adaptive`, `busy`, `event` (the engine's poll mode) | `adaptive` |
+//! | `IWARP_POLL_IDLE_US` | how long a thread's `ibv_poll_cq` calls may find nothing before it sleeps in the queue until a completion (0: always spin) | `200` |
 //! | `IWARP_CONNECT_RETRY_MS` | how long `rdma_connect` retries a refused TCP connection (0: never) | `1000` |
 //! | `IWARP_PCAP` | a file: every connection's traffic, as pcap | none |
 //! | `IWARP_DEVICE` | the device's name (`ibv_get_device_name`) | `iwarp0` |
@@ -64,6 +65,9 @@ pub struct Config {
     /// after the control connection and opens a new one a moment later; a client that is
     /// faster than that is refused).
     pub connect_retry: std::time::Duration,
+    /// How long `ibv_poll_cq` may find nothing on a thread before that thread sleeps in the
+    /// queue until a completion arrives; `None`: it always spins.
+    pub poll_idle: Option<std::time::Duration>,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// `tracing` filter.
@@ -166,9 +170,20 @@ impl Config {
                 .map(std::time::Duration::from_millis)
                 .ok_or_else(|| format!("IWARP_CONNECT_RETRY_MS={ms}: expected milliseconds, 0 to 60000"))?,
         };
+        let poll_idle = match get("IWARP_POLL_IDLE_US").filter(|s| !s.is_empty()) {
+            None => Some(std::time::Duration::from_micros(200)),
+            Some(us) => match us.parse::<u64>().ok().filter(|&us| us <= 1_000_000) {
+                Some(0) => None,
+                Some(us) => Some(std::time::Duration::from_micros(us)),
+                None => {
+                    return Err(format!("IWARP_POLL_IDLE_US={us}: expected microseconds, 0 to 1000000"));
+                }
+            },
+        };
         Ok(Config {
             device_name,
             connect_retry,
+            poll_idle,
             poll_mode,
             transport,
             crc,
@@ -198,6 +213,12 @@ mod tests {
         assert_eq!((c.crc, c.mpa_rev, c.markers, c.p2p), (CrcPolicy::Off, 2, false, false));
         assert_eq!(c.connect_retry, std::time::Duration::from_secs(1));
         assert_eq!(cfg(&[("IWARP_CONNECT_RETRY_MS", "0")]).unwrap().connect_retry, std::time::Duration::ZERO);
+        assert_eq!(c.poll_idle, Some(std::time::Duration::from_micros(200)));
+        assert_eq!(cfg(&[("IWARP_POLL_IDLE_US", "0")]).unwrap().poll_idle, None);
+        assert_eq!(
+            cfg(&[("IWARP_POLL_IDLE_US", "1500")]).unwrap().poll_idle,
+            Some(std::time::Duration::from_micros(1500))
+        );
     }
 
     #[test]
@@ -221,6 +242,8 @@ mod tests {
             vec![("IWARP_P2P", "2")],
             vec![("IWARP_DEVICE", "has space")],
             vec![("IWARP_CONNECT_RETRY_MS", "soon")],
+            vec![("IWARP_POLL_IDLE_US", "-1")],
+            vec![("IWARP_POLL_IDLE_US", "2000000")],
         ] {
             let e = cfg(&bad).unwrap_err();
             assert!(e.contains(bad[bad.len() - 1].0) || e.contains(bad[0].0), "{e}");

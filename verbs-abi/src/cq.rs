@@ -11,6 +11,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use iwarp::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 
@@ -370,6 +371,17 @@ fn to_ibv(cq: &Cq, wc: &WorkCompletion) -> ibv_wc {
     }
 }
 
+std::thread_local! {
+    /// When this thread's `ibv_poll_cq` calls started finding nothing (`None`: the last one
+    /// found a completion). Kept per thread, not per queue: a thread that polls a send and a
+    /// receive queue in turn, one of them busy, never counts as idle.
+    static IDLE_SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// The longest an idle poller sleeps in one queue: a program polling several queues in turn
+/// sees another queue's completion at most this late after a quiet spell.
+const IDLE_NAP: Duration = Duration::from_micros(200);
+
 /// `ops.poll_cq`: up to `num_entries` completions into `wc`; their number, or -1.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     minus1_call("ibv_poll_cq", || {
@@ -388,20 +400,37 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
                 // that found nothing to do gives the core up for a moment: on a machine with
                 // fewer cores than spinning threads, the engine threads (this process's and
                 // the peer's) then run instead of waiting for the poller's time slice to end.
+                // A thread that has found nothing for `IWARP_POLL_IDLE_US` sleeps in the
+                // queue until a completion comes (or briefly, see IDLE_NAP) instead: a
+                // program waiting out a long transfer in a poll loop (perftest's server)
+                // then leaves its core to the engines.
                 None if n == 0 && !drove => {
                     drove = true;
-                    if let Ok(rt) = runtime::runtime()
-                        && !rt.device.try_progress()
+                    let Ok(rt) = runtime::runtime() else { continue };
+                    if let Some(idle) = rt.config.poll_idle
+                        && IDLE_SINCE.get().is_some_and(|since| since.elapsed() >= idle)
                     {
-                        std::thread::yield_now();
+                        match obj.cq.wait(IDLE_NAP) {
+                            Some(done) => done,
+                            None => continue,
+                        }
+                    } else {
+                        if !rt.device.try_progress() {
+                            std::thread::yield_now();
+                        }
+                        continue;
                     }
-                    continue;
                 }
                 None => break,
             };
             // SAFETY: the caller's array has `num_entries` writable entries; n is below.
             unsafe { wc.add(n as usize).write(to_ibv(&obj, &done)) };
             n += 1;
+        }
+        if n > 0 {
+            IDLE_SINCE.set(None);
+        } else if num_entries > 0 && IDLE_SINCE.get().is_none() {
+            IDLE_SINCE.set(Some(Instant::now()));
         }
         Ok(n)
     })

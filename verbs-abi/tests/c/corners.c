@@ -11,7 +11,9 @@
  *   completion event, and both sides get RDMA_CM_EVENT_DISCONNECTED;
  * - rdma_create_qp with no CQs makes them; rdma_create_id with a NULL channel is synchronous
  *   (rdma_create_ep, rdma_connect returning once connected);
- * - a thread blocked in ibv_get_cq_event can be cancelled.
+ * - a thread blocked in ibv_get_cq_event can be cancelled;
+ * - a thread that polls an empty queue for a long time gives its core up (it sleeps in the
+ *   queue) and still gets the next completion.
  *
  * Output is TAP-like: "ok N - what" or "not ok N - what (errno ...)"; the exit status is the
  * number of failures. Everything runs over 127.0.0.1 and is bounded by alarm().
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -438,6 +441,42 @@ int main(void)
 		CHECK(got == 2 && wc[1].wr_id == 9 && wc[1].status == IBV_WC_SUCCESS &&
 			      memcmp(cbuf + 200, "rdma-write", 10) == 0,
 		      "the Read brings back what the Write placed");
+	}
+
+	/* A thread polling an empty queue for 300 ms sleeps in it after IWARP_POLL_IDLE_US
+	 * (200 us): it uses a fraction of the core (a spinning poller uses all of it, less
+	 * what others take), then its next poll loop still sees a completion. */
+	{
+		struct timespec w0, w1, c0, c1;
+		clock_gettime(CLOCK_MONOTONIC, &w0);
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+		long polls = 0, wall_us = 0;
+		rc = 0;
+		while (rc == 0 && wall_us < 300000) {
+			rc = ibv_poll_cq(cid->send_cq, 1, wc);
+			polls++;
+			clock_gettime(CLOCK_MONOTONIC, &w1);
+			wall_us = (w1.tv_sec - w0.tv_sec) * 1000000L + (w1.tv_nsec - w0.tv_nsec) / 1000;
+		}
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+		long cpu_us = (c1.tv_sec - c0.tv_sec) * 1000000L + (c1.tv_nsec - c0.tv_nsec) / 1000;
+		CHECK(rc == 0 && cpu_us < wall_us / 2,
+		      "polling an empty queue for %ld ms took %ld ms of CPU in %ld polls", wall_us / 1000,
+		      cpu_us / 1000, polls);
+		struct ibv_sge sge = { (uintptr_t)cbuf + 100, 10, cmr->lkey };
+		struct ibv_send_wr w = { .wr_id = 10, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+					 .send_flags = IBV_SEND_SIGNALED }, *bad;
+		w.wr.rdma.remote_addr = (uintptr_t)sbuf + 1000;
+		w.wr.rdma.rkey = smr->rkey;
+		CHECK(ibv_post_send(cid->qp, &w, &bad) == 0, "an RDMA Write after the idle spell");
+		rc = 0;
+		for (wall_us = 0; rc == 0 && wall_us < 5000000;) {
+			rc = ibv_poll_cq(cid->send_cq, 1, wc);
+			clock_gettime(CLOCK_MONOTONIC, &w1);
+			wall_us = (w1.tv_sec - w0.tv_sec) * 1000000L + (w1.tv_nsec - w0.tv_nsec) / 1000;
+		}
+		CHECK(rc == 1 && wc[0].wr_id == 10 && wc[0].status == IBV_WC_SUCCESS,
+		      "the idle poller's loop gets its completion");
 	}
 
 	/* rdma_disconnect: flushes, a completion event, DISCONNECTED on both sides. */
