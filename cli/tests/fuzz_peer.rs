@@ -247,7 +247,10 @@ fn terminate_checks_against_our_rping() {
         got("crc-error"),
         "Terminate 20020000: LLP type 0 code 0x02 (RFC layout), the peer closed the connection"
     );
-    assert_eq!(got("interleaved-sends"), "no Terminate, the peer kept the connection open");
+    assert_eq!(
+        got("interleaved-sends"),
+        "Terminate 02060000: RDMAP type 2 code 0x06 (RFC layout), the peer closed the connection"
+    );
     assert_eq!(got("ours-llp-crc"), "no Terminate, the peer closed the connection");
     // The server decoded this tool's Terminates (the ours-* checks, in this order).
     for want in [

@@ -420,6 +420,28 @@ fn rdmap_unexpected_opcode_model_mismatch() {
 }
 
 #[test]
+fn rdmap_unexpected_opcode_changing_within_a_message() {
+    // The second segment of a Send says Send SE (or the other way round, or Send with
+    // Invalidate): it belongs to no message and places nothing. The first segment's bytes were
+    // placed; the receive is flushed.
+    for (first, second) in [
+        (Opcode::Send, Opcode::SendSe),
+        (Opcode::SendSe, Opcode::Send),
+        (Opcode::Send, Opcode::SendInvalidate),
+    ] {
+        let mut s = Scenario::plain(2);
+        s.inject(&untagged(first, 0, 1, 0, false, 0, &[0xcc; 8]));
+        assert!(s.v.events.is_empty());
+        let m = untagged(second, 0, 1, 8, true, 0, &[0xdd; 8]);
+        s.inject(&m);
+        s.check(rdmap(2, 0x06), Some(&m), Copies::None, &[RECV]);
+        let r = &s.v.regions[RECV];
+        assert_eq!(&r.bytes(&s.v.table)[..8], &[0xcc; 8]);
+        assert_eq!(&r.bytes(&s.v.table)[8..], &r.initial[8..]);
+    }
+}
+
+#[test]
 fn rdmap_unexpected_read_response() {
     // No Read outstanding.
     let s = Scenario::plain(2);

@@ -467,7 +467,7 @@ pub(crate) fn checks() -> Vec<Check> {
                 vec![Op::DdpBits(0x40), Op::PayloadLen(8), Op::Trailing(send_se_second_half())],
             ),
             siw: close(),
-            iwarp: Expect::Carry(None),
+            iwarp: rfc(rdmap(OPER, 0x06), "", None, None),
         },
         // --- LLP -----------------------------------------------------------------------------
         Check {

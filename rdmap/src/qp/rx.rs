@@ -276,6 +276,12 @@ impl QueuePair {
         if qn == QN_SEND && mo == 0 && self.rx.posted(QN_SEND) == 0 {
             self.take_from_srq();
         }
+        // Every segment of a message carries the message's opcode: a later segment whose
+        // opcode differs from the first one's (a Send SE continuing a Send) belongs to no
+        // message, and places nothing.
+        if qn == QN_SEND && mo > 0 && self.rx_send.is_some_and(|(first, _)| first != op) {
+            return Err(RdmapError::UnexpectedOpcode { opcode: op }.into());
+        }
         let immediate = matches!(op, Opcode::ImmediateData | Opcode::ImmediateDataSe);
         // Immediate Data consumes a receive buffer but places nothing in it.
         let placed = if immediate { Payload::Bytes(&[]) } else { payload };
@@ -322,12 +328,12 @@ impl QueuePair {
         };
         match op {
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
-                let solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
                 let invalidate = matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
                     .then_some(STag(rdmap_word));
-                self.rx_send.get_or_insert((solicited, invalidate));
+                self.rx_send.get_or_insert((op, invalidate));
                 if let (Some(RxBuffer::Recv(_)), Some(len)) = (&*completed, completed_len) {
-                    let (solicited, invalidate) = self.rx_send.take().unwrap_or((false, None));
+                    let (op, invalidate) = self.rx_send.take().unwrap_or((op, None));
+                    let solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
                     if let Some(stag) = invalidate {
                         mem.invalidate_remote(stag).map_err(|e| {
                             if e.is_protection_error() {

@@ -13,7 +13,7 @@ use super::srq::SharedReceiveQueue;
 use super::wr::{Completion, QpConfig, RecvWr, SendWr, WcOpcode, WcStatus};
 use crate::atomic::{ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicResponse};
 use crate::memory::Sgl;
-use crate::wire::{READ_REQUEST_LEN, ReadRequest, TerminateHeader};
+use crate::wire::{Opcode, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
 
 /// Queue-pair states (RFC 5040 section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,8 +101,9 @@ pub struct QueuePair {
     pub(super) outbound: VecDeque<Outbound>,
     pub(super) srq: Option<SharedReceiveQueue>,
     pub(super) terminate: Option<TxMessage>,
-    /// Bytes and flags of the Send being received: (solicited, invalidate).
-    pub(super) rx_send: Option<(bool, Option<STag>)>,
+    /// The opcode of the Send being received (of its first segment) and the STag it
+    /// invalidates.
+    pub(super) rx_send: Option<(Opcode, Option<STag>)>,
     pub(super) completions: VecDeque<Completion>,
     pub(super) events: VecDeque<QpEvent>,
     pub(super) stats: QpStats,
