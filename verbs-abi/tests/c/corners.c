@@ -62,6 +62,23 @@ static int n, fails;
 	} while (0)
 
 /* Waits up to 5 s for the next event on `ch` (whose fd may be non-blocking). */
+/* Posts a signaled RDMA Write or Read of 10 bytes between local and remote. */
+static int post_rdma(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, char *local, uint32_t lkey,
+		     char *remote, uint32_t rkey)
+{
+	struct ibv_sge sge = { (uintptr_t)local, 10, lkey };
+	struct ibv_send_wr w = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED }, *bad;
+	w.wr.rdma.remote_addr = (uintptr_t)remote;
+	w.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &w, &bad);
+}
+
+static long us_between(struct timespec a, struct timespec b)
+{
+	return (b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000;
+}
+
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
 {
 	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
@@ -420,18 +437,10 @@ int main(void)
 	/* RDMA Write into the server's region, then Read it back. */
 	memcpy(cbuf + 100, "rdma-write", 10);
 	{
-		struct ibv_sge sge = { (uintptr_t)cbuf + 100, 10, cmr->lkey };
-		struct ibv_send_wr w = { .wr_id = 8, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-					 .send_flags = IBV_SEND_SIGNALED }, *bad;
-		w.wr.rdma.remote_addr = (uintptr_t)sbuf + 1000;
-		w.wr.rdma.rkey = smr->rkey;
-		CHECK(ibv_post_send(cid->qp, &w, &bad) == 0, "RDMA Write to the server's buffer address");
-		struct ibv_sge rs = { (uintptr_t)cbuf + 200, 10, cmr->lkey };
-		struct ibv_send_wr r = { .wr_id = 9, .sg_list = &rs, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
-					 .send_flags = IBV_SEND_SIGNALED }, *bad2;
-		r.wr.rdma.remote_addr = (uintptr_t)sbuf + 1000;
-		r.wr.rdma.rkey = smr->rkey;
-		CHECK(ibv_post_send(cid->qp, &r, &bad2) == 0, "RDMA Read of it");
+		CHECK(post_rdma(cid->qp, 8, IBV_WR_RDMA_WRITE, cbuf + 100, cmr->lkey, sbuf + 1000, smr->rkey) == 0,
+		      "RDMA Write to the server's buffer address");
+		CHECK(post_rdma(cid->qp, 9, IBV_WR_RDMA_READ, cbuf + 200, cmr->lkey, sbuf + 1000, smr->rkey) == 0,
+		      "RDMA Read of it");
 		int got = 0;
 		for (i = 0; i < 2000 && got < 2; i++) {
 			got += ibv_poll_cq(cid->send_cq, 2 - got, wc + got);
@@ -456,24 +465,20 @@ int main(void)
 			rc = ibv_poll_cq(cid->send_cq, 1, wc);
 			polls++;
 			clock_gettime(CLOCK_MONOTONIC, &w1);
-			wall_us = (w1.tv_sec - w0.tv_sec) * 1000000L + (w1.tv_nsec - w0.tv_nsec) / 1000;
+			wall_us = us_between(w0, w1);
 		}
 		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-		long cpu_us = (c1.tv_sec - c0.tv_sec) * 1000000L + (c1.tv_nsec - c0.tv_nsec) / 1000;
+		long cpu_us = us_between(c0, c1);
 		CHECK(rc == 0 && cpu_us < wall_us / 2,
 		      "polling an empty queue for %ld ms took %ld ms of CPU in %ld polls", wall_us / 1000,
 		      cpu_us / 1000, polls);
-		struct ibv_sge sge = { (uintptr_t)cbuf + 100, 10, cmr->lkey };
-		struct ibv_send_wr w = { .wr_id = 10, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-					 .send_flags = IBV_SEND_SIGNALED }, *bad;
-		w.wr.rdma.remote_addr = (uintptr_t)sbuf + 1000;
-		w.wr.rdma.rkey = smr->rkey;
-		CHECK(ibv_post_send(cid->qp, &w, &bad) == 0, "an RDMA Write after the idle spell");
+		CHECK(post_rdma(cid->qp, 10, IBV_WR_RDMA_WRITE, cbuf + 100, cmr->lkey, sbuf + 1000, smr->rkey) == 0,
+		      "an RDMA Write after the idle spell");
 		rc = 0;
 		for (wall_us = 0; rc == 0 && wall_us < 5000000;) {
 			rc = ibv_poll_cq(cid->send_cq, 1, wc);
 			clock_gettime(CLOCK_MONOTONIC, &w1);
-			wall_us = (w1.tv_sec - w0.tv_sec) * 1000000L + (w1.tv_nsec - w0.tv_nsec) / 1000;
+			wall_us = us_between(w0, w1);
 		}
 		CHECK(rc == 1 && wc[0].wr_id == 10 && wc[0].status == IBV_WC_SUCCESS,
 		      "the idle poller's loop gets its completion");
