@@ -1,22 +1,20 @@
 //! Socket addresses between C and Rust, the local address a route to a peer would use, and
 //! `rdma_getaddrinfo` / `rdma_freeaddrinfo`.
 
-use std::ffi::{CStr, c_char, c_int};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, ToSocketAddrs, UdpSocket};
+use std::ffi::{c_char, c_int};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 
 use crate::ffi::{Result, minus1_call};
 use crate::sys::*;
 
-/// The address families as `sa_family_t`, and the two address lengths.
-#[expect(clippy::cast_possible_truncation, reason = "small constants: 2, 10, 16, 28")]
+/// The address families as `sa_family_t`.
+#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
 const AF_INET: libc::sa_family_t = libc::AF_INET as libc::sa_family_t;
 #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
 const AF_INET6: libc::sa_family_t = libc::AF_INET6 as libc::sa_family_t;
 
-#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
-const SOCKADDR_IN_LEN: socklen_t = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
-#[expect(clippy::cast_possible_truncation, reason = "a small constant")]
-const SOCKADDR_IN6_LEN: socklen_t = std::mem::size_of::<libc::sockaddr_in6>() as socklen_t;
+/// `AF_IB`, InfiniBand's native addresses (not offered: the device is iWARP).
+const AF_IB: c_int = 27;
 
 /// The socket address at `p` (a `sockaddr_in` or `sockaddr_in6`).
 pub(super) fn read(p: *const sockaddr) -> Result<SocketAddr> {
@@ -92,23 +90,144 @@ pub(super) fn source_for(dst: SocketAddr, smol: Option<Ipv4Addr>) -> SocketAddr 
         .unwrap_or(any)
 }
 
-fn c_string(p: *const c_char) -> Result<Option<String>> {
-    if p.is_null() {
-        return Ok(None);
+/// A copy of the socket address at `src` (`len` bytes) in fresh `malloc`ed memory, which
+/// [`iwarp_rdma_freeaddrinfo`] frees.
+fn copy_addr(src: *const sockaddr, len: socklen_t) -> Result<*mut sockaddr> {
+    let n = usize::try_from(len).map_err(|_| libc::EINVAL)?;
+    if src.is_null() || n == 0 || n > std::mem::size_of::<sockaddr_storage>() {
+        return Err(libc::EINVAL);
     }
-    // SAFETY: the caller passes a NUL-terminated string.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str().map(|s| Some(s.to_string())).map_err(|_| libc::EINVAL)
+    // SAFETY: malloc of `n` bytes, checked for NULL.
+    let dst = unsafe { libc::malloc(n) }.cast::<u8>();
+    if dst.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    // SAFETY: the caller's address has `len` readable bytes; `dst` has `n` writable ones.
+    unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, n) };
+    Ok(dst.cast())
 }
 
-/// Resolves `node` and `service` into a one-entry `rdma_addrinfo` list for
-/// [`iwarp_rdma_freeaddrinfo`]: with `RAI_PASSIVE` a source address to bind (any address
-/// when `node` is NULL), otherwise a destination. Numeric ports only.
+/// `getaddrinfo(3)` hints for `rdma_getaddrinfo`'s: passive and numeric-host flags, the
+/// family, the socket type of the QP type and the protocol of the port space.
+fn ai_hints(h: &rdma_addrinfo) -> libc::addrinfo {
+    // SAFETY: addrinfo is plain data; all zero is "no hints".
+    let mut ai: libc::addrinfo = unsafe { std::mem::zeroed() };
+    if h.ai_flags & RAI_PASSIVE as c_int != 0 {
+        ai.ai_flags |= libc::AI_PASSIVE;
+    }
+    if h.ai_flags & RAI_NUMERICHOST as c_int != 0 {
+        ai.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    if h.ai_family == libc::AF_INET || h.ai_family == libc::AF_INET6 {
+        ai.ai_family = h.ai_family;
+    }
+    let qp = u32::try_from(h.ai_qp_type).unwrap_or(u32::MAX);
+    if qp == IBV_QPT_RC || qp == IBV_QPT_UC || qp == IBV_QPT_XRC_SEND || qp == IBV_QPT_XRC_RECV {
+        ai.ai_socktype = libc::SOCK_STREAM;
+    } else if qp == IBV_QPT_UD {
+        ai.ai_socktype = libc::SOCK_DGRAM;
+    }
+    let ps = u32::try_from(h.ai_port_space).unwrap_or(u32::MAX);
+    if ps == RDMA_PS_TCP || (ps == RDMA_PS_IB && ai.ai_socktype == libc::SOCK_STREAM) {
+        ai.ai_protocol = libc::IPPROTO_TCP;
+    } else if ps == RDMA_PS_UDP
+        || ps == RDMA_PS_IPOIB
+        || (ps == RDMA_PS_IB && ai.ai_socktype == libc::SOCK_DGRAM)
+    {
+        ai.ai_protocol = libc::IPPROTO_UDP;
+    }
+    ai
+}
+
+/// The `getaddrinfo(3)` error `code` as an errno value.
+fn gai_errno(code: c_int) -> c_int {
+    match code {
+        libc::EAI_MEMORY => libc::ENOMEM,
+        libc::EAI_FAMILY => libc::EAFNOSUPPORT,
+        libc::EAI_SYSTEM => std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO),
+        libc::EAI_BADFLAGS | libc::EAI_SERVICE | libc::EAI_SOCKTYPE => libc::EINVAL,
+        _ => libc::EADDRNOTAVAIL,
+    }
+}
+
+/// Fills `e` from the first answer of `getaddrinfo(node, service)` with `h`'s hints, as
+/// rdma-core does: the address is the source of a passive entry, the destination otherwise;
+/// the QP type and port space are the hints' or those of the socket type and protocol.
+fn resolve_into(
+    e: &mut rdma_addrinfo,
+    node: *const c_char,
+    service: *const c_char,
+    h: Option<&rdma_addrinfo>,
+) -> Result<()> {
+    let hints = h.map(ai_hints);
+    let mut list: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: node and service are NULL or NUL-terminated (the caller's contract); the hints
+    // are a local structure; `list` receives a list freed below.
+    let rc = unsafe {
+        libc::getaddrinfo(
+            node,
+            service,
+            hints.as_ref().map_or(std::ptr::null(), std::ptr::from_ref),
+            &raw mut list,
+        )
+    };
+    if rc != 0 {
+        return Err(gai_errno(rc));
+    }
+    let out = (|| {
+        // SAFETY: getaddrinfo succeeded, so `list` is a non-empty list it allocated.
+        let ai = unsafe { &*list };
+        if ai.ai_family != libc::AF_INET && ai.ai_family != libc::AF_INET6 {
+            return Err(libc::EAFNOSUPPORT);
+        }
+        let qp = h.map_or(0, |h| h.ai_qp_type);
+        e.ai_qp_type = if qp != 0 {
+            qp
+        } else if ai.ai_socktype == libc::SOCK_STREAM {
+            IBV_QPT_RC as c_int
+        } else if ai.ai_socktype == libc::SOCK_DGRAM {
+            IBV_QPT_UD as c_int
+        } else {
+            0
+        };
+        let ps = h.map_or(0, |h| h.ai_port_space);
+        e.ai_port_space = if ps != 0 {
+            ps
+        } else if ai.ai_protocol == libc::IPPROTO_TCP {
+            RDMA_PS_TCP as c_int
+        } else if ai.ai_protocol == libc::IPPROTO_UDP {
+            RDMA_PS_UDP as c_int
+        } else {
+            0
+        };
+        e.ai_family = ai.ai_family;
+        let addr = copy_addr(ai.ai_addr.cast(), ai.ai_addrlen)?;
+        if ai.ai_flags & libc::AI_PASSIVE != 0 {
+            e.ai_flags = RAI_PASSIVE as c_int;
+            e.ai_src_addr = addr;
+            e.ai_src_len = ai.ai_addrlen;
+        } else {
+            e.ai_dst_addr = addr;
+            e.ai_dst_len = ai.ai_addrlen;
+        }
+        Ok(())
+    })();
+    // SAFETY: the list getaddrinfo returned, freed once.
+    unsafe { libc::freeaddrinfo(list) };
+    out
+}
+
+/// `rdma_getaddrinfo`, as rdma-core's for IP addresses: with `node` or `service`, the first
+/// answer of `getaddrinfo(3)` under the hints (`RAI_PASSIVE`: a source address to bind, the
+/// wildcard when `node` is NULL; otherwise a destination); with neither, the hints' flags,
+/// family, QP type, port space and destination address. A source address in the hints is
+/// then copied when the entry has none. One entry; free it with [`iwarp_rdma_freeaddrinfo`].
+/// A name that does not resolve is `EADDRNOTAVAIL`; `AF_IB` is `EAFNOSUPPORT`.
 ///
 /// # Safety
 ///
 /// `node` and `service` are NULL or NUL-terminated strings; `hints` NULL or a readable
-/// `rdma_addrinfo`; `res` a writable pointer.
+/// `rdma_addrinfo` whose addresses are readable for their lengths; `res` a writable pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn iwarp_rdma_getaddrinfo(
     node: *const c_char,
@@ -117,66 +236,47 @@ pub unsafe extern "C" fn iwarp_rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     minus1_call("rdma_getaddrinfo", || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
             return Err(libc::EINVAL);
         }
-        let node = c_string(node)?;
-        let port = match c_string(service)? {
-            Some(s) => s.parse::<u16>().map_err(|_| libc::EINVAL)?,
-            None => 0,
-        };
         // SAFETY: the caller passes a readable structure or NULL.
-        let hints = if hints.is_null() { None } else { Some(unsafe { *hints }) };
-        let flags = hints.map_or(0, |h| h.ai_flags);
-        let family = hints.map_or(0, |h| h.ai_family);
-        let passive = flags & RAI_PASSIVE as c_int != 0;
-        let addr = match node {
-            None if passive => {
-                if family == libc::AF_INET6 {
-                    SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
-                } else {
-                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-                }
-            }
-            None => return Err(libc::EINVAL),
-            Some(host) => (host.as_str(), port)
-                .to_socket_addrs()
-                .map_err(|_| libc::EADDRNOTAVAIL)?
-                .find(|a| match family {
-                    libc::AF_INET => a.is_ipv4(),
-                    libc::AF_INET6 => a.is_ipv6(),
-                    _ => true,
-                })
-                .ok_or(libc::EADDRNOTAVAIL)?,
-        };
-        let len: socklen_t = if addr.is_ipv4() { SOCKADDR_IN_LEN } else { SOCKADDR_IN6_LEN };
-        // SAFETY: calloc of one entry and one address; checked for NULL below.
+        let h = if hints.is_null() { None } else { Some(unsafe { *hints }) };
+        if h.is_some_and(|h| h.ai_family == AF_IB) {
+            return Err(libc::EAFNOSUPPORT);
+        }
+        // SAFETY: calloc of one entry, checked for NULL.
         let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
-        // SAFETY: as above.
-        let sa = unsafe { libc::calloc(1, std::mem::size_of::<sockaddr_storage>()) }.cast::<u8>();
-        if ai.is_null() || sa.is_null() {
-            // SAFETY: either came from calloc or is NULL.
-            unsafe {
-                libc::free(ai.cast());
-                libc::free(sa.cast());
-            }
+        if ai.is_null() {
             return Err(libc::ENOMEM);
         }
-        write(sa, addr);
-        let qp_type = hints.map_or(0, |h| h.ai_qp_type);
-        let ps = hints.map_or(0, |h| h.ai_port_space);
-        // SAFETY: `ai` is a fresh zeroed entry (checked non-null).
+        // SAFETY: a fresh zeroed entry (checked non-null), owned here until returned.
         let e = unsafe { &mut *ai };
-        e.ai_flags = flags;
-        e.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-        e.ai_qp_type = if qp_type == 0 { IBV_QPT_RC as c_int } else { qp_type };
-        e.ai_port_space = if ps == 0 { RDMA_PS_TCP as c_int } else { ps };
-        if passive {
-            e.ai_src_addr = sa.cast();
-            e.ai_src_len = len;
-        } else {
-            e.ai_dst_addr = sa.cast();
-            e.ai_dst_len = len;
+        let filled = (|| {
+            if !node.is_null() || !service.is_null() {
+                resolve_into(e, node, service, h.as_ref())?;
+            } else if let Some(h) = h {
+                e.ai_flags = h.ai_flags;
+                e.ai_family = h.ai_family;
+                e.ai_qp_type = h.ai_qp_type;
+                e.ai_port_space = h.ai_port_space;
+                if h.ai_dst_len != 0 {
+                    e.ai_dst_addr = copy_addr(h.ai_dst_addr, h.ai_dst_len)?;
+                    e.ai_dst_len = h.ai_dst_len;
+                }
+            }
+            if let Some(h) = h
+                && e.ai_src_len == 0
+                && h.ai_src_len != 0
+            {
+                e.ai_src_addr = copy_addr(h.ai_src_addr, h.ai_src_len)?;
+                e.ai_src_len = h.ai_src_len;
+            }
+            Ok(())
+        })();
+        if let Err(errno) = filled {
+            // SAFETY: the entry and whatever addresses it holds came from this function.
+            unsafe { iwarp_rdma_freeaddrinfo(ai) };
+            return Err(errno);
         }
         // SAFETY: the caller passes a writable pointer (checked non-null).
         unsafe { *res = ai };

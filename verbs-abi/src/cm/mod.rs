@@ -136,8 +136,8 @@ struct IdState {
 pub struct CmId {
     c: CStruct<rdma_cm_id>,
     channel: Mutex<Arc<EventChannel>>,
-    /// Made with a NULL channel: calls wait for their events.
-    sync: bool,
+    /// Made with a NULL channel (or migrated to one): calls wait for their events.
+    sync: AtomicBool,
     state: Mutex<IdState>,
     /// DISCONNECTED was queued.
     down: AtomicBool,
@@ -158,6 +158,11 @@ impl CmId {
         self.channel.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// Whether calls wait for their events (the id has a private channel).
+    fn is_sync(&self) -> bool {
+        self.sync.load(Ordering::Acquire)
+    }
+
     fn new(channel: Arc<EventChannel>, sync: bool, context: *mut c_void, ps: rdma_port_space) -> Arc<CmId> {
         let mut c: rdma_cm_id = zeroed();
         c.channel = channel.c.ptr();
@@ -167,7 +172,7 @@ impl CmId {
         let id = Arc::new(CmId {
             c: CStruct::new(c),
             channel: Mutex::new(channel),
-            sync,
+            sync: AtomicBool::new(sync),
             state: Mutex::new(IdState::default()),
             down: AtomicBool::new(false),
         });
@@ -456,7 +461,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         obj.set_dst(dst);
         obj.attach_device()?;
         obj.post(RDMA_CM_EVENT_ADDR_RESOLVED, 0, None);
-        if obj.sync {
+        if obj.is_sync() {
             obj.wait_sync(RDMA_CM_EVENT_ADDR_RESOLVED)?;
         }
         Ok(0)
@@ -480,7 +485,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             st.route = true;
         }
         obj.post(RDMA_CM_EVENT_ROUTE_RESOLVED, 0, None);
-        if obj.sync {
+        if obj.is_sync() {
             obj.wait_sync(RDMA_CM_EVENT_ROUTE_RESOLVED)?;
         }
         Ok(0)
@@ -786,7 +791,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
                 }
             })
             .map_err(|_| libc::EAGAIN)?;
-        if obj.sync {
+        if obj.is_sync() {
             obj.wait_sync(if by_num { RDMA_CM_EVENT_CONNECT_RESPONSE } else { RDMA_CM_EVENT_ESTABLISHED })?;
         }
         Ok(0)
@@ -853,7 +858,7 @@ fn accept_loop(listener: &iwarp::Listener, parent: &Weak<CmId>, stop: &AtomicBoo
             Ok(req) => {
                 let Some(parent) = parent.upgrade() else { return };
                 let pc = parent.c.read();
-                let child = CmId::new(parent.channel(), parent.sync, pc.context, pc.ps);
+                let child = CmId::new(parent.channel(), parent.is_sync(), pc.context, pc.ps);
                 if child.attach_device().is_err() {
                     continue;
                 }
@@ -926,7 +931,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_
                     qp_num: 0,
                 };
                 obj.post(RDMA_CM_EVENT_ESTABLISHED, 0, Some(info));
-                if obj.sync {
+                if obj.is_sync() {
                     obj.wait_sync(RDMA_CM_EVENT_ESTABLISHED)?;
                 }
                 Ok(0)
@@ -1204,7 +1209,11 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_type
     minus1_call("rdma_notify", || get_id(id).map(|_| 0))
 }
 
-/// Moves the id to another event channel (NULL: a private one, synchronous from then on).
+/// Moves the id to another event channel, with the events of the id queued on the old one
+/// and not yet read, in order (the kernel's rdma_cm does the same). NULL: a private channel,
+/// and the id is synchronous from then on (`EINVAL` for an id that already is); an id moved
+/// to an application's channel is asynchronous from then on (libfabric's verbs provider
+/// creates its ids synchronous and moves them to its event queue's channel).
 ///
 /// # Safety
 ///
@@ -1213,9 +1222,28 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_type
 pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
     minus1_call("rdma_migrate_id", || {
         let obj = get_id(id)?;
+        if channel.is_null() && obj.is_sync() {
+            return Err(libc::EINVAL);
+        }
         let ch = if channel.is_null() { EventChannel::new()? } else { CHANNELS.get(channel)? };
-        obj.c.update(|c| c.channel = ch.c.ptr());
-        *obj.channel.lock().unwrap_or_else(PoisonError::into_inner) = ch;
+        let mut current = obj.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&current, &ch) {
+            let moved: Vec<Arc<Event>> = {
+                let mut queued = current.queued.lock().unwrap_or_else(PoisonError::into_inner);
+                let mine: Vec<u64> =
+                    queued.iter().filter(|(_, ev)| Arc::ptr_eq(&ev._id, &obj)).map(|(n, _)| *n).collect();
+                let mut mine: Vec<(u64, Arc<Event>)> =
+                    mine.into_iter().filter_map(|n| queued.remove(&n).map(|ev| (n, ev))).collect();
+                mine.sort_by_key(|(n, _)| *n);
+                mine.into_iter().map(|(_, ev)| ev).collect()
+            };
+            for ev in moved {
+                ch.queue(ev);
+            }
+            obj.c.update(|c| c.channel = ch.c.ptr());
+            *current = ch;
+        }
+        obj.sync.store(channel.is_null(), Ordering::Release);
         Ok(0)
     })
 }
@@ -1314,7 +1342,7 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
 pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
     minus1_call("rdma_get_request", || {
         let obj = get_id(listen)?;
-        if !obj.sync || id.is_null() {
+        if !obj.is_sync() || id.is_null() {
             return Err(libc::EINVAL);
         }
         let ev = obj.wait_sync(RDMA_CM_EVENT_CONNECT_REQUEST)?.ok_or(libc::EIO)?;
