@@ -156,17 +156,35 @@ fn debian_programs_find_every_import() {
         exported.extend(defined(&dir.join(lib)).into_iter().map(|(n, v)| (v, n)));
     }
     let mut checked = 0;
-    for program in ["rping", "ib_write_bw", "ib_read_bw", "ib_send_bw", "ibv_devinfo", "ibv_devices"] {
+    // Each program, with the argument it is started with to prove that it loads; fi_info
+    // (libfabric-bin) stands for libfabric.so.1, whose imports are checked below.
+    let programs = [
+        ("rping", "--help"),
+        ("ib_write_bw", "--help"),
+        ("ib_read_bw", "--help"),
+        ("ib_send_bw", "--help"),
+        ("ibv_devinfo", "--help"),
+        ("ibv_devices", "--help"),
+        ("fi_info", "--version"),
+    ];
+    for (program, arg) in programs {
         let Some(path) = which(program) else {
-            skip(&format!("{program} (rdmacm-utils, perftest, ibverbs-utils)"));
+            skip(&format!("{program} (rdmacm-utils, perftest, ibverbs-utils, libfabric-bin)"));
             continue;
         };
-        let wanted = imports(&path, &["IBVERBS_", "RDMACM_", "MLX5_", "EFA_"]);
-        assert!(!wanted.is_empty(), "{program} imports nothing from rdma-core?");
+        let object = if program == "fi_info" {
+            shared_library("libfabric.so.1")
+                .expect("fi_info is installed but ldconfig knows no libfabric.so.1")
+        } else {
+            path.clone()
+        };
+        let wanted = imports(&object, &["IBVERBS_", "RDMACM_", "MLX5_", "EFA_"]);
+        assert!(!wanted.is_empty(), "{} imports nothing from rdma-core?", object.display());
         let missing: Vec<_> = wanted.difference(&exported).collect();
-        assert!(missing.is_empty(), "{program} imports what the drop-in lacks: {missing:?}");
-        // The program loads (its imports bind at start: Debian links with BIND_NOW).
-        let out = wait_bounded(spawn(dropin_path(&path, &["--help"])), Duration::from_secs(10), program);
+        assert!(missing.is_empty(), "{} imports what the drop-in lacks: {missing:?}", object.display());
+        // The program loads (its imports bind at start: Debian links with BIND_NOW, and a
+        // missing symbol version fails any load).
+        let out = wait_bounded(spawn(dropin_path(&path, &[arg])), Duration::from_secs(10), program);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !err.contains("symbol lookup error")
@@ -177,6 +195,15 @@ fn debian_programs_find_every_import() {
         checked += 1;
     }
     eprintln!("{checked} programs checked");
+}
+
+/// The path `ldconfig -p` gives for the shared library `soname`.
+fn shared_library(soname: &str) -> Option<PathBuf> {
+    let out = Command::new("ldconfig").arg("-p").output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let (name, path) = l.trim().split_once(" => ")?;
+        (name.split_whitespace().next() == Some(soname)).then(|| PathBuf::from(path.trim()))
+    })
 }
 
 fn which(program: &str) -> Option<PathBuf> {

@@ -1,6 +1,7 @@
 //! Debian's unmodified rdma-core programs with both ends on the drop-in libraries, over
-//! 127.0.0.1: rping (rdmacm-utils 44) and perftest 4.5's `ib_write_bw`, `ib_read_bw` and
-//! `ib_send_bw` with `-R`. Every process is bounded in time and killed by its PID when over.
+//! 127.0.0.1: rping (rdmacm-utils 44), perftest 4.5's `ib_write_bw`, `ib_read_bw` and
+//! `ib_send_bw` with `-R`, and libfabric 1.17's verbs provider (libfabric-bin's `fi_info` and
+//! `fi_pingpong`, over `verbs;ofi_rxm` and plain `verbs` message endpoints). Every process is bounded in time and killed by its PID when over.
 //! (The runs against `iwarp rping` / `iwarp perftest` and against Linux siw are in
 //! scripts/verbs-abi-test.sh and tests/interop/run-verbs-abi.sh.)
 
@@ -133,4 +134,84 @@ fn ib_read_bw_both_ends_on_the_dropin() {
 #[test]
 fn ib_send_bw_both_ends_on_the_dropin() {
     perftest("ib_send_bw");
+}
+
+/// `fi_info` (libfabric-bin) on the drop-in: the verbs provider finds the device, as a
+/// message endpoint over iWARP and, with the rxm utility provider on top, as a reliable
+/// datagram endpoint (what MPI's ofi layers use).
+#[test]
+fn fi_info_lists_the_device_for_verbs_and_ofi_rxm() {
+    if !installed(&["fi_info"], "libfabric-bin") {
+        return;
+    }
+    let mut c = dropin("fi_info");
+    c.args(["-p", "verbs"]);
+    let out = wait_bounded(spawn(c), LIMIT, "fi_info -p verbs");
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["provider: verbs", "domain: iwarp0", "type: FI_EP_MSG", "protocol: FI_PROTO_IWARP"] {
+        assert!(text.contains(want), "no {want:?}: {}", show(&out));
+    }
+    let mut c = dropin("fi_info");
+    c.args(["-p", "verbs;ofi_rxm", "-t", "FI_EP_RDM"]);
+    let out = wait_bounded(spawn(c), LIMIT, "fi_info -p verbs;ofi_rxm");
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["provider: verbs;ofi_rxm", "domain: iwarp0", "type: FI_EP_RDM"] {
+        assert!(text.contains(want), "no {want:?}: {}", show(&out));
+    }
+}
+
+/// `fi_pingpong` server and client on the drop-in with libfabric's provider `provider` and
+/// endpoint type `ep`: every default size (64 B to 1 MiB: eager sends, rxm's segmented and
+/// its rendezvous protocol, which RDMA-Reads the sender's buffer), `iters` round trips
+/// each, every message checked by the receiver (`-c`).
+fn fi_pingpong(provider: &str, ep: &str, iters: u32) {
+    if !installed(&["fi_pingpong"], "libfabric-bin") {
+        return;
+    }
+    let port = free_port().to_string();
+    let args = ["-p", provider, "-e", ep, "-I", &iters.to_string(), "-c"];
+    let mut s = dropin("fi_pingpong");
+    s.args(args).args(["-B", &port]);
+    let server = spawn(s);
+    assert!(wait_listening(port.parse().unwrap(), LIMIT), "fi_pingpong's server did not listen on {port}");
+    let mut c = dropin("fi_pingpong");
+    c.args(args).args(["-P", &port, "127.0.0.1"]);
+    let (client, client_killed) = wait_or_kill(spawn(c), LIMIT);
+    let (server, server_killed) =
+        wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
+    assert!(
+        client.status.success() && server.status.success(),
+        "fi_pingpong -p {provider} -e {ep}: client{}: {}\nserver{}: {}",
+        if client_killed { " (killed)" } else { "" },
+        show(&client),
+        if server_killed { " (killed)" } else { "" },
+        show(&server)
+    );
+    // fi_pingpong's counts: "#sent" and "#ack" (the latter with "=" when all came back).
+    let count = if iters >= 1000 { format!("{}k", iters / 1000) } else { iters.to_string() };
+    let ack = format!("={count}");
+    for out in [&client, &server] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("Error at iteration"), "a message arrived corrupted: {}", show(out));
+        for size in ["64", "256", "1k", "4k", "64k", "1m"] {
+            let row = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(size))
+                .unwrap_or_else(|| panic!("no row for {size}: {}", show(out)));
+            let f: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!((f.get(1), f.get(2)), (Some(&count.as_str()), Some(&ack.as_str())), "{row}");
+        }
+    }
+}
+
+#[test]
+fn fi_pingpong_rdm_over_verbs_ofi_rxm() {
+    fi_pingpong("verbs;ofi_rxm", "rdm", 200);
+}
+
+#[test]
+fn fi_pingpong_msg_over_verbs() {
+    fi_pingpong("verbs", "msg", 200);
 }

@@ -10,7 +10,9 @@
  * - rdma_disconnect: the queue pair's posted work is flushed (IBV_WC_WR_FLUSH_ERR) with a
  *   completion event, and both sides get RDMA_CM_EVENT_DISCONNECTED;
  * - rdma_create_qp with no CQs makes them; rdma_create_id with a NULL channel is synchronous
- *   (rdma_create_ep, rdma_connect returning once connected);
+ *   (rdma_create_ep, rdma_connect returning once connected); rdma_migrate_id moves an id (and
+ *   its unread events) to another channel, synchronous or not; rdma_getaddrinfo from hints
+ *   alone (libfabric's verbs provider);
  * - a thread blocked in ibv_get_cq_event can be cancelled;
  * - a thread that polls an empty queue for a long time gives its core up (it sleeps in the
  *   queue) and still gets the next completion.
@@ -560,6 +562,60 @@ int main(void)
 		CHECK(a.ok, "the server saw the connection established");
 		rdma_destroy_ep(ep);
 		rdma_freeaddrinfo(res);
+	}
+
+	/* --- libfabric's verbs provider: rdma_getaddrinfo from the hints alone, and ids created
+	   synchronous, then moved to its event channel, whose events then come there --- */
+	{
+		struct sockaddr_in src = { .sin_family = AF_INET, .sin_port = htons(4791) };
+		struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE | RAI_FAMILY, .ai_family = AF_INET,
+					       .ai_qp_type = IBV_QPT_RC, .ai_port_space = RDMA_PS_TCP };
+		struct rdma_addrinfo *res = NULL;
+		struct rdma_event_channel *mch = rdma_create_event_channel(), *ach = rdma_create_event_channel();
+		struct rdma_cm_id *mid, *aid;
+		struct rdma_cm_event *stale = NULL;
+
+		src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		hints.ai_src_addr = (struct sockaddr *)&src;
+		hints.ai_src_len = sizeof src;
+		CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 && res && (res->ai_flags & RAI_PASSIVE) &&
+			      res->ai_family == AF_INET && res->ai_src_len == sizeof src &&
+			      memcmp(res->ai_src_addr, &src, sizeof src) == 0 && !res->ai_dst_addr,
+		      "rdma_getaddrinfo(NULL, NULL, hints): the hints' source address, passive");
+		rdma_freeaddrinfo(res);
+		res = NULL;
+		CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL,
+		      "rdma_getaddrinfo with no node, service or hints: EINVAL");
+		hints.ai_flags = RAI_FAMILY;
+		CHECK(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &res) == 0 && res && res->ai_dst_addr &&
+			      res->ai_family == AF_INET && res->ai_qp_type == IBV_QPT_RC &&
+			      res->ai_port_space == RDMA_PS_TCP &&
+			      ((struct sockaddr_in *)res->ai_dst_addr)->sin_port == htons(7471) &&
+			      res->ai_src_len == sizeof src && !(res->ai_flags & RAI_PASSIVE),
+		      "rdma_getaddrinfo(node, service, hints): the destination, the hints' source kept");
+		rdma_freeaddrinfo(res);
+
+		REQUIRE(mch && ach && rdma_create_id(NULL, &mid, NULL, RDMA_PS_TCP) == 0, "a synchronous id");
+		CHECK(rdma_resolve_addr(mid, NULL, (struct sockaddr *)&sin, 2000) == 0,
+		      "rdma_resolve_addr returns with the address resolved (synchronous id)");
+		CHECK(rdma_migrate_id(mid, mch) == 0 && mid->channel == mch, "rdma_migrate_id to a channel");
+		CHECK(rdma_resolve_route(mid, 2000) == 0, "rdma_resolve_route returns at once (asynchronous now)");
+		expect_event(mch, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+		CHECK(rdma_migrate_id(mid, NULL) == 0 && mid->channel != mch,
+		      "rdma_migrate_id(NULL): a private channel (synchronous again)");
+		CHECK(rdma_migrate_id(mid, NULL) == -1 && errno == EINVAL, "... and not once more: EINVAL");
+		rdma_destroy_id(mid);
+
+		fcntl(ach->fd, F_SETFL, O_NONBLOCK);
+		REQUIRE(rdma_create_id(ach, &aid, NULL, RDMA_PS_TCP) == 0, "an asynchronous id");
+		CHECK(rdma_resolve_addr(aid, NULL, (struct sockaddr *)&sin, 2000) == 0, "rdma_resolve_addr");
+		CHECK(rdma_migrate_id(aid, mch) == 0, "rdma_migrate_id before its event was read");
+		expect_event(mch, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+		CHECK(rdma_get_cm_event(ach, &stale) == -1 && errno == EAGAIN,
+		      "the event moved with the id: the old channel has none");
+		rdma_destroy_id(aid);
+		rdma_destroy_event_channel(ach);
+		rdma_destroy_event_channel(mch);
 	}
 
 	/* --- a listener closed and opened again on its port (perftest's server does this
