@@ -4,10 +4,15 @@
 # `iwarp rping` and `iwarp perftest`, both directions, over 127.0.0.1; then the drop-in's
 # bandwidth: `ib_write_bw -R -s 65536` with both ends on the drop-in, as a ratio to
 # `iwarp bench` Write at 64 KiB measured in the same run (reported, not asserted: tests never
-# assert on time).
+# assert on time). Then the upper layers (docs/upper-layers.md): libfabric 1.17's
+# `fi_pingpong` over `verbs;ofi_rxm` and `verbs` with both ends on the drop-in (data
+# checked), and Open MPI 4.1 running tests/mpi/pingpong.c on two ranks with the ofi MTL
+# forced onto `verbs;ofi_rxm` on the drop-in, next to the same program over Open MPI's tcp
+# BTL in the same run (figures reported, not asserted).
 #
 # Prints one PASS/FAIL line per case and exits non-zero when one failed. Installs what it
-# needs with apt (rdmacm-utils, perftest, ibverbs-utils, libibverbs-dev, librdmacm-dev).
+# needs with apt (rdmacm-utils, perftest, ibverbs-utils, libibverbs-dev, librdmacm-dev,
+# libfabric-bin, openmpi-bin, libopenmpi-dev).
 # Every process is bounded by `timeout` and killed by its PID on the way out.
 #
 # Environment: IWARP_BIN (default: cargo build --release), IWARP_VERBS_ABI_DIR (default:
@@ -34,7 +39,8 @@ result() { # PASS|FAIL name detail
 }
 
 need=()
-for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils; do
+for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils fi_pingpong:libfabric-bin \
+  mpirun:openmpi-bin mpicc:libopenmpi-dev; do
   command -v "${p%%:*}" > /dev/null || need+=("${p#*:}")
 done
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
@@ -111,6 +117,67 @@ for t in write read send; do
   run_pair "ib_${t}_bw-iwarp-server-dropin-client" "$IWARP_BIN" perftest "$t" -p "$port" -s 65536 -n 500 -- \
     "${DROPIN[@]}" "ib_${t}_bw" -R -F -p "$port" -s 65536 -n 500 127.0.0.1
 done
+
+# libfabric's verbs provider on the drop-in: fi_pingpong, every default size (64 B .. 1 MiB:
+# rxm's eager, segmented and rendezvous protocols), each message checked (-c).
+for case in "verbs;ofi_rxm:rdm" "verbs:msg"; do
+  prov="${case%%:*}"; ep="${case#*:}"
+  port="$(free_port)"
+  name="fi_pingpong-${prov/;/-}-$ep"
+  timeout 90 "${DROPIN[@]}" fi_pingpong -p "$prov" -e "$ep" -I 500 -c -B "$port" > "$OUT/$name.server" 2>&1 &
+  spid=$!; PIDS+=("$spid"); sleep 0.7
+  timeout 90 "${DROPIN[@]}" fi_pingpong -p "$prov" -e "$ep" -I 500 -c -P "$port" 127.0.0.1 > "$OUT/$name.client" 2>&1
+  crc=$?
+  wait "$spid"; src=$?
+  rows="$(grep -cE '^(64|256|1k|4k|64k|1m) +500 +=500 ' "$OUT/$name.client")"
+  if [ "$crc" = 0 ] && [ "$src" = 0 ] && [ "$rows" = 6 ] && ! grep -q "Error at" "$OUT/$name".*; then
+    result PASS "$name" "$(awk '$1 == "64" {l=$7} $1 == "1m" {b=$6} END {print "64 B " l " us/xfer, 1 MiB " b " MB/s"}' "$OUT/$name.client")"
+  else
+    result FAIL "$name" "client $crc, server $src, $rows of 6 sizes (see $OUT/$name.*)"
+  fi
+done
+
+# Open MPI 4.1: tests/mpi/pingpong.c on two ranks, the ofi MTL forced onto verbs;ofi_rxm on
+# the drop-in, and the same program over the tcp BTL (kernel TCP on loopback) as the baseline.
+if mpicc -O2 -o "$OUT/mpi-pingpong" tests/mpi/pingpong.c 2> "$OUT/mpi-build.log"; then
+  MPIRUN=(mpirun --allow-run-as-root -np 2 --host localhost:2 --bind-to none)
+  timeout 120 "${MPIRUN[@]}" -x LD_LIBRARY_PATH="$LIBS" --mca pml cm --mca mtl ofi \
+    --mca mtl_ofi_provider_include "verbs;ofi_rxm" --mca mtl_base_verbose 100 \
+    "$OUT/mpi-pingpong" > "$OUT/mpi-ofi-verbs-rxm.txt" 2>&1
+  orc=$?
+  timeout 120 "${MPIRUN[@]}" --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
+    "$OUT/mpi-pingpong" > "$OUT/mpi-tcp-btl.txt" 2>&1
+  trc=$?
+  if [ "$orc" = 0 ] && grep -q "^pingpong: OK" "$OUT/mpi-ofi-verbs-rxm.txt" &&
+    grep -q "mtl:ofi:provider: iwarp0" "$OUT/mpi-ofi-verbs-rxm.txt"; then
+    result PASS "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "$(grep '^pingpong:' "$OUT/mpi-ofi-verbs-rxm.txt")"
+  else
+    result FAIL "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "exit $orc (see $OUT/mpi-ofi-verbs-rxm.txt)"
+  fi
+  if [ "$trc" = 0 ] && grep -q "^pingpong: OK" "$OUT/mpi-tcp-btl.txt"; then
+    result PASS "mpi-pingpong-tcp-btl" "$(grep '^pingpong:' "$OUT/mpi-tcp-btl.txt")"
+  else
+    result FAIL "mpi-pingpong-tcp-btl" "exit $trc (see $OUT/mpi-tcp-btl.txt)"
+  fi
+  python3 - "$OUT/mpi-ofi-verbs-rxm.txt" "$OUT/mpi-tcp-btl.txt" <<'PY' | tee -a "$OUT/summary.txt" >&2
+import sys
+def rows(path):
+    out = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) == 4 and f[0].isdigit():
+            out[int(f[0])] = (float(f[2]), float(f[3]))
+    return out
+ofi, tcp = rows(sys.argv[1]), rows(sys.argv[2])
+print("PERF MPI ping-pong (Open MPI 4.1, 2 ranks, one host): ofi MTL on verbs;ofi_rxm (drop-in) vs tcp BTL")
+print(f"PERF {'bytes':>9} {'ofi lat us':>11} {'tcp lat us':>11} {'ofi MB/s':>10} {'tcp MB/s':>10}")
+for size in sorted(set(ofi) & set(tcp)):
+    (ol, ob), (tl, tb) = ofi[size], tcp[size]
+    print(f"PERF {size:>9} {ol:>11.2f} {tl:>11.2f} {ob:>10.2f} {tb:>10.2f}")
+PY
+else
+  result FAIL "mpi-pingpong-build" "mpicc failed (see $OUT/mpi-build.log)"
+fi
 
 # The figure: ib_write_bw -R -s 65536 over the drop-in, against iwarp bench Write 64 KiB,
 # alternating, in one run. CRC off on both (the drop-in's default).

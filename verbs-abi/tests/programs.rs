@@ -1,7 +1,9 @@
 //! Debian's unmodified rdma-core programs with both ends on the drop-in libraries, over
 //! 127.0.0.1: rping (rdmacm-utils 44), perftest 4.5's `ib_write_bw`, `ib_read_bw` and
 //! `ib_send_bw` with `-R`, and libfabric 1.17's verbs provider (libfabric-bin's `fi_info` and
-//! `fi_pingpong`, over `verbs;ofi_rxm` and plain `verbs` message endpoints). Every process is bounded in time and killed by its PID when over.
+//! `fi_pingpong`, over `verbs;ofi_rxm` and plain `verbs` message endpoints), and Open MPI 4.1
+//! running the project's MPI ping-pong (tests/mpi/pingpong.c) with its ofi MTL on
+//! `verbs;ofi_rxm`. Every process is bounded in time and killed by its PID when over.
 //! (The runs against `iwarp rping` / `iwarp perftest` and against Linux siw are in
 //! scripts/verbs-abi-test.sh and tests/interop/run-verbs-abi.sh.)
 
@@ -9,6 +11,8 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -214,4 +218,60 @@ fn fi_pingpong_rdm_over_verbs_ofi_rxm() {
 #[test]
 fn fi_pingpong_msg_over_verbs() {
     fi_pingpong("verbs", "msg", 200);
+}
+
+/// Open MPI 4.1 (openmpi-bin, libopenmpi-dev; Debian's build has the ofi MTL): the project's
+/// two-rank ping-pong, tests/mpi/pingpong.c, with the ofi MTL forced onto libfabric's
+/// `verbs;ofi_rxm` over the drop-in: 1 B to 1 MiB, every message checked by its receiver,
+/// and both ranks on the device (`mtl:ofi:provider: iwarp0`).
+#[test]
+fn mpi_pingpong_over_the_ofi_mtl_on_verbs_ofi_rxm() {
+    if !installed(&["mpicc", "mpirun", "fi_info"], "libopenmpi-dev, openmpi-bin, libfabric-bin") {
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("pingpong");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi/pingpong.c");
+    let out =
+        Command::new("mpicc").args(["-O2", "-Wall", "-Werror", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(out.status.success(), "mpicc: {}", show(&out));
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "-np", "2", "--host", "localhost:2", "--bind-to", "none"])
+        .arg("-x")
+        .arg(format!("LD_LIBRARY_PATH={}", libdir().display()))
+        .args([
+            "--mca",
+            "pml",
+            "cm",
+            "--mca",
+            "mtl",
+            "ofi",
+            "--mca",
+            "mtl_ofi_provider_include",
+            "verbs;ofi_rxm",
+        ])
+        .args(["--mca", "mtl_base_verbose", "100"])
+        .arg(&exe)
+        .args(["1048576", "50"])
+        .env_remove("IWARP_PCAP");
+    let out = wait_bounded(spawn(c), Duration::from_secs(120), "mpirun pingpong");
+    assert!(out.status.success(), "{}", show(&out));
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        all.matches("mtl:ofi:provider: iwarp0").count(),
+        2,
+        "both ranks on the drop-in: {}",
+        show(&out)
+    );
+    let rows = all
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() == 4 && f[0].parse::<u64>().is_ok_and(|n| n.is_power_of_two()) && f[1] == "50"
+        })
+        .count();
+    assert_eq!(rows, 21, "one row per size, 1 B to 1 MiB: {}", show(&out));
+    // 21 sizes, 5 warm-up and 50 timed round trips each, a message checked on either rank.
+    assert!(all.contains("pingpong: OK, 2310 messages checked"), "{}", show(&out));
 }
