@@ -18,9 +18,10 @@ step "toolchain"
 cargo --version
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
-step "packages the verbs drop-in's tests use (rdma-core headers and programs, binutils)"
+step "packages the verbs drop-in's tests use (rdma-core headers and programs, binutils, libfabric, Open MPI)"
 pkgs=()
-for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils objdump:binutils cc:gcc; do
+for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils objdump:binutils cc:gcc \
+  fi_pingpong:libfabric-bin mpirun:openmpi-bin mpicc:libopenmpi-dev; do
   command -v "${p%%:*}" >/dev/null || pkgs+=("${p#*:}")
 done
 [ -f /usr/include/infiniband/verbs.h ] || pkgs+=(libibverbs-dev)
@@ -64,7 +65,7 @@ bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 step "AddressSanitizer: DMA module, memory tests, deregistration race, the verbs drop-in, placement fuzz targets"
 bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
 
-step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, and its bandwidth (scripts/verbs-abi-test.sh)"
+step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, its bandwidth, libfabric's fi_pingpong and the MPI ping-pong (ofi MTL vs tcp BTL) on it (scripts/verbs-abi-test.sh)"
 bash scripts/verbs-abi-test.sh
 
 step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-suite.sh)"

@@ -283,3 +283,68 @@ fn a_thousand_queue_pairs() {
         assert!(slice[8..].iter().all(|&b| b == (i % 251) as u8), "Write on {i}");
     }
 }
+
+/// A thread that runs a pass itself (`Device::try_progress`, as a program polling its queue in
+/// a loop does through `ibv_poll_cq`) and then sleeps in its queue may be the one that takes a
+/// large Read Request off the link: its pass spends the write budget on the first part of the
+/// Read Response and leaves the connection ready, and the sleeping engine thread never saw
+/// the request's readiness event (the poller's pass took it). The pass must wake the engine
+/// for the rest, or the Read never completes (libfabric's rxm rendezvous stalled so, at
+/// 512 KiB of a 1 MiB response).
+#[test]
+fn a_read_response_begun_by_a_polling_thread_is_finished_by_the_engine() {
+    const LEN: usize = 4 << 20;
+    const ROUNDS: u64 = 20;
+    let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
+    let listener = server_dev.listen("127.0.0.1:0".parse::<SocketAddr>().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (spd, cpd) = (server_dev.alloc_pd(), client_dev.alloc_pd());
+    let (scq, ccq) = (server_dev.create_cq(64), client_dev.create_cq(64));
+    let opts = ConnectOptions { max_recv_wr: 4, max_send_wr: 4, ..ConnectOptions::default() };
+    let accepting = {
+        let (spd, scq, opts) = (spd.clone(), scq.clone(), opts.clone());
+        thread::spawn(move || listener.accept(T).unwrap().accept(&spd, &scq, &scq, &opts).unwrap())
+    };
+    let cqp = client_dev.connect(addr, &cpd, &ccq, &ccq, &opts).unwrap().qp;
+    let sqp = accepting.join().unwrap();
+    let source: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let remote = spd.register_bytes(&source, Access::REMOTE_READ).unwrap();
+    let (rkey, raddr) = (remote.rkey(), remote.addr());
+    let note = spd.register(64, Access::LOCAL_WRITE).unwrap();
+    // Each round, the server says when it is ready for the Read (its note's receive posted).
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let server = thread::spawn(move || {
+        for i in 0..ROUNDS {
+            sqp.post_recv(RecvWr { wr_id: i, sgl: note.sge(0, 64).into() }).unwrap();
+            // Poll as a program's loop does until a pass has sent something (the Read
+            // Response's first part, unless the engine thread took the request)...
+            let sent = server_dev.stats().tx_bytes;
+            ready.send(i).unwrap();
+            let deadline = std::time::Instant::now() + T;
+            while server_dev.stats().tx_bytes == sent {
+                assert!(std::time::Instant::now() < deadline, "round {i}: no Read Request came");
+                server_dev.try_progress();
+            }
+            // ...then sleep in the queue until the client says its Read completed.
+            let wc = scq.wait(T).unwrap_or_else(|| panic!("round {i}: no note from the client"));
+            assert_eq!((wc.wr_id, wc.status, wc.opcode), (i, WcStatus::Success, WcOpcode::Recv), "round {i}");
+        }
+        drop(remote);
+    });
+    let sink = cpd.register(LEN, Access::LOCAL_WRITE).unwrap();
+    let hello = cpd.register(64, Access::NONE).unwrap();
+    for i in 0..ROUNDS {
+        sink.write(0, &vec![0; LEN]).unwrap();
+        assert_eq!(is_ready.recv_timeout(T), Ok(i), "the server's round {i}");
+        let op = SendOp::Read { remote_stag: rkey, remote_to: raddr };
+        cqp.post_send(SendWr { wr_id: i, op, sgl: sink.sge(0, LEN as u32).into(), signaled: true }).unwrap();
+        let wc = ccq.wait(T).unwrap_or_else(|| panic!("round {i}: the 4 MiB Read did not complete"));
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (i, WcStatus::Success, WcOpcode::Read), "round {i}");
+        assert!(sink.to_vec() == source, "round {i}: the Read brought other bytes");
+        let op = SendOp::Send { solicited: false, invalidate: None };
+        cqp.post_send(SendWr { wr_id: 100 + i, op, sgl: hello.sge(0, 8).into(), signaled: true }).unwrap();
+        let wc = ccq.wait(T).unwrap_or_else(|| panic!("round {i}: the note was not sent"));
+        assert_eq!((wc.wr_id, wc.status), (100 + i, WcStatus::Success), "round {i}");
+    }
+    server.join().unwrap();
+}
