@@ -232,7 +232,7 @@ fn mpi_pingpong_over_the_ofi_mtl_on_verbs_ofi_rxm() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("pingpong");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mpi/pingpong.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("tests/mpi/pingpong.c");
     let out =
         Command::new("mpicc").args(["-O2", "-Wall", "-Werror", "-o"]).arg(&exe).arg(&src).output().unwrap();
     assert!(out.status.success(), "mpicc: {}", show(&out));
