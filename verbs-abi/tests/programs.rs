@@ -238,8 +238,7 @@ fn mpi_pingpong_over_the_ofi_mtl_on_verbs_ofi_rxm() {
     assert!(out.status.success(), "mpicc: {}", show(&out));
     let mut c = Command::new("mpirun");
     c.args(["--allow-run-as-root", "-np", "2", "--host", "localhost:2", "--bind-to", "none"])
-        .arg("-x")
-        .arg(format!("LD_LIBRARY_PATH={}", libdir().display()))
+        .args(dropin_env().into_iter().flat_map(|(k, v)| ["-x".to_string(), format!("{k}={v}")]))
         .args([
             "--mca",
             "pml",

@@ -71,11 +71,19 @@ pub(crate) fn libdir() -> &'static Path {
 /// judge the programs' own allocations (perftest frees little before it exits).
 pub(crate) fn dropin(program: &str) -> Command {
     let mut c = Command::new(program);
-    c.env("LD_LIBRARY_PATH", libdir()).env_remove("IWARP_PCAP");
-    if let Some(runtime) = std::env::var_os("IWARP_VERBS_ABI_PRELOAD") {
-        c.env("LD_PRELOAD", runtime).env("ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1:exitcode=86");
-    }
+    c.envs(dropin_env()).env_remove("IWARP_PCAP");
     c
+}
+
+/// The environment a program needs to run on the drop-in (see [`dropin`]), for launchers
+/// that pass it on themselves (mpirun's `-x NAME=VALUE`).
+pub(crate) fn dropin_env() -> Vec<(String, String)> {
+    let mut env = vec![("LD_LIBRARY_PATH".to_string(), libdir().display().to_string())];
+    if let Some(runtime) = std::env::var_os("IWARP_VERBS_ABI_PRELOAD") {
+        env.push(("LD_PRELOAD".to_string(), runtime.to_string_lossy().into_owned()));
+        env.push(("ASAN_OPTIONS".to_string(), "detect_leaks=0:halt_on_error=1:exitcode=86".to_string()));
+    }
+    env
 }
 
 /// A child process whose output is read as it comes (a full pipe would stall it).
