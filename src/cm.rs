@@ -474,6 +474,7 @@ impl Start<'_> {
         let cqs = (send_cq.shared.clone(), recv_cq.shared.clone());
         let shared = core.add(conn, link, pd.id, |qp_num, key| {
             QpShared::new(qp_num, key, config, params, cqs, opts.srq.is_some(), count)
+                .with_preposted_recvs(opts.recv.len())
         });
         drop(core);
         dev.ring();

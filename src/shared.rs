@@ -464,6 +464,17 @@ impl QpShared {
             .is_ok()
     }
 
+    /// The queue pair starts with `n` receives posted (those handed over with the connection,
+    /// posted before it went live): they hold their receive-queue entries as posted ones do,
+    /// until they complete. Without this, a program that posted receives before connecting
+    /// (libfabric's verbs provider posts its whole receive queue) could post that many more
+    /// than the queue holds; the queue pair refused the extra ones, which completed with
+    /// `LocalLengthError`.
+    pub(crate) fn with_preposted_recvs(self, n: usize) -> QpShared {
+        self.rq_in_use.store(n, Ordering::Release);
+        self
+    }
+
     /// Poster side: takes a receive-queue entry, or says the queue is full.
     pub(crate) fn reserve_rq(&self) -> bool {
         self.rq_in_use
