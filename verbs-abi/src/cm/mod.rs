@@ -374,7 +374,8 @@ pub unsafe extern "C" fn rdma_create_id(
 }
 
 /// Destroys an id: stops its listener, drops a connection request it still holds (closing
-/// that connection). A connection is closed by destroying its queue pair.
+/// that connection) and its events not read yet. A connection is closed by destroying its
+/// queue pair.
 ///
 /// # Safety
 ///
@@ -399,8 +400,36 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             stop.store(true, Ordering::Release);
             let _ = thread.join();
         }
+        drop_queued_events(&obj);
         Ok(0)
     })
+}
+
+/// Drops the events of `obj` queued on its channel and not read yet, and, for a listener,
+/// the connection requests queued for it, whose new ids go with them (closing their
+/// connections). The kernel's rdma_cm does the same when an id is destroyed: a program never
+/// reads an event for an id it destroyed. (libfabric's rxm destroys the id of a connection it
+/// gave up for the peer's, simultaneous one, before that id's ROUTE_RESOLVED is read: the
+/// event's `id->context` is freed memory by then.)
+fn drop_queued_events(obj: &Arc<CmId>) {
+    let ch = obj.channel();
+    let dropped: Vec<Arc<Event>> = {
+        let mut queued = ch.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine: Vec<u64> = queued
+            .iter()
+            .filter(|(_, ev)| {
+                Arc::ptr_eq(&ev._id, obj) || ev._listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l, obj))
+            })
+            .map(|(n, _)| *n)
+            .collect();
+        mine.into_iter().filter_map(|n| queued.remove(&n)).collect()
+    };
+    for ev in dropped {
+        if !Arc::ptr_eq(&ev._id, obj) {
+            let _ = IDS.remove(ev._id.ibv());
+            ev._id.state().request = None;
+        }
+    }
 }
 
 /// Whether an event delivered for `obj` is not acknowledged yet.
