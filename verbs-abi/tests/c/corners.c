@@ -11,8 +11,8 @@
  *   completion event, and both sides get RDMA_CM_EVENT_DISCONNECTED;
  * - rdma_create_qp with no CQs makes them; rdma_create_id with a NULL channel is synchronous
  *   (rdma_create_ep, rdma_connect returning once connected); rdma_migrate_id moves an id (and
- *   its unread events) to another channel, synchronous or not; rdma_getaddrinfo from hints
- *   alone (libfabric's verbs provider);
+ *   its unread events) to another channel, synchronous or not; rdma_destroy_id drops the
+ *   id's unread events; rdma_getaddrinfo from hints alone (libfabric's verbs provider);
  * - a thread blocked in ibv_get_cq_event can be cancelled;
  * - a thread that polls an empty queue for a long time gives its core up (it sleeps in the
  *   queue) and still gets the next completion.
@@ -614,6 +614,11 @@ int main(void)
 		CHECK(rdma_get_cm_event(ach, &stale) == -1 && errno == EAGAIN,
 		      "the event moved with the id: the old channel has none");
 		rdma_destroy_id(aid);
+		REQUIRE(rdma_create_id(ach, &aid, NULL, RDMA_PS_TCP) == 0, "another asynchronous id");
+		CHECK(rdma_resolve_addr(aid, NULL, (struct sockaddr *)&sin, 2000) == 0, "rdma_resolve_addr");
+		CHECK(rdma_destroy_id(aid) == 0, "rdma_destroy_id before its event was read");
+		CHECK(rdma_get_cm_event(ach, &stale) == -1 && errno == EAGAIN,
+		      "the destroyed id's event is gone (never an event for a destroyed id)");
 		rdma_destroy_event_channel(ach);
 		rdma_destroy_event_channel(mch);
 	}
