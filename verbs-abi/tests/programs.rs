@@ -251,15 +251,6 @@ fn mpi_pingpong_over_the_ofi_mtl_on_verbs_ofi_rxm() {
             "verbs;ofi_rxm",
         ])
         .args(["--mca", "mtl_base_verbose", "100"])
-        // Under scripts/asan.sh: Open MPI hands libfabric its own memory monitor (its patched
-        // munmap and friends), which crashes in libfabric (a NULL dereference in its
-        // registration cache, at the first 512 KiB rendezvous) once the sanitizer's runtime
-        // intercepts the same calls; the ranks run without the registration cache there.
-        .args(if std::env::var_os("IWARP_VERBS_ABI_PRELOAD").is_some() {
-            &["-x", "FI_MR_CACHE_MONITOR=disabled"][..]
-        } else {
-            &[][..]
-        })
         .arg(&exe)
         .args(["1048576", "50"])
         .env_remove("IWARP_PCAP");
