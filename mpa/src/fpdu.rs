@@ -64,10 +64,24 @@ pub const fn crc_from_wire(field: [u8; 4]) -> u32 {
     u32::from_le_bytes(field)
 }
 
+/// From this many bytes on, [`crc_update`] folds with carry-less multiplication (`crc-fast`:
+/// about 3 times the SSE4.2 `crc32` loop at 64 KiB on a CPU with VPCLMULQDQ); below it the
+/// `crc32` loop is as quick and needs no setup.
+const FOLD_MIN: usize = 512;
+
 /// The CRC32c of an FPDU computed piece by piece: `crc_update(crc_update(0, a), b)` is the
 /// CRC of `a` followed by `b` (for a receiver that checks bytes as they land in place).
+/// `crc_update(0, a)` is the CRC of `a`.
 pub fn crc_update(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+    if bytes.len() < FOLD_MIN {
+        return crc32c::crc32c_append(crc, bytes);
+    }
+    // The running register of the reflected CRC-32C is the complement of the value so far.
+    let mut digest =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    digest.update(bytes);
+    // A 32-bit CRC's value is the low half.
+    u32::try_from(digest.finalize() & u64::from(u32::MAX)).unwrap_or_default()
 }
 
 /// Distance from stream position `pos` to the next marker position (0 when `pos` is one).
@@ -157,6 +171,28 @@ mod tests {
                 for start in [0u64, 1, 2, 100, 255, 508, 510, 511] {
                     assert!(wire_len(start, u, m) <= emss, "emss {emss} markers {m}");
                 }
+            }
+        }
+    }
+
+    /// `crc_update` gives crc32c's values on both sides of the switch to folding, for the RFC
+    /// 3720 vectors and for a stream cut anywhere, in pieces of every length class.
+    #[test]
+    fn crc_update_matches_crc32c_however_cut() {
+        assert_eq!(crc_update(0, &[0u8; 32]), 0x8A91_36AA);
+        let zeros = [0u8; 4096];
+        assert_eq!(crc_update(0, &zeros), crc32c::crc32c(&zeros));
+        let data: Vec<u8> = (0..70_000u32).map(|i| i.wrapping_mul(2_654_435_761).to_be_bytes()[1]).collect();
+        for len in [0, 1, 31, 511, 512, 513, 4096, 65_535, 70_000] {
+            assert_eq!(crc_update(0, &data[..len]), crc32c::crc32c(&data[..len]), "len {len}");
+        }
+        for cut in [0usize, 1, 3, 16, 511, 512, 1000, 30_001, 65_536, 69_999] {
+            for piece in [1usize, 7, 300, 600, 4096, 70_000] {
+                let mut crc = crc_update(0, &data[..cut]);
+                for c in data[cut..].chunks(piece) {
+                    crc = crc_update(crc, c);
+                }
+                assert_eq!(crc, crc32c::crc32c(&data), "cut {cut} piece {piece}");
             }
         }
     }

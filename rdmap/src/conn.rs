@@ -27,9 +27,16 @@ use crate::qp::{DirectSink, QpConfig, QueuePair, TxPiece};
 /// of payload (`cargo bench -p iwarp-rdmap --bench receive`).
 pub const DIRECT_MIN: usize = 24 * 1024;
 
-/// What a buffered read asks for while large FPDUs arrive: the rest of an FPDU's pad and CRC
-/// and the next FPDU's length and header, so that the next payload can go straight into place.
-const HEADER_READ: usize = 3 + CRC_LEN + LENGTH_LEN + UNTAGGED_HEADER_LEN;
+/// The most bytes from an FPDU's start to the end of its DDP header (an untagged header; a
+/// tagged one is 4 bytes shorter, and those 4 payload bytes then come through the buffer).
+const HEAD_MAX: usize = LENGTH_LEN + UNTAGGED_HEADER_LEN;
+
+/// For how many small FPDUs after a large one (one read into place, or large enough to be)
+/// buffered reads still stop at the end of the next FPDU's header: a large message's last
+/// segment is usually short, and a read past it would take the next message's first FPDUs
+/// into the receive buffer. After that many small FPDUs in a row, reads take whatever is
+/// there again (many small FPDUs per read).
+const LARGE_LINGER: u8 = 8;
 
 /// An FPDU whose payload goes straight from the link into the place its segment names; its
 /// pad and CRC follow.
@@ -76,6 +83,12 @@ fn large(markers: bool, direct_min: Option<usize>, ulpdu_len: usize) -> bool {
     !markers && direct_min.is_some_and(|min| ulpdu_len >= min + TAGGED_HEADER_LEN)
 }
 
+/// The large-FPDU countdown ([`LARGE_LINGER`]) after a whole FPDU with a ULPDU of `ulpdu_len`
+/// bytes was taken from the receive buffer: a large one restarts it, a small one wears it off.
+fn after_fpdu(rx_large: u8, markers: bool, direct_min: Option<usize>, ulpdu_len: usize) -> u8 {
+    if large(markers, direct_min, ulpdu_len) { LARGE_LINGER } else { rx_large.saturating_sub(1) }
+}
+
 /// The least payload a transmit batch sends from registered memory rather than copying it
 /// ([`Connection::poll_transmit_batch`]): below it, an extra piece in the vectored write costs
 /// more than the copy.
@@ -103,7 +116,11 @@ pub enum TxPart {
 /// FPDUs framed for one vectored write ([`Connection::poll_transmit_batch`]).
 #[derive(Debug, Default)]
 pub struct TxBatch {
+    /// The batch's own bytes are `meta[..meta_len]`; the bytes after them are room kept from
+    /// earlier batches (stale, never sent), so that framing an FPDU into the buffer does not
+    /// zero-fill a MULPDU of room each time.
     meta: Vec<u8>,
+    meta_len: usize,
     parts: Vec<TxPart>,
     pieces: Vec<TxPiece>,
     len: usize,
@@ -115,7 +132,7 @@ impl TxBatch {
 
     /// Empties the batch, keeping its allocations.
     pub fn clear(&mut self) {
-        self.meta.clear();
+        self.meta_len = 0;
         self.parts.clear();
         self.pieces.clear();
         self.len = 0;
@@ -131,6 +148,15 @@ impl TxBatch {
         self.len == 0
     }
 
+    /// Room for `len` bytes of the batch's own at `at`, where they end now:
+    /// the buffer grows (zero-filled) only past the longest batch so far.
+    fn meta_room(meta: &mut Vec<u8>, at: usize, len: usize) -> &mut [u8] {
+        if meta.len() < at + len {
+            meta.resize(at + len, 0);
+        }
+        &mut meta[at..at + len]
+    }
+
     /// The parts, in wire order.
     pub fn parts(&self) -> &[TxPart] {
         &self.parts
@@ -139,7 +165,7 @@ impl TxBatch {
     /// Ends a meta part at the end of the buffer that started at `at`, merged with the part
     /// before it when that is meta too.
     fn push_meta(&mut self, at: usize) {
-        let end = self.meta.len();
+        let end = self.meta_len;
         self.len += end - at;
         if let Some(TxPart::Meta(r)) = self.parts.last_mut()
             && r.end == at
@@ -231,8 +257,10 @@ pub struct Connection {
     direct_min: Option<usize>,
     /// The FPDU being read straight into place.
     direct: Option<DirectRx>,
-    /// The last FPDU was read into place: buffered reads ask for headers only.
-    rx_large: bool,
+    /// Large FPDUs arrive: while non-zero, buffered reads stop at the end of the next FPDU's
+    /// header ([`Connection::buffered_ask`]). Set to [`LARGE_LINGER`] by a large FPDU, less
+    /// one for each small one.
+    rx_large: u8,
     /// The least payload a transmit batch sends from registered memory; `None`: never.
     tx_by_ref_min: Option<usize>,
     rx_stats: RxStats,
@@ -267,7 +295,7 @@ impl Connection {
             rx_markers: params.markers_rx,
             direct_min: Some(DIRECT_MIN),
             direct: None,
-            rx_large: false,
+            rx_large: 0,
             tx_by_ref_min: Some(TX_BY_REF_MIN),
             rx_stats: RxStats::default(),
             tx_stats: TxStats::default(),
@@ -337,7 +365,7 @@ impl Connection {
         {
             let want = d.payload_len - d.done;
             // The front of `rx` takes what follows the payload; the rest, dropped payload.
-            let (next, scratch) = rx.split_at_mut(HEADER_READ.min(rx.len() / 2));
+            let (next, scratch) = rx.split_at_mut((d.trailer_len + HEAD_MAX).min(rx.len() / 2));
             let place = match d.refused {
                 None => self.qp.direct_bytes(mem, d.sink, d.done, want),
                 Some(e) => Err(e),
@@ -369,12 +397,7 @@ impl Connection {
             }
             return Ok(ReceiveStep { read: n, asked });
         }
-        let asked = match &self.direct {
-            Some(d) => d.trailer_len - d.trailer_have + LENGTH_LEN + UNTAGGED_HEADER_LEN,
-            None if self.rx_large => HEADER_READ,
-            None => rx.len(),
-        }
-        .min(rx.len());
+        let asked = self.buffered_ask().unwrap_or(rx.len()).min(rx.len());
         let n = read(&mut [IoSliceMut::new(&mut rx[..asked])])?.min(asked);
         self.handle_bytes(mem, &rx[..n]);
         Ok(ReceiveStep { read: n, asked })
@@ -419,7 +442,8 @@ impl Connection {
                     }
                     Ok(Deframed::Fpdu(f)) => {
                         self.awaiting_peer = false;
-                        self.rx_large = large(self.rx_markers, self.direct_min, f.ulpdu.len());
+                        self.rx_large =
+                            after_fpdu(self.rx_large, self.rx_markers, self.direct_min, f.ulpdu.len());
                         self.qp.handle_ulpdu(mem, f.ulpdu);
                         Ok(f.wire_len)
                     }
@@ -439,7 +463,8 @@ impl Connection {
             match self.deframer.deframe(bytes) {
                 Ok(Deframed::Fpdu(f)) => {
                     self.awaiting_peer = false;
-                    self.rx_large = large(self.rx_markers, self.direct_min, f.ulpdu.len());
+                    self.rx_large =
+                        after_fpdu(self.rx_large, self.rx_markers, self.direct_min, f.ulpdu.len());
                     let n = f.wire_len;
                     self.qp.handle_ulpdu(mem, f.ulpdu);
                     bytes = &bytes[n..];
@@ -456,13 +481,38 @@ impl Connection {
         }
     }
 
+    /// What the next buffered read asks for, when not the whole receive buffer (`None`):
+    /// while large FPDUs arrive (and never with markers), the bytes up to the end of the
+    /// next header that may start a payload read into place, and no further. That is the
+    /// rest of the pad and CRC of an FPDU read into place, or the rest of a staged FPDU too
+    /// small for that (or cut before its length), and then the next FPDU's length and
+    /// header; or, for a staged large FPDU, the rest of its own header.
+    fn buffered_ask(&self) -> Option<usize> {
+        if let Some(d) = &self.direct {
+            return Some(d.trailer_len - d.trailer_have + HEAD_MAX);
+        }
+        if self.rx_large == 0 || self.rx_markers || self.rx_failed {
+            return None;
+        }
+        let have = self.pending.len();
+        let [hi, lo, ..] = self.pending[..] else { return Some(HEAD_MAX - have) };
+        let ulpdu_len = usize::from(u16::from_be_bytes([hi, lo]));
+        let head_len = match self.pending.get(LENGTH_LEN) {
+            Some(c) if c & control::TAGGED != 0 => LENGTH_LEN + TAGGED_HEADER_LEN,
+            _ => HEAD_MAX,
+        };
+        if have < head_len && large(false, self.direct_min, ulpdu_len) {
+            return Some(head_len - have);
+        }
+        let wire_len = LENGTH_LEN + ulpdu_len + pad_len(ulpdu_len) + CRC_LEN;
+        Some(wire_len.saturating_sub(have) + HEAD_MAX)
+    }
+
     /// `have` is the start of an FPDU of `wire_len` bytes that has not all arrived: if its
     /// header is in, its payload is large enough and the queue pair has a place for it
     /// ([`QueuePair::direct_sink`]), the FPDU goes on piece by piece ([`DirectRx`]) and the
     /// payload bytes in `have` go into place now. Returns whether it did.
     fn start_direct(&mut self, mem: &mut TableMemory<'_>, have: &[u8], wire_len: usize) -> bool {
-        // Until this FPDU goes into place, reads take whatever is there.
-        self.rx_large = false;
         let Some(min) = self.direct_min else { return false };
         if self.rx_markers || have.len() <= LENGTH_LEN || self.qp_ref().state() != crate::qp::QpState::Rts {
             return false;
@@ -489,7 +539,7 @@ impl Connection {
         let mut head = [0; LENGTH_LEN + UNTAGGED_HEADER_LEN];
         head[..head_len].copy_from_slice(&have[..head_len]);
         self.awaiting_peer = false;
-        self.rx_large = true;
+        self.rx_large = LARGE_LINGER;
         self.direct = Some(DirectRx {
             head,
             head_len,
@@ -575,6 +625,7 @@ impl Connection {
         self.rx_failed = true;
         self.pending = Vec::new();
         self.direct = None;
+        self.rx_large = 0;
         let code = TerminateCode { layer: TerminateLayer::Llp, error_type: 0, code: e.llp_code().code() };
         self.qp.handle_llp_error(code);
     }
@@ -643,34 +694,34 @@ impl Connection {
     ) -> usize {
         let start = batch.len;
         while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
-            let at = batch.meta.len();
             let by_ref = self.tx_by_ref_min.filter(|_| !self.framer.markers());
             let Some(min) = by_ref.filter(|_| !self.awaiting_peer) else {
-                batch.meta.resize(at + self.max_fpdu_len(), 0);
-                let n = self.poll_transmit_into(mem, &mut batch.meta[at..]);
-                batch.meta.truncate(at + n);
+                let at = batch.meta_len;
+                let room = TxBatch::meta_room(&mut batch.meta, at, self.max_fpdu_len());
+                let n = self.poll_transmit_into(mem, room);
                 if n == 0 {
                     break;
                 }
+                batch.meta_len = at + n;
                 batch.push_meta(at);
                 continue;
             };
-            batch.meta.resize(at + LENGTH_LEN + self.mulpdu, 0);
+            let at = batch.meta_len;
+            let room = TxBatch::meta_room(&mut batch.meta, at, LENGTH_LEN + self.mulpdu);
             let first = batch.pieces.len();
-            let room = &mut batch.meta[at + LENGTH_LEN..];
-            let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, min) else {
-                batch.meta.truncate(at);
+            let Some(e) = self.qp.poll_transmit_by_ref(mem, &mut room[LENGTH_LEN..], &mut batch.pieces, min)
+            else {
                 break;
             };
-            batch.meta.truncate(at + LENGTH_LEN + e.written);
+            let head = &mut batch.meta[at..at + LENGTH_LEN + e.written];
             let pieces = &batch.pieces[first..];
             // The pieces were checked in this call, under the same borrow of the table: they
             // resolve. Should one not, the FPDU goes out with a CRC the peer refuses.
             let slices = pieces.iter().map(|p| mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default());
-            let Ok((trailer, n)) = self.framer.frame_around(&mut batch.meta[at..], slices) else {
-                batch.meta.truncate(at);
+            let Ok((trailer, n)) = self.framer.frame_around(head, slices) else {
                 break;
             };
+            batch.meta_len = at + LENGTH_LEN + e.written;
             batch.push_meta(at);
             for i in first..batch.pieces.len() {
                 let p = batch.pieces[i];
@@ -678,8 +729,9 @@ impl Connection {
                 batch.len += p.len;
                 self.tx_stats.by_ref += p.len as u64;
             }
-            let at = batch.meta.len();
-            batch.meta.extend_from_slice(&trailer[..n]);
+            let at = batch.meta_len;
+            TxBatch::meta_room(&mut batch.meta, at, n).copy_from_slice(&trailer[..n]);
+            batch.meta_len = at + n;
             batch.push_meta(at);
         }
         let added = batch.len - start;

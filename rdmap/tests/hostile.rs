@@ -51,6 +51,9 @@ struct World {
     reads: std::collections::VecDeque<(u32, u64, Vec<u8>, usize)>,
     /// ULPDUs of `v.sent` already checked.
     checked_sent: usize,
+    /// The victim reads through [`Connection::receive`] (payloads straight into place, reads
+    /// that stop at headers) rather than taking chunks.
+    reads_through_receive: bool,
 }
 
 impl World {
@@ -93,6 +96,27 @@ impl World {
             accepted_writes: 0,
             reads: Default::default(),
             checked_sent: 0,
+            reads_through_receive: false,
+        }
+    }
+
+    /// The same world, with a victim that reads through [`Connection::receive`] and reads
+    /// every payload that has a place straight into it.
+    fn reading(mut self) -> World {
+        self.reads_through_receive = true;
+        self.v.conn.set_direct_min(Some(1));
+        self
+    }
+
+    /// Hands the victim `bytes`: in chunks of `chunk`, or read through
+    /// [`Connection::receive`], at most `chunk` a read.
+    fn hand(&mut self, bytes: &[u8], chunk: usize) {
+        if self.reads_through_receive {
+            self.v.read(bytes, chunk);
+        } else {
+            for c in bytes.chunks(chunk.max(1)) {
+                self.v.feed(c);
+            }
         }
     }
 
@@ -156,9 +180,7 @@ impl World {
         }
         let was_rts = self.v.state() == QpState::Rts;
         let before = self.v.local_terminates();
-        for c in bytes.chunks(chunk.max(1)) {
-            self.v.feed(c);
-        }
+        self.hand(&bytes, chunk);
         if was_rts {
             stats.rx += 1;
         }
@@ -427,9 +449,13 @@ proptest! {
     fn placement_safety(
         crc in any::<bool>(),
         markers in any::<bool>(),
+        through_receive in any::<bool>(),
         inputs in proptest::collection::vec((input(), 1usize..700), 1..24),
     ) {
         let mut w = World::new(crc, markers);
+        if through_receive {
+            w = w.reading();
+        }
         let mut tally = Tally::default();
         for (i, chunk) in &inputs {
             let ulpdu = w.build(i);
@@ -465,9 +491,13 @@ proptest! {
         crc in any::<bool>(),
         markers in any::<bool>(),
         prefix in any::<bool>(),
+        through_receive in any::<bool>(),
         chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..400), 0..12),
     ) {
         let mut w = World::new(crc, markers);
+        if through_receive {
+            w = w.reading();
+        }
         if prefix {
             let reg = &w.v.regions[RW_VA];
             let ulpdu = tagged(Opcode::Write, reg.stag, reg.first_to + 3, &[0x5a; 40]);
@@ -475,7 +505,7 @@ proptest! {
             w.deliver(&ulpdu, 5, &mut tally);
         }
         for c in &chunks {
-            w.v.feed(c);
+            w.hand(c, c.len());
             w.v.transmit();
             w.check_completions_at_most_once();
         }

@@ -13,8 +13,9 @@ use common::{Buf, Dir, End, MULPDU, Pair, Setup, deliver};
 
 use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, TaggedBufferTable};
 use iwarp_ddp::{RegionMemory, STag, TableMemory, TerminateCode, TerminateLayer};
+use iwarp_rdmap::Opcode;
 use iwarp_rdmap::atomic::AtomicOp;
-use iwarp_rdmap::conn::Connection;
+use iwarp_rdmap::conn::{Connection, DIRECT_MIN, TxBatch};
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{
     Completion, PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
@@ -1045,6 +1046,282 @@ fn large_payloads_are_read_straight_into_place() {
                     assert!(in_place as f64 >= 0.5 * (3 * len) as f64, "{what}: {a:?} {b:?}");
                 }
             }
+        }
+    }
+}
+
+fn llp(code: u8) -> TerminateCode {
+    TerminateCode { layer: TerminateLayer::Llp, error_type: 0, code }
+}
+
+/// The FPDUs of a stream without markers: (offset, ULPDU length) of each.
+fn fpdus(stream: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 2 <= stream.len() {
+        let ulpdu = usize::from(u16::from_be_bytes([stream[at], stream[at + 1]]));
+        out.push((at, ulpdu));
+        at += iwarp_mpa::fpdu::fpdu_len(ulpdu);
+    }
+    out
+}
+
+/// Everything `end` has to send, framed as the engine frames it (batches, payloads by
+/// reference).
+fn frame_all(end: &mut End) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut batch = TxBatch::default();
+    let mut mem = TableMemory { table: &mut end.table, pd: end.pd };
+    loop {
+        batch.clear();
+        if end.conn.poll_transmit_batch(&mut mem, &mut batch, 256 * 1024) == 0 {
+            return out;
+        }
+        let mut iov = Vec::new();
+        batch.io_slices(&mem, &mut iov).unwrap();
+        for b in &iov {
+            out.extend_from_slice(b);
+        }
+    }
+}
+
+/// The receive buffer of [`read_through`]: smaller than the engine's, so that a read that
+/// takes whole FPDUs into it is a small part of the streams these tests send.
+const RX_LEN: usize = 64 * 1024;
+
+/// Lets `end` read `stream` through [`Connection::receive`], as the engine does, from a link
+/// that holds all of it, except that the FPDUs `cut_at` picks (by index) arrive cut `cut`
+/// bytes after their start: no read takes bytes on both sides of that point. Returns what
+/// each read asked for and got.
+fn read_through(
+    end: &mut End,
+    stream: &[u8],
+    cut: usize,
+    cut_at: impl Fn(usize) -> bool,
+) -> Vec<iwarp_rdmap::conn::ReceiveStep> {
+    let stops: Vec<usize> =
+        fpdus(stream).iter().enumerate().filter(|&(i, _)| cut_at(i)).map(|(_, &(at, _))| at + cut).collect();
+    let mut rx = vec![0; RX_LEN];
+    let mut at = 0;
+    let mut steps = Vec::new();
+    while at < stream.len() {
+        let limit = stops.iter().find(|&&s| s > at).map_or(usize::MAX, |&s| s - at);
+        let mut mem = TableMemory { table: &mut end.table, pd: end.pd };
+        let step = end
+            .conn
+            .receive(&mut mem, &mut rx, |bufs| Ok::<_, ()>(deliver(bufs, &stream[at..], limit)))
+            .unwrap();
+        assert!(step.read > 0, "no progress at {at} of {}", stream.len());
+        at += step.read;
+        steps.push(step);
+    }
+    end.collect();
+    steps
+}
+
+/// Payload bytes of the FPDUs in `stream` that are large enough to be read into place
+/// (payload at least [`DIRECT_MIN`]), and how many FPDUs there are.
+fn large_payload(stream: &[u8]) -> (u64, usize) {
+    let all = fpdus(stream);
+    let large = all
+        .iter()
+        .map(|&(at, ulpdu)| ulpdu - if stream[at + 2] & 0x80 != 0 { 14 } else { 18 })
+        .filter(|&payload| payload >= DIRECT_MIN)
+        .sum::<usize>();
+    (large as u64, all.len())
+}
+
+/// Messages of a MiB and small ones in between, over a link that has the whole stream ready
+/// (reads are limited only by what they ask for) and where an FPDU's header now and then
+/// arrives cut at any point: with the default switch point, every large payload is read
+/// straight into place but for the few bytes a header read brings along, message after
+/// message (a large message's short last segment, or a small message, does not let the
+/// next read take the next message's first FPDUs into the receive buffer); contents, CRC,
+/// completions and the bytes around every buffer are right.
+#[test]
+fn large_messages_go_into_place_whatever_the_header_cut() {
+    let len = 1 << 20;
+    for crc in [true, false] {
+        for cut in (0..=28).chain([100, 5000]) {
+            let what = format!("crc {crc} cut {cut}");
+            let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(crc, false) }.connect());
+            let src = p.a.buf(len, Access::NONE, 0);
+            p.a.write(&src, 0, &pattern(len, 5)).unwrap();
+            let wdst = p.b.buf(len + 16, Access::REMOTE_WRITE, 0xee);
+            let small = p.b.buf(200, Access::LOCAL_WRITE, 0xcc);
+            let rcv = p.b.buf(len + 16, Access::LOCAL_WRITE, 0xcc);
+            let rsrc = p.b.buf(len, Access::REMOTE_READ, 0);
+            p.b.write(&rsrc, 0, &pattern(len, 6)).unwrap();
+            let rsink = p.a.buf(len + 16, Access::LOCAL_WRITE, 0xdd);
+            p.b.post_recv(30, vec![small.sge()]);
+            p.b.post_recv(31, vec![rcv.sge_at(0, 8), rcv.sge_at(8, len as u32)]);
+            p.a.post_send(write_to(wdst.stag, wdst.va + 8, &src, len as u32));
+            let send = |wr_id, sgl: Sge| SendWr {
+                wr_id,
+                op: SendOp::Send { solicited: false, invalidate: None },
+                sgl: sgl.into(),
+                signaled: true,
+            };
+            p.a.post_send(send(2, src.sge_at(0, 100)));
+            p.a.post_send(send(3, src.sge_at(0, len as u32)));
+            // A second Write over the first, from further into the source.
+            p.a.post_send(SendWr { wr_id: 4, ..write_to(wdst.stag, wdst.va + 8, &src, 300_000) });
+            p.a.post_send(SendWr {
+                wr_id: 5,
+                op: SendOp::Read { remote_stag: rsrc.stag, remote_to: rsrc.va },
+                sgl: rsink.sge_at(8, len as u32).into(),
+                signaled: true,
+            });
+            let stream = frame_all(&mut p.a);
+            read_through(&mut p.b, &stream, cut, |i| i % 3 == 1);
+            let back = frame_all(&mut p.b);
+            read_through(&mut p.a, &back, cut, |i| i % 3 == 1);
+            assert!(
+                p.a.events.is_empty() && p.b.events.is_empty(),
+                "{what}: {:?} {:?}",
+                p.a.events,
+                p.b.events
+            );
+            let ids: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+            let all_ok: Vec<_> = (1..=5).map(|i| (i, WcStatus::Success)).collect();
+            assert_eq!(ids, all_ok, "{what}");
+            let recvs: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.byte_len)).collect();
+            assert_eq!(recvs, [(30, 100), (31, len as u64)], "{what}");
+            let got = p.b.bytes(&wdst);
+            assert!(got[8..8 + len] == pattern(len, 5)[..], "{what}: Write");
+            assert!(got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0xee), "{what}: around the Write");
+            let got = p.b.bytes(&small);
+            assert!(got[..100] == pattern(100, 5)[..] && got[100..].iter().all(|&b| b == 0xcc), "{what}");
+            let got = p.b.bytes(&rcv);
+            assert!(got[..len] == pattern(len, 5)[..], "{what}: Send");
+            assert!(got[len..].iter().all(|&b| b == 0xcc), "{what}: after the Send");
+            let got = p.a.bytes(&rsink);
+            assert!(got[8..8 + len] == pattern(len, 6)[..], "{what}: Read");
+            assert!(got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0xdd), "{what}: around the Read");
+            // Into place: all of every large payload but the first read's worth (before the
+            // first large FPDU was seen, reads take a whole buffer) and what header reads
+            // bring along (the 4 bytes a tagged header is shorter than an untagged one, the
+            // pad, and the part of a payload before the cut).
+            for (end, bytes) in [(&p.b, &stream), (&p.a, &back)] {
+                let (large, count) = large_payload(bytes);
+                let stats = end.conn.rx_stats();
+                let slack = (RX_LEN + count * (8 + cut.saturating_sub(16))) as u64;
+                assert!(
+                    stats.in_place + slack >= large,
+                    "{what}: {stats:?}, {large} bytes in large payloads"
+                );
+                assert_eq!(stats.bytes, bytes.len() as u64, "{what}");
+            }
+        }
+    }
+}
+
+/// After large FPDUs, a run of small ones: the reads that stop at headers wear off after a
+/// few of them, and then a read takes all that is there again (many small FPDUs at once).
+#[test]
+fn small_fpdus_after_large_ones_are_read_many_at_a_time_again() {
+    let len = 200_000;
+    let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(true, false) }.connect());
+    let src = p.a.buf(len, Access::NONE, 0);
+    p.a.write(&src, 0, &pattern(len, 3)).unwrap();
+    let dst = p.b.buf(len, Access::REMOTE_WRITE, 0);
+    let rcv = p.b.buf(64 * 100, Access::LOCAL_WRITE, 0);
+    p.a.post_send(write_to(dst.stag, dst.va, &src, len as u32));
+    for i in 0..64 {
+        p.b.post_recv(100 + i, vec![rcv.sge_at(i * 100, 100)]);
+        p.a.post_send(SendWr {
+            wr_id: 100 + i,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: src.sge_at(i * 100, 100).into(),
+            signaled: true,
+        });
+    }
+    let stream = frame_all(&mut p.a);
+    let steps = read_through(&mut p.b, &stream, 0, |_| false);
+    assert!(p.b.events.is_empty(), "{:?}", p.b.events);
+    assert_eq!(p.b.completions.len(), 64);
+    assert!(p.b.bytes(&rcv) == pattern(len, 3)[..64 * 100]);
+    assert!(p.b.bytes(&dst) == pattern(len, 3));
+    // A few reads into place for the Write, one read per small FPDU for a while, then one
+    // read for all the rest.
+    assert!(steps.len() <= 4 + 10, "{} reads: {steps:?}", steps.len());
+    let last = steps.last().unwrap();
+    assert_eq!(last.asked, RX_LEN, "{steps:?}");
+    // The Write's first FPDU came with the first read (a whole buffer) and its last is small;
+    // the two in between went into place.
+    assert!(p.b.conn.rx_stats().in_place >= 2 * 64_000, "{:?}", p.b.conn.rx_stats());
+}
+
+/// Hostile FPDUs with large payloads, after large ones have put the receiver into reading
+/// payloads straight into place, and with their headers cut at any point: a bad STag, a
+/// payload past the region's end, a Send longer than its receive, a length field that claims
+/// more than was framed (the CRC at the claimed end is wrong), a segment too short for its
+/// header. Each gets its Terminate; no byte outside what the region allows changes (the
+/// region's unregistered tail and the guard bytes around its memory, checked when the end
+/// goes); nothing after it is placed.
+#[test]
+fn hostile_large_fpdus_read_into_place_get_their_terminate() {
+    let big = 40_000;
+    for case in 0..5 {
+        for cut in [0, 1, 2, 3, 9, 15, 16, 17, 19, 20, 21, 24, 27, 1000] {
+            let what = format!("case {case} cut {cut}");
+            let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(true, false) }.connect());
+            let src = p.a.buf(200_000, Access::NONE, 0);
+            p.a.write(&src, 0, &pattern(200_000, 1)).unwrap();
+            let warm = p.b.buf(200_000, Access::REMOTE_WRITE, 0);
+            let after = p.b.buf(big, Access::REMOTE_WRITE, 0x5a);
+            let region =
+                p.b.register_in(2, 100_000, 100_064, Access::REMOTE_WRITE, Addressing::VirtualAddress, 9);
+            let recv =
+                p.b.register_in(2, 30_000, 30_064, Access::LOCAL_WRITE, Addressing::VirtualAddress, 11);
+            let (rstag, rto) = (p.b.regions[region].stag, p.b.regions[region].first_to);
+            let (vstag, vto) = (p.b.regions[recv].stag, p.b.regions[recv].first_to);
+            p.b.post_recv(7, vec![Sge { lkey: vstag, addr: vto, len: 30_000 }]);
+            // Large FPDUs first: payloads go into place from here on.
+            p.a.post_send(write_to(warm.stag, warm.va, &src, 200_000));
+            let mut stream = frame_all(&mut p.a);
+            let payload = pattern(big, 0x77);
+            let write = |stag, to| common::tagged(Opcode::Write, stag, to, &payload);
+            let (ulpdu, expect) = match case {
+                0 => (write(STag(rstag.0 ^ 0x01), rto), TerminateCode::ddp(1, 0x00)),
+                1 => (write(rstag, rto + 100_000 - big as u64 + 1), TerminateCode::ddp(1, 0x01)),
+                2 => {
+                    (common::untagged(Opcode::Send, 0, 1, 0, true, 0, &payload), TerminateCode::ddp(2, 0x05))
+                }
+                3 => (write(rstag, rto + 50_000), llp(0x02)),
+                _ => (vec![0xc1, 0x40, 0, 0, 0, 0, 0, 0, 0, 0], llp(0x03)),
+            };
+            let at = stream.len();
+            p.a.conn.inject_ulpdu(&ulpdu, &mut stream);
+            if case == 3 {
+                // 1000 payload bytes go missing: the length field claims 1000 bytes of what
+                // follows, and the CRC at the claimed end is wrong.
+                stream.drain(at + 5000..at + 6000);
+            }
+            // A good Write after it, never placed.
+            p.a.post_send(write_to(after.stag, after.va, &src, big as u32));
+            stream.extend(frame_all(&mut p.a));
+            read_through(&mut p.b, &stream, cut, |_| true);
+            assert_eq!(p.b.events.first(), Some(&QpEvent::LocalTerminate(expect)), "{what}");
+            assert!(p.b.bytes(&warm) == pattern(200_000, 1), "{what}");
+            assert!(p.b.bytes(&after).iter().all(|&b| b == 0x5a), "{what}: placed after the Terminate");
+            let r = &p.b.regions[recv];
+            assert!(r.unchanged(&p.b.table), "{what}: the receive buffer changed");
+            let r = &p.b.regions[region];
+            let now = r.bytes(&p.b.table);
+            if case == 3 {
+                // The claimed range may hold what arrived (the message never completes);
+                // nothing around it changed.
+                assert!(now[..50_000] == r.initial[..50_000], "{what}");
+                assert!(now[50_000 + big..] == r.initial[50_000 + big..], "{what}");
+            } else {
+                assert!(now == r.initial, "{what}: the region changed");
+            }
+            let recvs: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+            // The receive the Send was too long for fails with a length error; else it is
+            // flushed.
+            let status = if case == 2 { WcStatus::LocalLengthError } else { WcStatus::WrFlushError };
+            assert_eq!(recvs, [(7, status)], "{what}");
         }
     }
 }

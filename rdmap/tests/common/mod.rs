@@ -260,6 +260,23 @@ impl End {
         self.collect();
     }
 
+    /// Lets the victim read `bytes` through [`Connection::receive`], as the engine reads a
+    /// socket that holds them: each read takes what the connection asks for, at most `most`.
+    pub(crate) fn read(&mut self, bytes: &[u8], most: usize) {
+        let mut rx = vec![0; 64 * 1024];
+        let mut mem = TableMemory { table: &mut self.table, pd: self.pd };
+        let mut at = 0;
+        while at < bytes.len() {
+            let step = self
+                .conn
+                .receive(&mut mem, &mut rx, |bufs| Ok::<_, ()>(deliver(bufs, &bytes[at..], most.max(1))))
+                .unwrap();
+            assert!(step.read > 0, "a read with {} bytes waiting asked for none", bytes.len() - at);
+            at += step.read;
+        }
+        self.collect();
+    }
+
     /// Lets the victim send what it has; returns the bytes (also appended to `sent`).
     pub(crate) fn transmit(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
