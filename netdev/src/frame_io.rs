@@ -630,6 +630,18 @@ pub(crate) mod tests {
                 let out = Command::new("ip").args(*args).output().expect("running ip");
                 assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
             }
+            // A veth set up is operational only once the kernel's link watch has run (up to a
+            // second later, more under load): until then its queueing discipline drops every
+            // frame sent through it. Wait for that, as a program would wait for the link.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let out = Command::new("ip").args(["-o", "link", "show", "type", "veth"]).output();
+                let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+                if text.lines().all(|l| l.contains("state UP")) || Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             body()
         });
         Some(thread.join().expect("the test thread"))
