@@ -103,7 +103,11 @@ pub enum TxPart {
 /// FPDUs framed for one vectored write ([`Connection::poll_transmit_batch`]).
 #[derive(Debug, Default)]
 pub struct TxBatch {
+    /// The batch's own bytes are `meta[..meta_len]`. The rest is scratch kept from earlier
+    /// batches and never zero-filled again (whatever is framed there overwrites it), so a
+    /// small FPDU costs its own bytes, not a MULPDU-sized fill.
     meta: Vec<u8>,
+    meta_len: usize,
     parts: Vec<TxPart>,
     pieces: Vec<TxPiece>,
     len: usize,
@@ -115,7 +119,7 @@ impl TxBatch {
 
     /// Empties the batch, keeping its allocations.
     pub fn clear(&mut self) {
-        self.meta.clear();
+        self.meta_len = 0;
         self.parts.clear();
         self.pieces.clear();
         self.len = 0;
@@ -139,7 +143,7 @@ impl TxBatch {
     /// Ends a meta part at the end of the buffer that started at `at`, merged with the part
     /// before it when that is meta too.
     fn push_meta(&mut self, at: usize) {
-        let end = self.meta.len();
+        let end = self.meta_len;
         self.len += end - at;
         if let Some(TxPart::Meta(r)) = self.parts.last_mut()
             && r.end == at
@@ -150,6 +154,18 @@ impl TxBatch {
         if end > at {
             self.parts.push(TxPart::Meta(at..end));
         }
+    }
+
+    /// Room for `n` bytes after the batch's own, for framing into: scratch, not zeroed.
+    fn room(&mut self, n: usize) -> &mut [u8] {
+        scratch(&mut self.meta, self.meta_len, n)
+    }
+
+    /// Appends `bytes` to the batch's own bytes (the caller then ends the part).
+    fn put(&mut self, bytes: &[u8]) {
+        let at = self.meta_len;
+        self.room(bytes.len()).copy_from_slice(bytes);
+        self.meta_len = at + bytes.len();
     }
 
     /// The batch's bytes as buffers for a vectored write, appended to `out`; registered memory
@@ -194,6 +210,14 @@ impl TxBatch {
         }
         Ok(out.len() - start)
     }
+}
+
+/// `buf[at..at + n]`, grown (zero-filled) only past what it ever held.
+fn scratch(buf: &mut Vec<u8>, at: usize, n: usize) -> &mut [u8] {
+    if buf.len() < at + n {
+        buf.resize(at + n, 0);
+    }
+    &mut buf[at..at + n]
 }
 
 /// What one [`Connection::receive`] step read.
@@ -643,34 +667,33 @@ impl Connection {
     ) -> usize {
         let start = batch.len;
         while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
-            let at = batch.meta.len();
+            let at = batch.meta_len;
             let by_ref = self.tx_by_ref_min.filter(|_| !self.framer.markers());
             let Some(min) = by_ref.filter(|_| !self.awaiting_peer) else {
-                batch.meta.resize(at + self.max_fpdu_len(), 0);
-                let n = self.poll_transmit_into(mem, &mut batch.meta[at..]);
-                batch.meta.truncate(at + n);
+                let room = self.max_fpdu_len();
+                let n = self.poll_transmit_into(mem, batch.room(room));
                 if n == 0 {
                     break;
                 }
+                batch.meta_len = at + n;
                 batch.push_meta(at);
                 continue;
             };
-            batch.meta.resize(at + LENGTH_LEN + self.mulpdu, 0);
             let first = batch.pieces.len();
-            let room = &mut batch.meta[at + LENGTH_LEN..];
+            let mulpdu = self.mulpdu;
+            let room = &mut scratch(&mut batch.meta, at, LENGTH_LEN + mulpdu)[LENGTH_LEN..];
             let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, min) else {
-                batch.meta.truncate(at);
                 break;
             };
-            batch.meta.truncate(at + LENGTH_LEN + e.written);
+            let end = at + LENGTH_LEN + e.written;
             let pieces = &batch.pieces[first..];
             // The pieces were checked in this call, under the same borrow of the table: they
             // resolve. Should one not, the FPDU goes out with a CRC the peer refuses.
             let slices = pieces.iter().map(|p| mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default());
-            let Ok((trailer, n)) = self.framer.frame_around(&mut batch.meta[at..], slices) else {
-                batch.meta.truncate(at);
+            let Ok((trailer, n)) = self.framer.frame_around(&mut batch.meta[at..end], slices) else {
                 break;
             };
+            batch.meta_len = end;
             batch.push_meta(at);
             for i in first..batch.pieces.len() {
                 let p = batch.pieces[i];
@@ -678,8 +701,8 @@ impl Connection {
                 batch.len += p.len;
                 self.tx_stats.by_ref += p.len as u64;
             }
-            let at = batch.meta.len();
-            batch.meta.extend_from_slice(&trailer[..n]);
+            let at = batch.meta_len;
+            batch.put(&trailer[..n]);
             batch.push_meta(at);
         }
         let added = batch.len - start;
