@@ -390,6 +390,10 @@ impl Engine {
             // (the engine was woken instead, or its poll holds it): drop it, then sleep.
             poll.wait(events, Some(Duration::ZERO));
             poll.wait(events, Some(timeout));
+            // Woken by the input (not by a signal, which takes the registration): the pass
+            // below pushes this thread's own completions, and a registration left behind
+            // would have it signal itself, a system call per wait.
+            cq.remove_poll_waiter(&poll);
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {
                 self.pass(Some(events));
