@@ -1101,14 +1101,13 @@ fn visit(
                     slot.readable = !slot.has_source;
                     break;
                 }
-                Ok(step) => {
+                // A short read does not end the loop: the peer's close may have come in with
+                // the last data, under the same edge (readiness events cannot tell it apart,
+                // EPOLLRDHUP being refused with EPOLLEXCLUSIVE), and no later edge would
+                // report it. The next read finds it, or finds the socket drained.
+                Ok(_) => {
                     v.work = true;
                     slot.heard = true;
-                    // A short read emptied the socket; more data raises a new event.
-                    if step.read < step.asked && slot.has_source {
-                        slot.readable = false;
-                        break;
-                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "link down");
