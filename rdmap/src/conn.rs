@@ -103,9 +103,9 @@ pub enum TxPart {
 /// FPDUs framed for one vectored write ([`Connection::poll_transmit_batch`]).
 #[derive(Debug, Default)]
 pub struct TxBatch {
-    /// The batch's own bytes are `meta[..meta_len]`. The rest is scratch kept from earlier
-    /// batches and never zero-filled again (whatever is framed there overwrites it), so a
-    /// small FPDU costs its own bytes, not a MULPDU-sized fill.
+    /// The batch's own bytes are `meta[..meta_len]`; the bytes after them are room kept from
+    /// earlier batches (stale, never sent), so that framing an FPDU into the buffer does not
+    /// zero-fill a MULPDU of room each time.
     meta: Vec<u8>,
     meta_len: usize,
     parts: Vec<TxPart>,
@@ -135,6 +135,15 @@ impl TxBatch {
         self.len == 0
     }
 
+    /// Room for `len` bytes of the batch's own at `at`, where they end now:
+    /// the buffer grows (zero-filled) only past the longest batch so far.
+    fn meta_room(meta: &mut Vec<u8>, at: usize, len: usize) -> &mut [u8] {
+        if meta.len() < at + len {
+            meta.resize(at + len, 0);
+        }
+        &mut meta[at..at + len]
+    }
+
     /// The parts, in wire order.
     pub fn parts(&self) -> &[TxPart] {
         &self.parts
@@ -154,18 +163,6 @@ impl TxBatch {
         if end > at {
             self.parts.push(TxPart::Meta(at..end));
         }
-    }
-
-    /// Room for `n` bytes after the batch's own, for framing into: scratch, not zeroed.
-    fn room(&mut self, n: usize) -> &mut [u8] {
-        scratch(&mut self.meta, self.meta_len, n)
-    }
-
-    /// Appends `bytes` to the batch's own bytes (the caller then ends the part).
-    fn put(&mut self, bytes: &[u8]) {
-        let at = self.meta_len;
-        self.room(bytes.len()).copy_from_slice(bytes);
-        self.meta_len = at + bytes.len();
     }
 
     /// The batch's bytes as buffers for a vectored write, appended to `out`; registered memory
@@ -210,14 +207,6 @@ impl TxBatch {
         }
         Ok(out.len() - start)
     }
-}
-
-/// `buf[at..at + n]`, grown (zero-filled) only past what it ever held.
-fn scratch(buf: &mut Vec<u8>, at: usize, n: usize) -> &mut [u8] {
-    if buf.len() < at + n {
-        buf.resize(at + n, 0);
-    }
-    &mut buf[at..at + n]
 }
 
 /// What one [`Connection::receive`] step read.
@@ -667,11 +656,11 @@ impl Connection {
     ) -> usize {
         let start = batch.len;
         while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
-            let at = batch.meta_len;
             let by_ref = self.tx_by_ref_min.filter(|_| !self.framer.markers());
             let Some(min) = by_ref.filter(|_| !self.awaiting_peer) else {
-                let room = self.max_fpdu_len();
-                let n = self.poll_transmit_into(mem, batch.room(room));
+                let at = batch.meta_len;
+                let room = TxBatch::meta_room(&mut batch.meta, at, self.max_fpdu_len());
+                let n = self.poll_transmit_into(mem, room);
                 if n == 0 {
                     break;
                 }
@@ -679,21 +668,22 @@ impl Connection {
                 batch.push_meta(at);
                 continue;
             };
+            let at = batch.meta_len;
+            let room = TxBatch::meta_room(&mut batch.meta, at, LENGTH_LEN + self.mulpdu);
             let first = batch.pieces.len();
-            let mulpdu = self.mulpdu;
-            let room = &mut scratch(&mut batch.meta, at, LENGTH_LEN + mulpdu)[LENGTH_LEN..];
-            let Some(e) = self.qp.poll_transmit_by_ref(mem, room, &mut batch.pieces, min) else {
+            let Some(e) = self.qp.poll_transmit_by_ref(mem, &mut room[LENGTH_LEN..], &mut batch.pieces, min)
+            else {
                 break;
             };
-            let end = at + LENGTH_LEN + e.written;
+            let head = &mut batch.meta[at..at + LENGTH_LEN + e.written];
             let pieces = &batch.pieces[first..];
             // The pieces were checked in this call, under the same borrow of the table: they
             // resolve. Should one not, the FPDU goes out with a CRC the peer refuses.
             let slices = pieces.iter().map(|p| mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default());
-            let Ok((trailer, n)) = self.framer.frame_around(&mut batch.meta[at..end], slices) else {
+            let Ok((trailer, n)) = self.framer.frame_around(head, slices) else {
                 break;
             };
-            batch.meta_len = end;
+            batch.meta_len = at + LENGTH_LEN + e.written;
             batch.push_meta(at);
             for i in first..batch.pieces.len() {
                 let p = batch.pieces[i];
@@ -702,7 +692,8 @@ impl Connection {
                 self.tx_stats.by_ref += p.len as u64;
             }
             let at = batch.meta_len;
-            batch.put(&trailer[..n]);
+            TxBatch::meta_room(&mut batch.meta, at, n).copy_from_slice(&trailer[..n]);
+            batch.meta_len = at + n;
             batch.push_meta(at);
         }
         let added = batch.len - start;
