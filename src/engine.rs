@@ -105,6 +105,10 @@ pub struct EngineStats {
     /// Times an application thread waiting for a completion slept in the engine's
     /// readiness poll itself while the engine had nothing to do.
     pub app_polls: u64,
+    /// Passes an application thread waiting for a completion ran itself while the engine
+    /// slept (adaptive mode, see `CompletionQueue::wait`) and that found work: input picked
+    /// up without waking any thread.
+    pub waiting_passes: u64,
     /// Bytes the connections received.
     pub rx_bytes: u64,
     /// Of those, payload bytes the links read straight into registered memory (the rest
@@ -128,6 +132,7 @@ struct Counters {
     event_wakeups: AtomicU64,
     timer_wakeups: AtomicU64,
     app_polls: AtomicU64,
+    waiting_passes: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -300,6 +305,17 @@ impl Engine {
         work
     }
 
+    /// A pass run by a thread waiting for a completion while the engine sleeps (see
+    /// `CompletionQueue::wait`): [`Engine::try_progress`], counted in
+    /// [`EngineStats::waiting_passes`] when it finds work.
+    pub(crate) fn waiting_pass(&self) -> bool {
+        let work = self.try_progress();
+        if work {
+            bump(&self.counters.waiting_passes, 1);
+        }
+        work
+    }
+
     /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
@@ -416,10 +432,12 @@ impl Engine {
         work
     }
 
-    /// Ends a pass: releases the core, wakes a sleeping engine thread when the pass set a
-    /// timer earlier than the one it sleeps for (a pass on another thread), and counts it.
+    /// Ends a pass: releases the core, wakes a sleeping engine thread when the pass (on
+    /// another thread) set a timer earlier than the one it sleeps for or left connections
+    /// with work (a read or write budget ran out: nothing else would bring the engine back
+    /// to them), and counts it.
     fn after_pass(&self, mut core: MutexGuard<'_, EngineCore>, visits: u64) {
-        let rearm = core.take_new_earliest() && self.doorbell.parked();
+        let rearm = (core.take_new_earliest() || !core.ready.is_empty()) && self.doorbell.parked();
         drop(core);
         if rearm {
             self.doorbell.wake();
@@ -451,6 +469,7 @@ impl Engine {
             event_wakeups: c.event_wakeups.load(Ordering::Relaxed),
             timer_wakeups: c.timer_wakeups.load(Ordering::Relaxed),
             app_polls: c.app_polls.load(Ordering::Relaxed),
+            waiting_passes: c.waiting_passes.load(Ordering::Relaxed),
             rx_bytes: rx.bytes,
             rx_in_place: rx.in_place,
             tx_bytes: tx.bytes,
