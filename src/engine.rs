@@ -433,9 +433,10 @@ impl Engine {
     }
 
     /// Ends a pass: releases the core, wakes a sleeping engine thread when the pass (on
-    /// another thread) set a timer earlier than the one it sleeps for or left connections
-    /// with work (a read or write budget ran out: nothing else would bring the engine back
-    /// to them), and counts it.
+    /// another thread) set a timer earlier than the one it sleeps for, or left a connection
+    /// ready with its read or write budget spent (no readiness event will come for the rest:
+    /// a large Read Response half sent by an application thread's pass would wait forever),
+    /// and counts it.
     fn after_pass(&self, mut core: MutexGuard<'_, EngineCore>, visits: u64) {
         let rearm = (core.take_new_earliest() || !core.ready.is_empty()) && self.doorbell.parked();
         drop(core);
