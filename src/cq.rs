@@ -68,12 +68,23 @@ impl CompletionQueue {
     }
 
     /// Waits up to `timeout` for a completion: spins briefly while the engine is awake, then
-    /// sleeps until the engine pushes one. While the engine has nothing to do, the thread
-    /// sleeps where the connections' input wakes it and runs the engine's pass itself, so
-    /// the input reaches it with one wake-up rather than two (the engine's, then its own).
+    /// sleeps until the engine pushes one. While the engine sleeps (adaptive mode), the
+    /// thread first runs the engine's passes itself for the device's
+    /// [`crate::DeviceConfig::spin`], yielding the core between them: a completion that is
+    /// about to arrive (the next window of a stream) is found without putting this thread to
+    /// sleep and waking it again, and on a busy machine the yields leave the core to whoever
+    /// needs it. Then, while the engine has nothing to do, the thread sleeps where the
+    /// connections' input wakes it and runs the engine's pass itself, so the input reaches it
+    /// with one wake-up rather than two (the engine's, then its own).
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
-        let deadline = Instant::now() + timeout;
-        let spin_until = Instant::now() + WAIT_SPIN;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let spin_until = start + WAIT_SPIN;
+        let drive_until = if self.dev.config.poll_mode == crate::PollMode::Adaptive {
+            start + self.dev.config.spin
+        } else {
+            start
+        };
         loop {
             if let Some(wc) = self.poll() {
                 return Some(wc);
@@ -84,8 +95,16 @@ impl CompletionQueue {
             }
             // Spin a little while the engine is awake (it is about to push); with the engine
             // asleep, spinning would only keep the core from the thread that has the input.
-            if self.dev.inline() || (now < spin_until && !self.dev.doorbell.parked()) {
+            let parked = self.dev.doorbell.parked();
+            if self.dev.inline() || (now < spin_until && !parked) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if parked && now < drive_until {
+                // The engine sleeps: run its pass here, giving the core away between passes.
+                if !self.dev.waiting_pass() {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             let nap = (deadline - now).min(Duration::from_millis(10));

@@ -105,6 +105,10 @@ pub struct EngineStats {
     /// Times an application thread waiting for a completion slept in the engine's
     /// readiness poll itself while the engine had nothing to do.
     pub app_polls: u64,
+    /// Passes an application thread waiting for a completion ran itself while the engine
+    /// slept (adaptive mode, see `CompletionQueue::wait`) and that found work: input picked
+    /// up without waking any thread.
+    pub waiting_passes: u64,
     /// Bytes the connections received.
     pub rx_bytes: u64,
     /// Of those, payload bytes the links read straight into registered memory (the rest
@@ -128,6 +132,7 @@ struct Counters {
     event_wakeups: AtomicU64,
     timer_wakeups: AtomicU64,
     app_polls: AtomicU64,
+    waiting_passes: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -300,6 +305,17 @@ impl Engine {
         work
     }
 
+    /// A pass run by a thread waiting for a completion while the engine sleeps (see
+    /// `CompletionQueue::wait`): [`Engine::try_progress`], counted in
+    /// [`EngineStats::waiting_passes`] when it finds work.
+    pub(crate) fn waiting_pass(&self) -> bool {
+        let work = self.try_progress();
+        if work {
+            bump(&self.counters.waiting_passes, 1);
+        }
+        work
+    }
+
     /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
@@ -390,6 +406,10 @@ impl Engine {
             // (the engine was woken instead, or its poll holds it): drop it, then sleep.
             poll.wait(events, Some(Duration::ZERO));
             poll.wait(events, Some(timeout));
+            // Woken by the input (not by a signal, which takes the registration): the pass
+            // below pushes this thread's own completions, and a registration left behind
+            // would have it signal itself, a system call per wait.
+            cq.remove_poll_waiter(&poll);
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {
                 self.pass(Some(events));
@@ -450,6 +470,7 @@ impl Engine {
             event_wakeups: c.event_wakeups.load(Ordering::Relaxed),
             timer_wakeups: c.timer_wakeups.load(Ordering::Relaxed),
             app_polls: c.app_polls.load(Ordering::Relaxed),
+            waiting_passes: c.waiting_passes.load(Ordering::Relaxed),
             rx_bytes: rx.bytes,
             rx_in_place: rx.in_place,
             tx_bytes: tx.bytes,
@@ -1100,14 +1121,13 @@ fn visit(
                     slot.readable = !slot.has_source;
                     break;
                 }
-                Ok(step) => {
+                // A short read does not end the loop: the peer's close may have come in with
+                // the last data, under the same edge (readiness events cannot tell it apart,
+                // EPOLLRDHUP being refused with EPOLLEXCLUSIVE), and no later edge would
+                // report it. The next read finds it, or finds the socket drained.
+                Ok(_) => {
                     v.work = true;
                     slot.heard = true;
-                    // A short read emptied the socket; more data raises a new event.
-                    if step.read < step.asked && slot.has_source {
-                        slot.readable = false;
-                        break;
-                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "link down");

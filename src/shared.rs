@@ -239,6 +239,18 @@ impl CqShared {
         id
     }
 
+    /// Drops the registration of the thread sleeping in `poll`, if a signal has not taken it.
+    pub(crate) fn remove_poll_waiter(&self, poll: &Arc<Poll>) {
+        if !self.has_waiters.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut waiters = lock(&self.waiters);
+        waiters.retain(|w| !matches!(w, Waiter::Poll(p) if Arc::ptr_eq(p, poll)));
+        if waiters.is_empty() {
+            self.has_waiters.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// Drops the task waiter `id` (its future is gone).
     pub(crate) fn unregister_task(&self, id: u64) {
         lock(&self.waiters).retain(|w| !matches!(w, Waiter::Task(i, _) if *i == id));

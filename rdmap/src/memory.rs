@@ -94,9 +94,8 @@ impl Eq for Sgl {}
 
 impl From<Sge> for Sgl {
     fn from(sge: Sge) -> Sgl {
-        let mut sgl = Sgl::new();
-        sgl.push(sge);
-        sgl
+        // The common case of every work request, built in place.
+        Sgl(SglRepr::Inline { len: 1, items: [sge, Sge::EMPTY] })
     }
 }
 

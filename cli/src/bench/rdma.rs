@@ -25,6 +25,10 @@ const SMOL_PORT: u16 = 7290;
 
 /// Busy-wait turns before a busy wait starts yielding the core (some tens of microseconds).
 const SPINS_BEFORE_YIELD: u32 = 20_000;
+/// How long the client, out of credits for Sends, yields the core to the server (which is
+/// about to hand some back) before it sleeps: a sleeping thread takes tens of microseconds to
+/// wake on a virtual machine, more than the server takes to turn a window around.
+const CREDIT_SPIN: Duration = Duration::from_micros(100);
 /// How often the server thread looks for its next command while it waits for completions.
 const SERVER_TICK: Duration = Duration::from_millis(2);
 
@@ -422,8 +426,9 @@ impl Bench {
         let mut stop = false;
         let start = Instant::now();
         let mut batch = Vec::new();
-        // Turns spent waiting for the server to receive.
+        // Turns spent waiting for the server to receive, and since when.
         let mut waits = 0u32;
+        let mut waiting_since: Option<Instant> = None;
         loop {
             // Post while some pair has room, a list per pair.
             while !stop {
@@ -434,6 +439,7 @@ impl Bench {
                     break;
                 };
                 next_pair = (i + 1) % n;
+                waiting_since = None;
                 let room = if op == Op::Send {
                     (limit[i] - sq_out[i]).min(limit[i] - in_flight(i, &sent))
                 } else {
@@ -465,8 +471,11 @@ impl Bench {
             } else {
                 // Out of credits: sleep until the server reposts (it unparks this thread).
                 waits = waits.wrapping_add(1);
+                let since = *waiting_since.get_or_insert_with(Instant::now);
                 if self.cfg.busy() || waits < 64 {
                     relax(waits);
+                } else if since.elapsed() < CREDIT_SPIN {
+                    std::thread::yield_now();
                 } else {
                     self.credits.waiting.store(true, Ordering::SeqCst);
                     let got: u64 = (0..n).map(|i| self.received[i].load(Ordering::SeqCst) - base[i]).sum();
@@ -475,6 +484,7 @@ impl Bench {
                     }
                     self.credits.waiting.store(false, Ordering::SeqCst);
                     waits = 0;
+                    waiting_since = None;
                 }
                 None
             };

@@ -415,6 +415,10 @@ pub(crate) struct Pair {
     /// registered memory), and a link that takes a pseudo-random part of each batch, the rest
     /// copied out with [`TxBatch::unsent`]; from this generator state.
     pub(crate) batched: Option<u64>,
+    /// The batch the batched sender frames into, kept from step to step (and direction to
+    /// direction) as the engine keeps its own: each batch is framed over the bytes of the
+    /// ones before.
+    pub(crate) tx_batch: TxBatch,
 }
 
 impl Pair {
@@ -427,7 +431,15 @@ impl Pair {
     }
 
     pub(crate) fn from_conns((a, b): (Connection, Connection)) -> Pair {
-        Pair { a: End::with_pd(a, 1), b: End::with_pd(b, 2), hook: None, moved: 0, link: None, batched: None }
+        Pair {
+            a: End::with_pd(a, 1),
+            b: End::with_pd(b, 2),
+            hook: None,
+            moved: 0,
+            link: None,
+            batched: None,
+            tx_batch: TxBatch::default(),
+        }
     }
 
     /// Both ends take the RFC 7306 extensions.
@@ -450,10 +462,10 @@ impl Pair {
                     from.conn.poll_transmit(&mut mem, &mut bytes, 256 * 1024);
                 }
                 Some(state) => {
-                    let mut batch = TxBatch::default();
+                    let batch = &mut self.tx_batch;
                     while bytes.len() < 256 * 1024 {
                         batch.clear();
-                        let n = from.conn.poll_transmit_batch(&mut mem, &mut batch, 64 * 1024);
+                        let n = from.conn.poll_transmit_batch(&mut mem, batch, 64 * 1024);
                         if n == 0 {
                             break;
                         }
