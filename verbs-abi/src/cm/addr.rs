@@ -150,6 +150,15 @@ fn gai_errno(code: c_int) -> c_int {
     }
 }
 
+/// A field of the answer: the hint's value when it gives one, else what `pairs` maps the
+/// resolved `got` to (0 when none does).
+fn hinted(hint: c_int, got: c_int, pairs: &[(c_int, c_int)]) -> c_int {
+    if hint != 0 {
+        return hint;
+    }
+    pairs.iter().find(|&&(from, _)| from == got).map_or(0, |&(_, to)| to)
+}
+
 /// Fills `e` from the first answer of `getaddrinfo(node, service)` with `h`'s hints, as
 /// rdma-core does: the address is the source of a passive entry, the destination otherwise;
 /// the QP type and port space are the hints' or those of the socket type and protocol.
@@ -180,26 +189,16 @@ fn resolve_into(
         if ai.ai_family != libc::AF_INET && ai.ai_family != libc::AF_INET6 {
             return Err(libc::EAFNOSUPPORT);
         }
-        let qp = h.map_or(0, |h| h.ai_qp_type);
-        e.ai_qp_type = if qp != 0 {
-            qp
-        } else if ai.ai_socktype == libc::SOCK_STREAM {
-            IBV_QPT_RC as c_int
-        } else if ai.ai_socktype == libc::SOCK_DGRAM {
-            IBV_QPT_UD as c_int
-        } else {
-            0
-        };
-        let ps = h.map_or(0, |h| h.ai_port_space);
-        e.ai_port_space = if ps != 0 {
-            ps
-        } else if ai.ai_protocol == libc::IPPROTO_TCP {
-            RDMA_PS_TCP as c_int
-        } else if ai.ai_protocol == libc::IPPROTO_UDP {
-            RDMA_PS_UDP as c_int
-        } else {
-            0
-        };
+        e.ai_qp_type = hinted(
+            h.map_or(0, |h| h.ai_qp_type),
+            ai.ai_socktype,
+            &[(libc::SOCK_STREAM, IBV_QPT_RC as c_int), (libc::SOCK_DGRAM, IBV_QPT_UD as c_int)],
+        );
+        e.ai_port_space = hinted(
+            h.map_or(0, |h| h.ai_port_space),
+            ai.ai_protocol,
+            &[(libc::IPPROTO_TCP, RDMA_PS_TCP as c_int), (libc::IPPROTO_UDP, RDMA_PS_UDP as c_int)],
+        );
         e.ai_family = ai.ai_family;
         let addr = copy_addr(ai.ai_addr.cast(), ai.ai_addrlen)?;
         if ai.ai_flags & libc::AI_PASSIVE != 0 {
