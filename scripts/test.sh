@@ -76,7 +76,15 @@ step "siw interop over this stack's own TCP/IP (smoltcp on a veth bridged to the
 bash tests/interop/run-smol.sh
 
 step "verbs drop-in against siw in the guest: Debian's rping and ib_*_bw -R, both directions (tests/interop/run-verbs-abi.sh)"
-bash tests/interop/run-verbs-abi.sh
+# Status 3: only siw's perftest failed, calibrating its clock under TCG; one more boot decides.
+verbs_rc=0
+bash tests/interop/run-verbs-abi.sh || verbs_rc=$?
+if [ "$verbs_rc" = 3 ]; then
+  echo "siw's perftest could not calibrate its clock: the drop-in against siw once more"
+  IWARP_INTEROP_OUT="$PWD/target/interop-verbs-abi-again" bash tests/interop/run-verbs-abi.sh
+elif [ "$verbs_rc" != 0 ]; then
+  exit "$verbs_rc"
+fi
 
 step "fuzz-peer against siw in the guest, both roles (tests/interop/run-fuzz.sh)"
 bash tests/interop/run-fuzz.sh

@@ -11,7 +11,10 @@
 # Each case needs both sides to exit 0 (rping: 10 validated pings; perftest: a result line
 # with a positive average), and the guest NIC's capture to decode without a protocol
 # violation (`iwarp dissect` over the whole boot; tshark per port when installed). Prints
-# PASS/FAIL per case; exits non-zero when one failed or the harness could not run.
+# PASS/FAIL per case; exits non-zero when one failed or the harness could not run: 3 when
+# every failed case was a perftest run whose siw side gave up calibrating its cycle counter
+# under TCG ("Correlation coefficient r^2 ... < 0.9", no report), which says nothing about
+# either stack (scripts/test.sh then boots the guest once more).
 #
 # Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
 # libraries; default: scripts/verbs-abi.sh --release), IW_IMG (guest image; built if unset),
@@ -25,6 +28,7 @@ source "$HERE/lib.sh"
 OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop-verbs-abi}"
 rm -rf "$OUT"; mkdir -p "$OUT"
 FAILS=0
+CALIBRATION=0
 result() { # PASS|FAIL name detail
   printf '%-5s verbs-abi/%-12s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt" >&2
   [ "$1" = PASS ] || FAILS=$((FAILS + 1))
@@ -171,6 +175,10 @@ for side in a b; do
     gbw="$(bw "$SERIAL" "\[$tag\] *" || true)"
     [ -n "$gbw" ] && positive "$gbw" || why+="siw printed no result line; "
     why+="$(tshark_port "$port")"
+    if [ -n "$why" ] && grep -aq "^\[$tag\] Correlation coefficient" "$SERIAL"; then
+      why+="(siw's perftest could not calibrate its clock under TCG)"
+      CALIBRATION=$((CALIBRATION + 1))
+    fi
     role="siw ib_${t}_bw -R server <- drop-in client"
     [ $side = b ] && role="siw ib_${t}_bw -R client -> drop-in server"
     [ -z "$why" ] && result PASS "$id" "$role: avg MB/s host $hbw, siw $gbw (TCG guest)$note" || result FAIL "$id" "$why"
@@ -178,5 +186,9 @@ for side in a b; do
   done
 done
 
+if [ "$FAILS" -gt 0 ] && [ "$FAILS" = "$CALIBRATION" ]; then
+  echo "[interop-verbs-abi] $FAILS perftest case(s) failed only because siw's perftest could not calibrate its clock; logs in $OUT" >&2
+  exit 3
+fi
 [ "$FAILS" = 0 ] || { echo "[interop-verbs-abi] FAILED: $FAILS case(s); logs in $OUT" >&2; exit 1; }
 echo "[interop-verbs-abi] the drop-in against siw: all cases passed" >&2
