@@ -12,7 +12,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
@@ -87,6 +87,26 @@ fn rping_refuses_65536_bytes_before_touching_the_device() {
     assert_eq!(out.status.code(), Some(22), "{}", show(&out));
 }
 
+/// Starts `server`, waits until it listens on `port`, runs `client`, and requires both to
+/// exit 0 (`what` names them in the failure). A server whose client failed may wait for it
+/// forever: it gets a short while. Their outputs, client's first.
+fn server_and_client(what: &str, server: Command, port: &str, client: Command) -> (Output, Output) {
+    let server = spawn(server);
+    assert!(wait_listening(port.parse().unwrap(), LIMIT), "{what}: the server did not listen on {port}");
+    let (client, client_killed) = wait_or_kill(spawn(client), LIMIT);
+    let (server, server_killed) =
+        wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client{}: {}\nserver{}: {}",
+        if client_killed { " (killed)" } else { "" },
+        show(&client),
+        if server_killed { " (killed)" } else { "" },
+        show(&server)
+    );
+    (client, server)
+}
+
 /// One perftest bandwidth test, server and client on the drop-in.
 fn perftest(tool: &str) {
     if !installed(&[tool], "perftest") {
@@ -96,22 +116,9 @@ fn perftest(tool: &str) {
     let args = ["-R", "-F", "-p", &port, "-s", "65536", "-n", "200"];
     let mut s = dropin(tool);
     s.args(args);
-    let server = spawn(s);
-    assert!(wait_listening(port.parse().unwrap(), LIMIT), "{tool}'s server did not listen on {port}");
     let mut c = dropin(tool);
     c.args(args).arg("127.0.0.1");
-    let (client, client_killed) = wait_or_kill(spawn(c), LIMIT);
-    // A server whose client failed may wait for it forever: it gets a short while.
-    let (server, server_killed) =
-        wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
-    assert!(
-        client.status.success() && server.status.success(),
-        "{tool}: client{}: {}\nserver{}: {}",
-        if client_killed { " (killed)" } else { "" },
-        show(&client),
-        if server_killed { " (killed)" } else { "" },
-        show(&server)
-    );
+    let (client, server) = server_and_client(tool, s, &port, c);
     for out in [&client, &server] {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Transport type : IW") && text.contains("Device         : iwarp0"), "{text}");
@@ -178,21 +185,9 @@ fn fi_pingpong(provider: &str, ep: &str, iters: u32) {
     let args = ["-p", provider, "-e", ep, "-I", &iters.to_string(), "-c"];
     let mut s = dropin("fi_pingpong");
     s.args(args).args(["-B", &port]);
-    let server = spawn(s);
-    assert!(wait_listening(port.parse().unwrap(), LIMIT), "fi_pingpong's server did not listen on {port}");
     let mut c = dropin("fi_pingpong");
     c.args(args).args(["-P", &port, "127.0.0.1"]);
-    let (client, client_killed) = wait_or_kill(spawn(c), LIMIT);
-    let (server, server_killed) =
-        wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
-    assert!(
-        client.status.success() && server.status.success(),
-        "fi_pingpong -p {provider} -e {ep}: client{}: {}\nserver{}: {}",
-        if client_killed { " (killed)" } else { "" },
-        show(&client),
-        if server_killed { " (killed)" } else { "" },
-        show(&server)
-    );
+    let (client, server) = server_and_client(&format!("fi_pingpong -p {provider} -e {ep}"), s, &port, c);
     // fi_pingpong's counts: "#sent" and "#ack" (the latter with "=" when all came back).
     let count = if iters >= 1000 { format!("{}k", iters / 1000) } else { iters.to_string() };
     let ack = format!("={count}");

@@ -95,6 +95,14 @@ impl EventChannel {
     fn take(&self, n: u64) -> Option<Arc<Event>> {
         self.queued.lock().unwrap_or_else(PoisonError::into_inner).remove(&n)
     }
+
+    /// Takes the queued events `pick` chooses, in the order they were queued.
+    fn take_queued(&self, pick: impl Fn(&Event) -> bool) -> Vec<Arc<Event>> {
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut mine: Vec<u64> = queued.iter().filter(|(_, ev)| pick(ev)).map(|(n, _)| *n).collect();
+        mine.sort_unstable();
+        mine.into_iter().filter_map(|n| queued.remove(&n)).collect()
+    }
 }
 
 /// An event handed to the application (until `rdma_ack_cm_event`).
@@ -412,18 +420,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// gave up for the peer's, simultaneous one, before that id's ROUTE_RESOLVED is read: the
 /// event's `id->context` is freed memory by then.)
 fn drop_queued_events(obj: &Arc<CmId>) {
-    let ch = obj.channel();
-    let dropped: Vec<Arc<Event>> = {
-        let mut queued = ch.queued.lock().unwrap_or_else(PoisonError::into_inner);
-        let mine: Vec<u64> = queued
-            .iter()
-            .filter(|(_, ev)| {
-                Arc::ptr_eq(&ev._id, obj) || ev._listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l, obj))
-            })
-            .map(|(n, _)| *n)
-            .collect();
-        mine.into_iter().filter_map(|n| queued.remove(&n)).collect()
-    };
+    let dropped = obj.channel().take_queued(|ev| {
+        Arc::ptr_eq(&ev._id, obj) || ev._listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l, obj))
+    });
     for ev in dropped {
         if !Arc::ptr_eq(&ev._id, obj) {
             let _ = IDS.remove(ev._id.ibv());
@@ -1257,16 +1256,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
         let ch = if channel.is_null() { EventChannel::new()? } else { CHANNELS.get(channel)? };
         let mut current = obj.channel.lock().unwrap_or_else(PoisonError::into_inner);
         if !Arc::ptr_eq(&current, &ch) {
-            let moved: Vec<Arc<Event>> = {
-                let mut queued = current.queued.lock().unwrap_or_else(PoisonError::into_inner);
-                let mine: Vec<u64> =
-                    queued.iter().filter(|(_, ev)| Arc::ptr_eq(&ev._id, &obj)).map(|(n, _)| *n).collect();
-                let mut mine: Vec<(u64, Arc<Event>)> =
-                    mine.into_iter().filter_map(|n| queued.remove(&n).map(|ev| (n, ev))).collect();
-                mine.sort_by_key(|(n, _)| *n);
-                mine.into_iter().map(|(_, ev)| ev).collect()
-            };
-            for ev in moved {
+            for ev in current.take_queued(|ev| Arc::ptr_eq(&ev._id, &obj)) {
                 ch.queue(ev);
             }
             obj.c.update(|c| c.channel = ch.c.ptr());
