@@ -329,7 +329,7 @@ impl Engine {
         match self.core.try_lock() {
             Ok(mut core) => {
                 let (_, visits) = core.progress(None, &self.doorbell);
-                let more = core.has_ready() || core.take_new_earliest();
+                let more = core.has_ready() || core.new_earliest();
                 drop(core);
                 bump(&self.counters.passes, 1);
                 bump(&self.counters.visits, visits);
@@ -437,8 +437,8 @@ impl Engine {
     /// ready with its read or write budget spent (no readiness event will come for the rest:
     /// a large Read Response half sent by an application thread's pass would wait forever),
     /// and counts it.
-    fn after_pass(&self, mut core: MutexGuard<'_, EngineCore>, visits: u64) {
-        let rearm = (core.take_new_earliest() || !core.ready.is_empty()) && self.doorbell.parked();
+    fn after_pass(&self, core: MutexGuard<'_, EngineCore>, visits: u64) {
+        let rearm = (core.new_earliest() || !core.ready.is_empty()) && self.doorbell.parked();
         drop(core);
         if rearm {
             self.doorbell.wake();
@@ -451,6 +451,7 @@ impl Engine {
     /// events and no stack has a timer pending.
     fn nap(&self) -> Option<Duration> {
         let mut core = lock(&self.core);
+        core.new_earliest = false;
         let polled = (!core.polled.is_empty() || core.poll.is_none()).then_some(POLLED_NAP);
         let timer = core.next_timer().map(|t| t.saturating_duration_since(Instant::now()));
         [polled, core.stack_delay(), timer].into_iter().flatten().min()
@@ -648,8 +649,13 @@ pub(crate) struct EngineCore {
     linger: Duration,
     /// [`DeviceConfig::zero_copy`].
     zero_copy: bool,
-    /// A pass set a timer earlier than any before: a sleeping engine thread must recompute
-    /// how long it sleeps (see [`EngineCore::take_new_earliest`]).
+    /// A pass set a timer earlier than any before, and the engine thread has not computed
+    /// its sleep since: a parked engine must be woken to recompute it. Cleared only by that
+    /// computation ([`Engine::nap`]), not by the wake-up: another thread's zero-timeout
+    /// wait in the engine's poll ([`Engine::try_progress`]) can take the doorbell's event
+    /// before the sleeping engine sees it, and the pass that thread runs next then wakes the
+    /// engine again instead of leaving it asleep past the timer (an initiator's nudges to a
+    /// silent peer never went out that way).
     new_earliest: bool,
     /// Links without readiness events: visited every pass.
     polled: Vec<usize>,
@@ -848,9 +854,10 @@ impl EngineCore {
         None
     }
 
-    /// Whether a pass set a new earliest timer since the last call.
-    fn take_new_earliest(&mut self) -> bool {
-        std::mem::take(&mut self.new_earliest)
+    /// Whether a pass set a new earliest timer since the engine thread last computed its
+    /// sleep.
+    fn new_earliest(&self) -> bool {
+        self.new_earliest
     }
 
     /// Whether some connection waits for the next pass.
