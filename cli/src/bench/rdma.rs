@@ -31,6 +31,10 @@ const SPINS_BEFORE_YIELD: u32 = 20_000;
 const CREDIT_SPIN: Duration = Duration::from_micros(100);
 /// How often the server thread looks for its next command while it waits for completions.
 const SERVER_TICK: Duration = Duration::from_millis(2);
+/// Receives kept posted on the server, spread over the pairs (at least the window and some
+/// slack per pair): as deep as perftest's receive queue, so a Send stream is bounded by its
+/// send window, not by the round trip that hands credits back.
+const RECV_DEPTH: usize = 512;
 
 /// What a work request id says about its origin (low byte); the pair index is above it.
 const TAG_SQ: u64 = 0;
@@ -211,7 +215,7 @@ impl Bench {
         let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
         let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
-        let rq_target = per_pair + 8;
+        let rq_target = (per_pair + 8).max(RECV_DEPTH / cfg.qps);
         let opts = ConnectOptions {
             policy: Policy {
                 revision: cfg.revision,
@@ -413,6 +417,8 @@ impl Bench {
             .iter()
             .map(|&ord| if op == Op::Read { self.per_pair.min(ord) } else { self.per_pair })
             .collect();
+        // Sends in flight may use every receive the server keeps posted.
+        let credits = self.rq_target;
         // Per pair: send-queue work outstanding, and (Send) messages posted.
         let mut sq_out = vec![0usize; n];
         let mut sent = vec![0u64; n];
@@ -434,23 +440,26 @@ impl Bench {
             while !stop {
                 let Some(i) = (0..n)
                     .map(|k| (next_pair + k) % n)
-                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < limit[i]))
+                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < credits))
                 else {
                     break;
                 };
                 next_pair = (i + 1) % n;
                 waiting_since = None;
                 let room = if op == Op::Send {
-                    (limit[i] - sq_out[i]).min(limit[i] - in_flight(i, &sent))
+                    (limit[i] - sq_out[i]).min(credits - in_flight(i, &sent))
                 } else {
                     limit[i] - sq_out[i]
                 };
                 batch.clear();
+                // A count budget is checked per message, a time budget once per list (a
+                // clock read per 64-byte message costs as much as posting it).
                 while batch.len() < room && !stop {
                     batch.push(self.client_wr(op, i, size, TAG_SQ)?);
                     posted += 1;
-                    stop = budget.spent(posted, start);
+                    stop = budget.iters.is_some() && budget.spent(posted, start);
                 }
+                stop = stop || budget.spent(posted, start);
                 let k = batch.len();
                 self.qps[i]
                     .post_send_list(batch.drain(..))
