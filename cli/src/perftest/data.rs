@@ -17,24 +17,16 @@ use super::wire::{self, KeyRecord, Report};
 /// The data connection and its buffers.
 pub(super) struct Data {
     pub(super) qp: QueuePair,
-    pub(super) cq: CompletionQueue,
-    /// Two halves of `half` bytes: the first is sent/read from, the second advertised.
-    pub(super) buf: MemoryRegion,
-    pub(super) half: usize,
-    /// send_bw's credit words, as perftest's: [4..8] is the word the peer writes (advertised).
-    pub(super) credit: MemoryRegion,
-    /// The sources of the send_bw server's credit Writes, one 4-byte word per send-queue
-    /// slot.
-    pub(super) credit_src: MemoryRegion,
+    pub(super) bufs: DataBufs,
 }
 
 impl Data {
     /// This side's key record.
     pub(super) fn record(&self, p: &Params, psn: u32) -> KeyRecord {
         let (rkey, vaddr) = if p.test == Test::Send {
-            (self.credit.rkey().0, self.credit.addr() + 4)
+            (self.bufs.credit.rkey().0, self.bufs.credit.addr() + 4)
         } else {
-            (self.buf.rkey().0, self.buf.addr() + self.half as u64)
+            (self.bufs.buf.rkey().0, self.bufs.buf.addr() + self.bufs.half as u64)
         };
         KeyRecord {
             out_reads: u32::from(p.out_reads),
@@ -56,12 +48,16 @@ pub(super) fn local_gid() -> [u8; 16] {
     g
 }
 
-/// A data connection's completion queue and buffers, before the connection.
+/// A data connection's completion queue and buffers (made before the connection).
 pub(super) struct DataBufs {
     pub(super) cq: CompletionQueue,
+    /// Two halves of `half` bytes: the first is sent/read from, the second advertised.
     pub(super) buf: MemoryRegion,
     pub(super) half: usize,
+    /// send_bw's credit words, as perftest's: [4..8] is the word the peer writes (advertised).
     pub(super) credit: MemoryRegion,
+    /// The sources of the send_bw server's credit Writes, one 4-byte word per send-queue
+    /// slot.
     pub(super) credit_src: MemoryRegion,
 }
 
@@ -82,8 +78,7 @@ impl DataBufs {
     }
 
     pub(super) fn into_data(self, qp: QueuePair) -> Data {
-        let DataBufs { cq, buf, half, credit, credit_src } = self;
-        Data { qp, cq, buf, half, credit, credit_src }
+        Data { qp, bufs: self }
     }
 }
 
@@ -133,7 +128,7 @@ pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord
                 _ => SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
             };
             let local = usize::try_from(off).unwrap_or(0);
-            let wr = SendWr { wr_id: posted, op, sgl: d.buf.sge(local, size).into(), signaled };
+            let wr = SendWr { wr_id: posted, op, sgl: d.bufs.buf.sge(local, size).into(), signaled };
             match d.qp.post_send(wr) {
                 Ok(()) => {}
                 Err(iwarp::PostError::QueueFull) => break,
@@ -144,7 +139,7 @@ pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord
             }
             posted += 1;
         }
-        let Some(wc) = d.cq.wait(Duration::from_millis(20)) else {
+        let Some(wc) = d.bufs.cq.wait(Duration::from_millis(20)) else {
             if let Some(ev) = d.qp.poll_event() {
                 return Err(format!("{} during the {what}s", toolbox::event_text(ev, None)));
             }
@@ -203,7 +198,7 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
             break;
         }
         let mut word = [0u8; 4];
-        d.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
+        d.bufs.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
         let credit = u64::from(u32::from_le_bytes(word));
         let mut progressed = false;
         while more_to_post(n, posted, stopping)
@@ -222,7 +217,7 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
             let wr = SendWr {
                 wr_id: posted,
                 op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: d.buf.sge(0, size).into(),
+                sgl: d.bufs.buf.sge(0, size).into(),
                 signaled,
             };
             match d.qp.post_send(wr) {
@@ -238,7 +233,7 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
         }
         // Credits arrive as RDMA Writes (no completion here): poll briefly.
         let wait = if progressed || posted > completed { Duration::from_millis(1) } else { Duration::ZERO };
-        match d.cq.wait(wait) {
+        match d.bufs.cq.wait(wait) {
             Some(wc) => {
                 if wc.status != WcStatus::Success {
                     return Err(wc_failure(&d.qp, &wc, "Send completions"));
@@ -277,7 +272,7 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
 
 /// Posts one `size`-byte receive into the second half of the buffer.
 pub(super) fn post_data_recv(d: &Data, p: &Params, wr_id: u64) -> Result<(), String> {
-    let wr = RecvWr { wr_id, sgl: d.buf.sge(d.half, p.size).into() };
+    let wr = RecvWr { wr_id, sgl: d.bufs.buf.sge(d.bufs.half, p.size).into() };
     d.qp.post_recv(wr).map_err(|e| format!("cannot post a data receive: {e:?}"))
 }
 
@@ -299,7 +294,7 @@ pub(super) fn run_send_server(
     let mut stop_at: Option<Instant> = None;
     let mut wr = posted_recvs;
     let mut last_progress = Instant::now();
-    let slots = u64::try_from(d.credit_src.len() / 4).unwrap_or(1).max(1);
+    let slots = u64::try_from(d.bufs.credit_src.len() / 4).unwrap_or(1).max(1);
     let mut credit_seq = 0u64;
     // Credit Writes posted and not completed yet.
     let mut credits_out = 0u64;
@@ -312,7 +307,7 @@ pub(super) fn run_send_server(
         {
             break;
         }
-        let Some(wc) = d.cq.wait(Duration::from_millis(20)) else {
+        let Some(wc) = d.bufs.cq.wait(Duration::from_millis(20)) else {
             if let Some(ev) = d.qp.poll_event() {
                 return Err(format!("{} during the Sends", toolbox::event_text(ev, None)));
             }
@@ -347,13 +342,14 @@ pub(super) fn run_send_server(
             let count = u32::try_from(received).unwrap_or(u32::MAX);
             let slot = usize::try_from(credit_seq % slots).unwrap_or(0) * 4;
             credit_seq += 1;
-            d.credit_src
+            d.bufs
+                .credit_src
                 .write(slot, &wire::credit_bytes(count))
                 .map_err(|e| format!("credit word: {e:?}"))?;
             let w = SendWr {
                 wr_id: u64::MAX - received,
                 op: SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr },
-                sgl: d.credit_src.sge(slot, 4).into(),
+                sgl: d.bufs.credit_src.sge(slot, 4).into(),
                 signaled: true,
             };
             d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
@@ -364,7 +360,7 @@ pub(super) fn run_send_server(
     // what is still queued).
     let deadline = Instant::now() + p.timeout;
     while credits_out > 0 && Instant::now() < deadline {
-        match d.cq.wait(Duration::from_millis(20)) {
+        match d.bufs.cq.wait(Duration::from_millis(20)) {
             Some(wc) if wc.opcode != WcOpcode::Recv => credits_out -= 1,
             Some(_) => {}
             None => {
