@@ -7,6 +7,10 @@
 #
 #   - a ramdisk backstore (rd_mcp) of MIB MiB as LUN 0 of IQN's portal group 1;
 #   - demo mode: any initiator logs in without an ACL or CHAP, and may write;
+#   - ImmediateData=No, InitialR2T=Yes: the target fetches all write data itself (over iSER
+#     with RDMA Reads). Debian bookworm's libiscsi (1.19.0) declares immediate data in an iSER
+#     command but sends only the headers (fixed upstream in 1.20.0), so LIO would drop the
+#     connection at the first write with immediate data;
 #   - portal IP:3261, iSCSI over TCP;
 #   - portal IP:3260 with iSER enabled (ib_isert listens through rdma_cm, on siw0).
 #
@@ -37,6 +41,8 @@ echo 0 > "$G/attrib/authentication"
 echo 1 > "$G/attrib/generate_node_acls"
 echo 1 > "$G/attrib/cache_dynamic_acls"
 echo 0 > "$G/attrib/demo_mode_write_protect"
+echo No > "$G/param/ImmediateData"
+echo Yes > "$G/param/InitialR2T"
 mkdir "$G/np/$IP:3261"
 unshare -n sh -c "sysctl -qw net.ipv4.ip_nonlocal_bind=1 && mkdir '$G/np/$IP:3260'"
 echo 1 > "$G/np/$IP:3260/iser"
