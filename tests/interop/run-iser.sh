@@ -117,7 +117,8 @@ iw_wait_exit 60 || true
 iw_log "guest exit ${IW_GUEST_RC:-none} after $((SECONDS - t0)) s"
 [ "${IW_GUEST_RC:-}" = 0 ] || result FAIL guest "exit ${IW_GUEST_RC:-none} (timeout or crash), see $OUT/serial.log"
 
-# The capture's iSER connections (port 3260; the TCP baseline on 3261 is no MPA stream).
+# The capture: dissect finds the MPA connections by their handshake (the iSER ones, on port
+# 3260; the TCP baseline's connection on 3261 has none and is passed over).
 dis_rc=0
 "$IWARP_BIN" dissect "$OUT/guest-nic.pcap" > "$OUT/dissect.txt" 2> "$OUT/dissect.err" || dis_rc=$?
 if [ "$dis_rc" = 0 ]; then
