@@ -23,7 +23,7 @@
 # free for siw's listener in the real one.
 set -e
 IP="$1" IQN="$2" MIB="$3"
-[ -n "$IP" ] && [ -n "$IQN" ] && [ -n "$MIB" ] || { echo "usage: iw-lio IP IQN MIB" >&2; exit 2; }
+if [ -z "$IP" ] || [ -z "$IQN" ] || [ -z "$MIB" ]; then echo "usage: iw-lio IP IQN MIB" >&2; exit 2; fi
 while read -r m; do
 	insmod "$m" 2> /tmp/insmod.err || grep -q "File exists" /tmp/insmod.err \
 		|| { echo "insmod $m: $(cat /tmp/insmod.err)" >&2; exit 1; }

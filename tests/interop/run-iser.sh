@@ -40,7 +40,8 @@ result() { # PASS|FAIL name detail
 IWARP_BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 [ -x "$IWARP_BIN" ] || iw_die "$IWARP_BIN is not built (cargo build --release --bin iwarp)"
 if ! command -v iscsi-inq > /dev/null || [ ! -f /usr/include/iscsi/iscsi.h ]; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libiscsi-bin libiscsi-dev > "$OUT/apt.log" 2>&1 \
+  inst() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libiscsi-bin libiscsi-dev; }
+  { inst || { apt-get update -q && inst; }; } > "$OUT/apt.log" 2>&1 \
     || iw_die "cannot install libiscsi-bin libiscsi-dev (see $OUT/apt.log)"
 fi
 cc -O2 -Wall -Wextra -Werror -o "$OUT/iser-io" "$HERE/iser-io.c" -liscsi || iw_die "iser-io.c does not build"
