@@ -13,8 +13,10 @@
 #   tcp       the same over iSCSI/TCP (kernel TCP on the host) to the same LUN: the baseline
 #             the iSER rates are put against (ratio printed; no pass/fail on rates). The two
 #             alternate, $ROUNDS rounds each; the rates are medians
+#   crc       one more iSER round with IWARP_CRC=required: siw agrees to MPA CRC, and the data
+#             still compares
 #   dissect   `iwarp dissect` decodes the iSER connections of the guest NIC's capture without
-#             a protocol violation
+#             a protocol violation (a bad CRC in an FPDU of the crc round is one)
 #
 # Prints PASS/FAIL per case; exits non-zero when one failed or the harness could not run.
 # Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
@@ -76,7 +78,7 @@ iw_log "guest target up after $((SECONDS - t0)) s"
 rc=0
 iw_ns timeout -k 2 60 "${DROPIN[@]}" IWARP_LOG="${IWARP_LOG:-debug}" iscsi-inq "$URL" > "$OUT/inq.log" 2>&1 || rc=$?
 if [ "$rc" = 0 ] && grep -aq '^Vendor:LIO-ORG' "$OUT/inq.log"; then
-  result PASS inq "iscsi-inq $URL: $(grep -a '^Vendor:\|^Product:' "$OUT/inq.log" | tr '\n' ' ')"
+  result PASS inq "iscsi-inq $URL: $(grep -a '^Vendor:\|^Product:' "$OUT/inq.log" | sed 's/ *$//' | tr '\n' ' ')"
 else
   result FAIL inq "exit $rc: $(grep -av '^\s*$' "$OUT/inq.log" | tail -n 3 | cut -c1-200 | tr '\n' '|')"
 fi
@@ -131,6 +133,16 @@ else
   result FAIL tcp "$bad_tcp"
 fi
 
+# crc: one more iSER round with MPA CRC asked for (siw agrees to it), every FPDU checked by
+# both ends and by dissect below
+rc=0
+iw_ns timeout -k 2 120 "${DROPIN[@]}" IWARP_CRC=required "$OUT/iser-io" "$URL" "$MIB" > "$OUT/crc.log" 2>&1 || rc=$?
+if verified "$rc" "$OUT/crc.log"; then
+  result PASS crc "iSER with CRC32c: $MIB MiB written and read back, every byte compared; write $(rate write "$OUT/crc.log") MiB/s, read $(rate read "$OUT/crc.log") MiB/s"
+else
+  result FAIL crc "exit $rc: $(tail -n 3 "$OUT/crc.log" | cut -c1-200 | tr '\n' '|')"
+fi
+
 # "done"
 for _ in $(seq 1 50); do
   iw_ns bash -c "exec 3<>/dev/tcp/$G/7000" 2> /dev/null && break
@@ -144,8 +156,11 @@ iw_log "guest exit ${IW_GUEST_RC:-none} after $((SECONDS - t0)) s"
 # 3260; the TCP baseline's connection on 3261 has none and is passed over).
 dis_rc=0
 "$IWARP_BIN" dissect "$OUT/guest-nic.pcap" > "$OUT/dissect.txt" 2> "$OUT/dissect.err" || dis_rc=$?
-if [ "$dis_rc" = 0 ]; then
-  result PASS dissect "$(tail -1 "$OUT/dissect.txt")"
+good="$(grep -c 'CRC good' "$OUT/dissect.txt" || true)"
+if [ "$dis_rc" = 0 ] && [ "$good" -gt 0 ]; then
+  result PASS dissect "$(tail -1 "$OUT/dissect.txt"); $good FPDUs with a good CRC32c (the crc round)"
+elif [ "$dis_rc" = 0 ]; then
+  result FAIL dissect "no FPDU with a CRC: the crc round did not negotiate it"
 else
   result FAIL dissect "exit $dis_rc: $(tail -1 "$OUT/dissect.err") $(tail -1 "$OUT/dissect.txt")"
 fi
