@@ -21,9 +21,9 @@
 # Prints PASS/FAIL per case; exits non-zero when one failed or the harness could not run.
 # Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
 # libraries; default: scripts/verbs-abi.sh --release), IW_IMG (guest image; built if unset),
-# IWARP_ISER_MIB (default 8), IWARP_ISER_ROUNDS (default 3), IWARP_INTEROP_OUT (default target/interop-iser). Traffic stays
-# inside the namespace lib.sh creates (docs/interop.md#network-rule); guest and processes are
-# bounded.
+# IWARP_ISER_MIB (default 8), IWARP_ISER_ROUNDS (default 3), IWARP_INTEROP_OUT (default
+# target/interop-iser). Traffic stays inside the namespace lib.sh creates
+# (docs/interop.md#network-rule); guest and processes are bounded.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
