@@ -4,8 +4,8 @@
 # test, a short fuzz smoke run of every fuzz target, the registered-memory code under
 # AddressSanitizer, short `iwarp fuzz-peer` runs against this stack's rping and against siw,
 # the verbs drop-in (Debian's rping and perftest) against this stack's tools and against
-# siw, and the siw interop suite (qemu guest; needs root, see docs/interop.md). Installs
-# what it needs.
+# siw, libiscsi's iSER initiator on the drop-in against the Linux LIO target on siw, and the
+# siw interop suite (qemu guest; needs root, see docs/interop.md). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
@@ -85,6 +85,9 @@ if [ "$verbs_rc" = 3 ]; then
 elif [ "$verbs_rc" != 0 ]; then
   exit "$verbs_rc"
 fi
+
+step "iSER: libiscsi on the drop-in against LIO's ib_isert on siw in the guest: inquiry, capacity, 8 MiB written and read back, against iSCSI/TCP (tests/interop/run-iser.sh)"
+bash tests/interop/run-iser.sh
 
 step "fuzz-peer against siw in the guest, both roles (tests/interop/run-fuzz.sh)"
 bash tests/interop/run-fuzz.sh

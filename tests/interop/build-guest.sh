@@ -3,7 +3,10 @@
 # an initramfs with siw.ko (built out of tree from the matching linux-source-6.1, twice: stock,
 # and with the compile-time settings CRC required/strict, peer-to-peer and MPA revision turned
 # into module parameters by siw-modparams.patch), rdma_rxe, rdma-core's rping/ucmatose/ibverbs
-# tools, perftest, iproute2 (ip, rdma), busybox and dash as /bin/sh.
+# tools, perftest, iproute2 (ip, rdma), busybox and dash as /bin/sh. The LIO iSCSI target with
+# its iSER transport (target_core_mod, iscsi_target_mod, ib_isert and what they need) is in the
+# image too but not loaded by the init: /etc/iw-modules-lio lists it in load order for the
+# commands that want it (tests/interop/run-iser.sh).
 #
 # Everything is cached under $IWARP_INTEROP_CACHE (default ~/.cache/iwarp-interop), keyed by the
 # package versions and the hash of this script, its patch and its init. Prints the image
@@ -67,7 +70,8 @@ for p in "${GUEST_PKGS[@]}"; do
   [ -n "$v" ] && [ "$v" != "(none)" ] || die "package $p has no candidate version (apt-get update?)"
   versions+="$p=$v"$'\n'
 done
-script_hash="$(cat "$0" "$HERE/siw-modparams.patch" "$HERE/guest-init.sh" | sha256sum | cut -c1-12)"
+script_hash="$(cat "$0" "$HERE/siw-modparams.patch" "$HERE/guest-init.sh" "$HERE/guest-lio.sh" |
+  sha256sum | cut -c1-12)"
 key="$(printf '%s%s' "$versions" "$script_hash" | sha256sum | cut -c1-16)"
 IMG="$CACHE/img-$KREL-$key"
 if [ -s "$IMG/vmlinux" ] && [ -s "$IMG/initrd.img" ]; then
@@ -215,9 +219,14 @@ mkdir -p "$RM/kernel" "$RM/extra/siw-stock" "$RM/extra/siw-param"
 LOAD=(virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover
       net_failover virtio_net crc32c_generic libcrc32c configfs ib_core ib_uverbs iw_cm ib_cm
       rdma_cm rdma_ucm udp_tunnel ip6_udp_tunnel rdma_rxe)
+# LIO with iSER, loaded on demand from /etc/iw-modules-lio (crct10dif_generic: crc-t10dif asks
+# the crypto API for it when it loads, and the guest has no modprobe helper to find it)
+LIO=(crct10dif_common crct10dif_generic target_core_mod iscsi_target_mod ib_isert)
 # load order: docs/interop.md's list, each module after its dependencies (modinfo depends)
 : > "$R/etc/iw-modules"
+: > "$R/etc/iw-modules-lio"
 declare -A loaded=()
+MODLIST="$R/etc/iw-modules"
 add_mod() {
   local m="$1" p rel d
   [ -n "${loaded[$m]:-}" ] && return 0
@@ -228,9 +237,11 @@ add_mod() {
   rel="${p#"$MODDIR"/}"
   mkdir -p "$RM/$(dirname "$rel")"
   cp "$p" "$RM/$rel"
-  echo "/lib/modules/$KREL/$rel" >> "$R/etc/iw-modules"
+  echo "/lib/modules/$KREL/$rel" >> "$MODLIST"
 }
 for m in "${LOAD[@]}"; do add_mod "$m"; done
+MODLIST="$R/etc/iw-modules-lio"
+for m in "${LIO[@]}"; do add_mod "$m"; done
 for d in $(modinfo -F depends "$WORK/siw-stock/siw.ko" | tr ',' ' '); do
   [ -n "${loaded[$d]:-}" ] || die "siw needs $d, which the init does not load"
 done
@@ -241,6 +252,7 @@ depmod -b "$R/usr" "$KREL" 2>/dev/null || depmod -b "$R" "$KREL" || die "depmod 
 modinfo "$RM/extra/siw-param/siw.ko" | grep -q "parm:.*mpa_version" || die "siw-param has no mpa_version parameter"
 
 install -m 0755 "$HERE/guest-init.sh" "$R/init"
+install -m 0755 "$HERE/guest-lio.sh" "$R/usr/bin/iw-lio"
 printf '%s' "$versions" > "$R/etc/iw-versions"
 
 log "pack"
