@@ -340,11 +340,19 @@ struct VerbsEndpoint {
     pd: Arc<ProtectionDomain>,
     id: Arc<Identifier>,
     _channel: Option<Arc<EventChannel>>,
+    pending: Mutex<VecDeque<Completion>>,
 }
 
 impl VerbsEndpoint {
     fn new(parts: Parts, id: Arc<Identifier>, channel: Option<Arc<EventChannel>>) -> VerbsEndpoint {
-        VerbsEndpoint { qp: Mutex::new(parts.qp), cq: parts.cq, pd: parts.pd, id, _channel: channel }
+        VerbsEndpoint {
+            qp: Mutex::new(parts.qp),
+            cq: parts.cq,
+            pd: parts.pd,
+            id,
+            _channel: channel,
+            pending: Mutex::default(),
+        }
     }
 }
 
@@ -445,29 +453,31 @@ impl Endpoint for VerbsEndpoint {
 
     fn poll(&self, timeout: Duration) -> Option<Completion> {
         let deadline = Instant::now() + timeout;
+        let mut pending = lock(&self.pending);
         loop {
+            if let Some(done) = pending.pop_front() {
+                return Some(done);
+            }
+            // A poller reads a batch of completions at once: keep all of them.
             match self.cq.start_poll() {
-                Ok(mut poller) => {
-                    if let Some(wc) = poller.next() {
-                        return Some(Completion {
-                            wr_id: wc.wr_id(),
-                            status: completion_status(wc.status()),
-                            op: completion_op(wc.opcode()),
-                            byte_len: wc.byte_len(),
-                            // sideway's completion has no `wc_flags`: the immediate data of a
-                            // Write with immediate (its own opcode) is known, a Send's is not.
-                            imm: (wc.opcode() == IBV_WC_RECV_RDMA_WITH_IMM)
-                                .then(|| u32::from_be(wc.imm_data())),
-                        });
-                    }
-                }
+                Ok(poller) => pending.extend(poller.map(|wc| Completion {
+                    wr_id: wc.wr_id(),
+                    status: completion_status(wc.status()),
+                    op: completion_op(wc.opcode()),
+                    byte_len: wc.byte_len(),
+                    // sideway's completion has no `wc_flags`: the immediate data of a Write
+                    // with immediate (its own opcode) is known, a Send's is not.
+                    imm: (wc.opcode() == IBV_WC_RECV_RDMA_WITH_IMM).then(|| u32::from_be(wc.imm_data())),
+                })),
                 Err(PollCompletionQueueError::CompletionQueueEmpty) => {}
                 Err(_) => return None,
             }
-            if Instant::now() >= deadline {
-                return None;
+            if pending.is_empty() {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                std::thread::yield_now();
             }
-            std::thread::yield_now();
         }
     }
 
