@@ -63,6 +63,7 @@ mod engine;
 mod mr;
 mod qp;
 mod readiness;
+mod seam;
 mod shared;
 #[cfg(feature = "verbs")]
 mod verbs;

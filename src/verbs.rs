@@ -1,5 +1,5 @@
 //! The `verbs` backend: an rdma-core device (siw, rxe, an iWARP or RoCE NIC, or the verbs
-//! drop-in of verbs-abi/) behind the seam of src/backend.rs, through the `sideway` binding.
+//! drop-in of verbs-abi/) behind the seam of src/backend.rs (its types in src/seam.rs), through the `sideway` binding.
 //! sideway's rdma-mummy-sys opens libibverbs.so.1 and librdmacm.so.1 with `dlopen` when the
 //! program starts and leaves every entry point failing with `EOPNOTSUPP` when they are
 //! missing, so a binary built with the feature runs on a host without rdma-core and lists no
@@ -36,7 +36,7 @@ use sideway::rdmacm::communication_manager::{
     ConnectionParameter, Event, EventChannel, EventType, Identifier, PortSpace,
 };
 
-use crate::backend::{
+use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
     DeviceTransport, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, Status,
 };
