@@ -29,8 +29,8 @@ use crate::qp::QueuePair;
 use crate::shared::WorkCompletion;
 
 pub use crate::seam::{
-    Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo, DeviceTransport,
-    ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, Status,
+    Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
+    DeviceTransport, ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, Status,
 };
 
 /// Every device this build can drive: the userspace engine first, then each rdma-core device
@@ -92,12 +92,19 @@ fn engine_info() -> DeviceInfo {
 #[derive(Debug, Clone)]
 pub struct EngineBackend {
     device: Arc<Device>,
+    rfc7306: bool,
 }
 
 impl EngineBackend {
     /// The seam over an open device.
     pub fn new(device: Device) -> EngineBackend {
-        EngineBackend { device: Arc::new(device) }
+        EngineBackend { device: Arc::new(device), rfc7306: true }
+    }
+
+    /// The seam over an open device, for peers without the RFC 7306 extensions (siw, the
+    /// verbs drop-in): no immediate data, no atomics.
+    pub fn without_rfc7306(device: Device) -> EngineBackend {
+        EngineBackend { device: Arc::new(device), rfc7306: false }
     }
 
     /// The device underneath.
@@ -105,26 +112,47 @@ impl EngineBackend {
         &self.device
     }
 
-    fn options(opts: &EndpointOptions) -> ConnectOptions {
+    fn options(&self, opts: &EndpointOptions, recv: Vec<RecvWr>) -> ConnectOptions {
         let depth = opts.queue_depth as usize;
         ConnectOptions {
+            recv,
             private_data: opts.private_data.clone(),
             timeout: opts.timeout,
             max_send_wr: depth,
             max_recv_wr: depth,
-            rfc7306: true,
+            rfc7306: self.rfc7306,
             ..ConnectOptions::default()
         }
     }
 
-    fn parts(&self, depth: u32) -> (ProtectionDomain, CompletionQueue) {
-        (self.device.alloc_pd(), self.device.create_cq(2 * depth as usize))
+    /// The endpoint's domain and queue, and its early receives' region with the receives.
+    fn parts(&self, opts: &EndpointOptions) -> Result<Parts, BackendError> {
+        let pd = self.device.alloc_pd();
+        let cq = self.device.create_cq(2 * opts.queue_depth as usize);
+        let (count, len) = opts.early_recvs;
+        let mut recvs = Vec::new();
+        let early = if count > 0 {
+            let mr = pd
+                .register(count as usize * len as usize, Access::LOCAL_WRITE)
+                .map_err(|e| BackendError::Verbs(e.to_string()))?;
+            for i in 0..count {
+                recvs
+                    .push(RecvWr { wr_id: u64::from(i), sgl: mr.sge(i as usize * len as usize, len).into() });
+            }
+            Some(Arc::new(EngineRegion { mr }) as Arc<dyn Region>)
+        } else {
+            None
+        };
+        Ok(Parts { pd, cq, early, recvs })
     }
 }
 
 impl Backend for EngineBackend {
     fn info(&self) -> DeviceInfo {
-        engine_info()
+        let mut info = engine_info();
+        info.caps.immediate &= self.rfc7306;
+        info.caps.atomics &= self.rfc7306;
+        info
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn BackendListener>, BackendError> {
@@ -133,11 +161,18 @@ impl Backend for EngineBackend {
     }
 
     fn connect(&self, addr: SocketAddr, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let (pd, cq) = self.parts(opts.queue_depth);
-        let connected = self.device.connect(addr, &pd, &cq, &cq, &EngineBackend::options(opts))?;
+        let Parts { pd, cq, early, recvs } = self.parts(opts)?;
+        let connected = self.device.connect(addr, &pd, &cq, &cq, &self.options(opts, recvs))?;
         let peer = connected.private_data.clone();
-        Ok(Box::new(EngineEndpoint { _backend: self.clone(), pd, cq, qp: connected.qp, peer }))
+        Ok(Box::new(EngineEndpoint { _backend: self.clone(), pd, cq, qp: connected.qp, peer, early }))
     }
+}
+
+struct Parts {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    early: Option<Arc<dyn Region>>,
+    recvs: Vec<RecvWr>,
 }
 
 struct EngineListener {
@@ -167,10 +202,10 @@ impl PendingRequest for EngineRequest {
     }
 
     fn accept(self: Box<Self>, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let (pd, cq) = self.backend.parts(opts.queue_depth);
+        let Parts { pd, cq, early, recvs } = self.backend.parts(opts)?;
         let peer = self.request.private_data().to_vec();
-        let qp = self.request.accept(&pd, &cq, &cq, &EngineBackend::options(opts))?;
-        Ok(Box::new(EngineEndpoint { _backend: self.backend, pd, cq, qp, peer }))
+        let qp = self.request.accept(&pd, &cq, &cq, &self.backend.options(opts, recvs))?;
+        Ok(Box::new(EngineEndpoint { _backend: self.backend, pd, cq, qp, peer, early }))
     }
 
     fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), BackendError> {
@@ -185,6 +220,7 @@ struct EngineEndpoint {
     cq: CompletionQueue,
     qp: QueuePair,
     peer: Vec<u8>,
+    early: Option<Arc<dyn Region>>,
 }
 
 /// RFC 7306 immediate data is 8 bytes; verbs' 32 bits travel in the last four, big-endian
@@ -239,6 +275,10 @@ impl Endpoint for EngineEndpoint {
 
     fn peer_private_data(&self) -> Vec<u8> {
         self.peer.clone()
+    }
+
+    fn early_recv_region(&self) -> Option<Arc<dyn Region>> {
+        self.early.clone()
     }
 
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {

@@ -121,11 +121,21 @@ pub struct EndpointOptions {
     pub queue_depth: u32,
     /// Time allowed to connect or to wait for a request.
     pub timeout: Duration,
+    /// Receives posted before the connection is up, `(count, bytes each)`: iWARP has no
+    /// receiver-not-ready retry, so a peer's first Send may arrive before the application
+    /// could post anything once connected. They are in one region
+    /// ([`Endpoint::early_recv_region`]); receive `i` (its `wr_id`) is the `i`-th slice.
+    pub early_recvs: (u32, u32),
 }
 
 impl Default for EndpointOptions {
     fn default() -> EndpointOptions {
-        EndpointOptions { private_data: Vec::new(), queue_depth: 64, timeout: Duration::from_secs(10) }
+        EndpointOptions {
+            private_data: Vec::new(),
+            queue_depth: 64,
+            timeout: Duration::from_secs(10),
+            early_recvs: (0, 0),
+        }
     }
 }
 
@@ -280,6 +290,9 @@ pub trait Endpoint: Send {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError>;
     /// The private data the peer sent with its request or reply.
     fn peer_private_data(&self) -> Vec<u8>;
+    /// The region of the receives posted before the connection came up
+    /// ([`EndpointOptions::early_recvs`]), if any were asked for.
+    fn early_recv_region(&self) -> Option<Arc<dyn Region>>;
     /// Posts a signaled send-queue work request with one local buffer (or none).
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError>;
     /// Posts a receive buffer.
@@ -316,4 +329,3 @@ pub trait Region: Send + Sync {
         Local { lkey: self.lkey(), addr: self.addr() + offset as u64, len }
     }
 }
-

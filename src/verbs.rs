@@ -146,6 +146,7 @@ struct Parts {
     cq: Arc<BasicCompletionQueue>,
     pd: Arc<ProtectionDomain>,
     iwarp: bool,
+    early: Option<Arc<dyn Region>>,
 }
 
 fn make_parts(id: &Arc<Identifier>, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, BackendError> {
@@ -169,7 +170,17 @@ fn make_parts(id: &Arc<Identifier>, opts: &EndpointOptions, iwarp: bool) -> Resu
         .map_err(|e| verbs_error("ibv_create_qp", e))?;
     let attr = id.get_qp_attr(QueuePairState::Init).map_err(|e| verbs_error("rdma_init_qp_attr(INIT)", e))?;
     qp.modify(&attr).map_err(|e| verbs_error("ibv_modify_qp(INIT)", e))?;
-    Ok(Parts { qp, cq, pd, iwarp })
+    let (count, len) = opts.early_recvs;
+    let early = if count > 0 {
+        let region = register_region(&pd, count as usize * len as usize, Access::NONE)?;
+        for i in 0..count {
+            post_recv(&mut qp, u64::from(i), region.local(i as usize * len as usize, len))?;
+        }
+        Some(Arc::new(region) as Arc<dyn Region>)
+    } else {
+        None
+    };
+    Ok(Parts { qp, cq, pd, iwarp, early })
 }
 
 /// Off iWARP, the application moves its own queue pair to RTR and RTS (on iWARP the kernel's
@@ -341,6 +352,7 @@ struct VerbsEndpoint {
     id: Arc<Identifier>,
     _channel: Option<Arc<EventChannel>>,
     pending: Mutex<VecDeque<Completion>>,
+    early: Option<Arc<dyn Region>>,
 }
 
 impl VerbsEndpoint {
@@ -352,6 +364,7 @@ impl VerbsEndpoint {
             id,
             _channel: channel,
             pending: Mutex::default(),
+            early: parts.early,
         }
     }
 }
@@ -399,21 +412,15 @@ const IBV_WC_RECV_RDMA_WITH_IMM: u32 = 129;
 
 impl Endpoint for VerbsEndpoint {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
-        let buffer = vec![0u8; len.max(1)].into_boxed_slice();
-        let ptr = Box::into_raw(buffer);
-        let mut region = VerbsRegion { mr: None, ptr: ptr.cast::<u8>(), len };
-        // SAFETY: `ptr` is a live allocation of at least `len` bytes that the region owns and
-        // frees only after it has deregistered it (`VerbsRegion::drop`), and every access of
-        // ours to it goes through raw copies, never through references the device's writes
-        // could invalidate.
-        let mr = unsafe { self.pd.reg_mr(region.ptr as usize, len.max(1), access_flags(access)) }
-            .map_err(|e| verbs_error("ibv_reg_mr", e))?;
-        region.mr = Some(mr);
-        Ok(Arc::new(region))
+        Ok(Arc::new(register_region(&self.pd, len, access)?))
     }
 
     fn peer_private_data(&self) -> Vec<u8> {
         Vec::new()
+    }
+
+    fn early_recv_region(&self) -> Option<Arc<dyn Region>> {
+        self.early.clone()
     }
 
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
@@ -443,12 +450,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
-        let mut qp = lock(&self.qp);
-        let mut guard = qp.start_post_recv();
-        let wr = guard.construct_wr(wr_id);
-        // SAFETY: as in `post_send`: the device checks the buffer against the lkey's region.
-        unsafe { wr.setup_sge(local.lkey, local.addr, local.len) };
-        guard.post().map_err(|e| verbs_error("ibv_post_recv", e))
+        post_recv(&mut lock(&self.qp), wr_id, local)
     }
 
     fn poll(&self, timeout: Duration) -> Option<Completion> {
@@ -493,6 +495,33 @@ impl Endpoint for VerbsEndpoint {
         attr.setup_state(QueuePairState::Error);
         let _ = lock(&self.qp).modify(&attr);
     }
+}
+
+fn post_recv(qp: &mut BasicQueuePair, wr_id: u64, local: Local) -> Result<(), BackendError> {
+    let mut guard = qp.start_post_recv();
+    let wr = guard.construct_wr(wr_id);
+    // SAFETY: as in `post_send`: the device checks the buffer against the lkey's region.
+    unsafe { wr.setup_sge(local.lkey, local.addr, local.len) };
+    guard.post().map_err(|e| verbs_error("ibv_post_recv", e))
+}
+
+/// Registers `len` zeroed bytes of memory the region owns.
+fn register_region(
+    pd: &Arc<ProtectionDomain>,
+    len: usize,
+    access: Access,
+) -> Result<VerbsRegion, BackendError> {
+    let buffer = vec![0u8; len.max(1)].into_boxed_slice();
+    let ptr = Box::into_raw(buffer);
+    let mut region = VerbsRegion { mr: None, ptr: ptr.cast::<u8>(), len };
+    // SAFETY: `ptr` is a live allocation of at least `len` bytes that the region owns and
+    // frees only after it has deregistered it (`VerbsRegion::drop`), and every access of
+    // ours to it goes through raw copies, never through references the device's writes
+    // could invalidate.
+    let mr = unsafe { pd.reg_mr(region.ptr as usize, len.max(1), access_flags(access)) }
+        .map_err(|e| verbs_error("ibv_reg_mr", e))?;
+    region.mr = Some(mr);
+    Ok(region)
 }
 
 struct VerbsRegion {

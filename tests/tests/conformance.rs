@@ -10,6 +10,7 @@
 //! test that needs something the device lacks (its `Capabilities`) prints
 //! `SKIP <test>: <why>` and passes; `scripts/conformance.sh` runs the suite and collects those
 //! lines.
+#![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -219,12 +220,27 @@ fn read_from_a_region_without_remote_read_fails_remote_access() {
     let b = backend();
     let (c, s) = pair(&b);
     let source = register(&*s, 4096, Access::REMOTE_WRITE);
+    source.write(0, &pattern(64, 1)).unwrap_or_else(|e| panic!("{e}"));
     let sink = register(&*c, 4096, Access::NONE);
     c.post_send(1, Op::Read { rkey: source.rkey(), addr: source.addr() }, Some(sink.local(0, 64)))
         .unwrap_or_else(|e| panic!("{e}"));
     let wc = wait(&*c, "read without rights");
     assert_eq!(wc.wr_id, 1, "{wc:?}");
+    if device_name().starts_with("siw") {
+        // A known deviation (docs/conformance.md): siw 6.1 checks the source of a Read
+        // Response without asking for any right, so it serves the Read. Checked, so that a
+        // siw that starts refusing it shows up here.
+        eprintln!(
+            "DEVIATION read without remote read rights on {}: {:?} (siw serves it)",
+            device_name(),
+            wc.status
+        );
+        assert_eq!(wc.status, Status::Success, "{wc:?}");
+        assert_eq!(contents(&*sink, 0, 64), pattern(64, 1));
+        return;
+    }
     assert_remote_failure(wc.status, "read without remote read rights");
+    assert_eq!(contents(&*sink, 0, 64), vec![0; 64], "nothing placed");
 }
 
 #[test]
@@ -384,4 +400,118 @@ fn unsupported_operations_are_refused_not_sent() {
         expect_ok(&*c, 3, CompletionOp::Send, "send after refusal");
         expect_ok(&*s, 2, CompletionOp::Recv, "recv after refusal");
     }
+}
+
+/// Cross-backend traffic, one end of it: run by tests/interop/run-conformance.sh with
+/// `IWARP_CROSS=listen:ADDR:PORT` or `connect:ADDR:PORT`, once on the host (the userspace
+/// engine, without the RFC 7306 extensions siw lacks) and once in the guest (the verbs
+/// backend on siw). Both ends do the same: register 64 KiB with a pattern of their own, tell
+/// the peer where it is with a Send, RDMA Write their pattern into the second half of the
+/// peer's region, RDMA Read the first half of the peer's and check it, then Send "done"; on
+/// the peer's "done" they check that the second half of their own region holds the peer's
+/// pattern. So Write, Read and Send each run in both directions.
+#[test]
+#[ignore = "one end of the cross-backend run (tests/interop/run-conformance.sh)"]
+fn cross_backend_peer() {
+    let Ok(spec) = std::env::var("IWARP_CROSS") else {
+        eprintln!("SKIP cross_backend_peer: IWARP_CROSS is not set");
+        return;
+    };
+    let (role, addr) = spec.split_once(':').unwrap_or_else(|| panic!("IWARP_CROSS={spec}"));
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("IWARP_CROSS={spec}: {e}"));
+    let wait = Duration::from_secs(
+        std::env::var("IWARP_CROSS_WAIT").ok().and_then(|s| s.parse().ok()).unwrap_or(60),
+    );
+    let b: Arc<dyn Backend> = if device_name() == iwarp::backend::ENGINE_DEVICE {
+        Arc::new(iwarp::backend::EngineBackend::without_rfc7306(iwarp::Device::open(
+            iwarp::DeviceConfig::default(),
+        )))
+    } else {
+        backend()
+    };
+    // The receives for the peer's two Sends are posted before the connection is up: the
+    // peer may send its address as soon as it is connected.
+    let opts = EndpointOptions { timeout: wait, early_recvs: (2, 32), ..EndpointOptions::default() };
+    let (ep, seed) = match role {
+        "listen" => {
+            let listener = b.listen(addr).unwrap_or_else(|e| panic!("listen {addr}: {e}"));
+            eprintln!("CROSS-LISTENING {addr}");
+            let request = listener.next_request(wait).unwrap_or_else(|e| panic!("no request: {e}"));
+            (request.accept(&opts).unwrap_or_else(|e| panic!("accept: {e}")), 0x51)
+        }
+        "connect" => (b.connect(addr, &opts).unwrap_or_else(|e| panic!("connect {addr}: {e}")), 0xA3),
+        other => panic!("IWARP_CROSS role {other}"),
+    };
+    const HALF: usize = 32 << 10;
+    let mine = register(&*ep, 2 * HALF, Access::REMOTE_READ.union(Access::REMOTE_WRITE));
+    let data = pattern(HALF, seed);
+    mine.write(0, &data).unwrap_or_else(|e| panic!("{e}"));
+    let inbox = ep.early_recv_region().unwrap_or_else(|| panic!("no early receives"));
+    // Where my region is: address and key, then the peer's.
+    let note = register(&*ep, 64, Access::NONE);
+    let mut info = mine.addr().to_be_bytes().to_vec();
+    info.extend_from_slice(&mine.rkey().to_be_bytes());
+    note.write(0, &info).unwrap_or_else(|e| panic!("{e}"));
+    ep.post_send(10, Op::Send, Some(note.local(0, 12))).unwrap_or_else(|e| panic!("{e}"));
+    let mut peer = None;
+    let mut sent = false;
+    while peer.is_none() || !sent {
+        let wc = ep.poll(wait).unwrap_or_else(|| panic!("no completion while exchanging addresses"));
+        assert_eq!(wc.status, Status::Success, "{wc:?}");
+        match wc.wr_id {
+            10 => sent = true,
+            0 => {
+                let got = contents(&*inbox, 0, 12);
+                let addr = u64::from_be_bytes(got[..8].try_into().unwrap_or_default());
+                let rkey = u32::from_be_bytes(got[8..12].try_into().unwrap_or_default());
+                peer = Some((addr, rkey));
+            }
+            other => panic!("unexpected completion {other}: {wc:?}"),
+        }
+    }
+    let (paddr, prkey) = peer.unwrap_or_default();
+    // The peer's "done" (receive 1) may come at any point from here on.
+    let done_got = std::cell::Cell::new(false);
+    let await_id = |id: u64, what: &str| loop {
+        let wc = ep.poll(wait).unwrap_or_else(|| panic!("{what}: no completion"));
+        assert_eq!(wc.status, Status::Success, "{what}: {wc:?}");
+        if wc.wr_id == 1 {
+            assert_eq!(contents(&*inbox, 32, 4), b"done");
+            done_got.set(true);
+            if id == 1 {
+                break;
+            }
+        } else {
+            assert_eq!(wc.wr_id, id, "{what}: {wc:?}");
+            break;
+        }
+    };
+    // Write my pattern into the second half of the peer's region.
+    let source = register(&*ep, HALF, Access::NONE);
+    source.write(0, &data).unwrap_or_else(|e| panic!("{e}"));
+    ep.post_send(
+        11,
+        Op::Write { rkey: prkey, addr: paddr + HALF as u64 },
+        Some(source.local(0, HALF as u32)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    await_id(11, "cross write");
+    // Read the first half of the peer's region: the peer's pattern.
+    let sink = register(&*ep, HALF, Access::NONE);
+    ep.post_send(12, Op::Read { rkey: prkey, addr: paddr }, Some(sink.local(0, HALF as u32)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    await_id(12, "cross read");
+    let peer_seed = if seed == 0x51 { 0xA3 } else { 0x51 };
+    assert_eq!(contents(&*sink, 0, HALF), pattern(HALF, peer_seed), "read the peer's pattern");
+    // Done: the peer may check what I wrote once this arrives.
+    note.write(0, b"done").unwrap_or_else(|e| panic!("{e}"));
+    ep.post_send(13, Op::Send, Some(note.local(0, 4))).unwrap_or_else(|e| panic!("{e}"));
+    await_id(13, "cross done");
+    if !done_got.get() {
+        await_id(1, "the peer's done");
+    }
+    assert_eq!(contents(&*mine, HALF, HALF), pattern(HALF, peer_seed), "the peer's Write landed");
+    eprintln!("CROSS-PASS {role} {addr} on {}", device_name());
+    // Both ends are done only when both have seen "done": linger a moment before closing.
+    std::thread::sleep(Duration::from_millis(500));
 }

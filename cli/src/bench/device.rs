@@ -38,6 +38,7 @@ pub(crate) fn measure(
     window: u16,
     duration: Duration,
 ) -> Result<Rate, String> {
+    let len = u32::try_from(size).map_err(|_| format!("{size} B is more than one work request takes"))?;
     let depth = u32::from(window).max(1) + 1;
     let opts = EndpointOptions { queue_depth: depth, ..EndpointOptions::default() };
     let listener = backend.listen(SocketAddr::new(ip, 0)).map_err(|e| format!("listen: {e}"))?;
@@ -66,7 +67,7 @@ pub(crate) fn measure(
             let slots = u32::from(window).max(1);
             if op == Op::Send {
                 for i in 0..slots {
-                    ep.post_recv(u64::from(i), region.local(0, size as u32)).map_err(|e| e.to_string())?;
+                    ep.post_recv(u64::from(i), region.local(0, len)).map_err(|e| e.to_string())?;
                 }
             }
             let _ = tx.send(Ok((region.rkey(), region.addr())));
@@ -79,7 +80,7 @@ pub(crate) fn measure(
                     if wc.status != Status::Success {
                         return Err(format!("server completion {wc:?}"));
                     }
-                    ep.post_recv(wc.wr_id, region.local(0, size as u32)).map_err(|e| e.to_string())?;
+                    ep.post_recv(wc.wr_id, region.local(0, len)).map_err(|e| e.to_string())?;
                     reposted.fetch_add(1, Ordering::Release);
                 }
             }
@@ -91,7 +92,7 @@ pub(crate) fn measure(
         let (rkey, raddr) =
             rx.recv_timeout(COMPLETION_TIMEOUT).map_err(|_| "the server did not answer".to_owned())??;
         let credit = (op == Op::Send).then_some(&*reposted);
-        run_client(&*client, op, size, window, duration, (rkey, raddr), credit)
+        run_client(&*client, op, len, window, duration, (rkey, raddr), credit)
     })();
     stop.store(true, Ordering::Relaxed);
     let served = server.join().map_err(|_| "server thread panicked".to_owned())?;
@@ -103,13 +104,13 @@ pub(crate) fn measure(
 fn run_client(
     ep: &dyn Endpoint,
     op: Op,
-    size: usize,
+    size: u32,
     window: u16,
     duration: Duration,
     (rkey, raddr): (u32, u64),
     credit: Option<&AtomicU64>,
 ) -> Result<Rate, String> {
-    let local = ep.register(size, Access::NONE).map_err(|e| e.to_string())?;
+    let local = ep.register(size as usize, Access::NONE).map_err(|e| e.to_string())?;
     let wr = match op {
         Op::Write => WrOp::Write { rkey, addr: raddr },
         Op::Read => WrOp::Read { rkey, addr: raddr },
@@ -124,7 +125,7 @@ fn run_client(
             && posted - done < window
             && credit.is_none_or(|c| posted < window + c.load(Ordering::Acquire))
         {
-            ep.post_send(posted, wr, Some(local.local(0, size as u32))).map_err(|e| e.to_string())?;
+            ep.post_send(posted, wr, Some(local.local(0, size))).map_err(|e| e.to_string())?;
             posted += 1;
         }
         if done < posted {
@@ -141,5 +142,5 @@ fn run_client(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(Rate { bytes_per_s: (done as f64) * (size as f64) / secs, msgs_per_s: done as f64 / secs })
+    Ok(Rate { bytes_per_s: (done as f64) * f64::from(size) / secs, msgs_per_s: done as f64 / secs })
 }
