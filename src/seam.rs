@@ -212,6 +212,8 @@ pub enum Status {
     LocalLength,
     /// A local key or bound was wrong.
     LocalProtection,
+    /// The local queue pair failed the request (verbs' `IBV_WC_LOC_QP_OP_ERR`).
+    LocalQpOperation,
     /// The peer refused the access (key, rights or bounds).
     RemoteAccess,
     /// The peer failed the operation.

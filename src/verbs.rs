@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -225,6 +226,7 @@ impl Backend for VerbsBackend {
             shared: Arc::new(ListenShared {
                 channel,
                 _id: id,
+                down: Mutex::default(),
                 iwarp: self.info.transport == DeviceTransport::Iwarp,
                 queued: Mutex::default(),
             }),
@@ -259,7 +261,7 @@ impl Backend for VerbsBackend {
             }
             other => return Err(BackendError::Connect(format!("rdma_cm: {other:?} (status {status})"))),
         }
-        Ok(Box::new(VerbsEndpoint::new(parts, id, Some(channel))))
+        Ok(Box::new(VerbsEndpoint::new(parts, id, Events::Own(channel))))
     }
 }
 
@@ -269,6 +271,30 @@ struct ListenShared {
     iwarp: bool,
     // Requests that arrived while an accept waited for its connection to come up.
     queued: Mutex<VecDeque<Arc<Identifier>>>,
+    // Accepted connections whose peer disconnected (their endpoints move their queue pairs
+    // to the error state when they next look).
+    down: Mutex<Vec<Arc<Identifier>>>,
+}
+
+impl ListenShared {
+    /// Keeps what an event on the listener's channel says for whoever it concerns: a request
+    /// for the next `next_request`, a disconnect for its endpoint.
+    fn keep(&self, ty: &EventType, id: Option<Arc<Identifier>>) {
+        match (ty, id) {
+            (EventType::ConnectRequest, Some(id)) => lock(&self.queued).push_back(id),
+            (EventType::Disconnected, Some(id)) => lock(&self.down).push(id),
+            _ => {}
+        }
+    }
+
+    /// Reads what the listener's channel has without waiting.
+    fn drain(&self) {
+        while let Ok(event) = self.channel.get_cm_event() {
+            let (ty, id) = (event.event_type(), event.cm_id());
+            let _ = event.ack();
+            self.keep(&ty, id);
+        }
+    }
 }
 
 struct VerbsListener {
@@ -290,7 +316,8 @@ impl BackendListener for VerbsListener {
             let event = next_event(&self.shared.channel, deadline)?;
             let (ty, id) = (event.event_type(), event.cm_id());
             let _ = event.ack();
-            if let (EventType::ConnectRequest, Some(id)) = (ty, id) {
+            self.shared.keep(&ty, id);
+            if let Some(id) = lock(&self.shared.queued).pop_front() {
                 return Ok(Box::new(VerbsRequest { id, shared: self.shared.clone() }));
             }
         }
@@ -322,17 +349,16 @@ impl PendingRequest for VerbsRequest {
             let (ty, status, id) = (event.event_type(), event.status(), event.cm_id());
             let _ = event.ack();
             match (&ty, id) {
-                (EventType::ConnectRequest, Some(other)) => lock(&self.shared.queued).push_back(other),
                 (EventType::Established, Some(id)) if Arc::ptr_eq(&id, &self.id) => break,
                 (EventType::ConnectError | EventType::Rejected | EventType::Unreachable, Some(id))
                     if Arc::ptr_eq(&id, &self.id) =>
                 {
                     return Err(BackendError::Connect(format!("rdma_cm: {ty:?} (status {status})")));
                 }
-                _ => {}
+                (_, id) => self.shared.keep(&ty, id),
             }
         }
-        Ok(Box::new(VerbsEndpoint::new(parts, self.id, None)))
+        Ok(Box::new(VerbsEndpoint::new(parts, self.id, Events::Listener(self.shared))))
     }
 
     fn reject(self: Box<Self>, _private_data: &[u8]) -> Result<(), BackendError> {
@@ -343,6 +369,14 @@ impl PendingRequest for VerbsRequest {
     }
 }
 
+/// Where an endpoint's rdma_cm events arrive.
+enum Events {
+    /// Its own channel (the initiator's).
+    Own(Arc<EventChannel>),
+    /// The listener's channel, shared with the listener and its other connections.
+    Listener(Arc<ListenShared>),
+}
+
 struct VerbsEndpoint {
     // Dropped in this order: the queue pair before its completion queue and domain, the
     // identifier before its channel.
@@ -350,19 +384,59 @@ struct VerbsEndpoint {
     cq: Arc<BasicCompletionQueue>,
     pd: Arc<ProtectionDomain>,
     id: Arc<Identifier>,
-    _channel: Option<Arc<EventChannel>>,
+    events: Events,
+    // The peer disconnected and the queue pair was moved to the error state.
+    down: AtomicBool,
     pending: Mutex<VecDeque<Completion>>,
     early: Option<Arc<dyn Region>>,
 }
 
 impl VerbsEndpoint {
-    fn new(parts: Parts, id: Arc<Identifier>, channel: Option<Arc<EventChannel>>) -> VerbsEndpoint {
+    /// Handles the connection's rdma_cm events as librdmacm does for a queue pair it made:
+    /// when the peer disconnects, the queue pair moves to the error state and what is
+    /// outstanding completes flushed (an iWARP device does that itself when TCP closes; an
+    /// InfiniBand or RoCE one leaves it to the application).
+    fn check_events(&self) {
+        if self.down.load(Ordering::Relaxed) {
+            return;
+        }
+        let disconnected = match &self.events {
+            Events::Own(channel) => {
+                let mut seen = false;
+                while let Ok(event) = channel.get_cm_event() {
+                    seen |= event.event_type() == EventType::Disconnected;
+                    let _ = event.ack();
+                }
+                seen
+            }
+            Events::Listener(shared) => {
+                shared.drain();
+                let mut down = lock(&shared.down);
+                let before = down.len();
+                down.retain(|id| !Arc::ptr_eq(id, &self.id));
+                down.len() != before
+            }
+        };
+        if disconnected {
+            self.to_error();
+        }
+    }
+
+    fn to_error(&self) {
+        self.down.store(true, Ordering::Relaxed);
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        let _ = lock(&self.qp).modify(&attr);
+    }
+
+    fn new(parts: Parts, id: Arc<Identifier>, events: Events) -> VerbsEndpoint {
         VerbsEndpoint {
             qp: Mutex::new(parts.qp),
             cq: parts.cq,
             pd: parts.pd,
             id,
-            _channel: channel,
+            events,
+            down: AtomicBool::new(false),
             pending: Mutex::default(),
             early: parts.early,
         }
@@ -388,6 +462,7 @@ fn completion_status(status: u32) -> Status {
     match status {
         0 => Status::Success,
         1 => Status::LocalLength,
+        2 => Status::LocalQpOperation,
         4 => Status::LocalProtection,
         5 => Status::Flushed,
         10 => Status::RemoteAccess,
@@ -475,6 +550,7 @@ impl Endpoint for VerbsEndpoint {
                 Err(_) => return None,
             }
             if pending.is_empty() {
+                self.check_events();
                 if Instant::now() >= deadline {
                     return None;
                 }
@@ -491,9 +567,7 @@ impl Endpoint for VerbsEndpoint {
         let _ = self.id.disconnect();
         // Without rdma_create_qp, rdma_disconnect leaves the queue pair alone: move it to
         // the error state so that what is outstanding completes flushed.
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Error);
-        let _ = lock(&self.qp).modify(&attr);
+        self.to_error();
     }
 }
 

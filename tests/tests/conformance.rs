@@ -177,7 +177,15 @@ fn receive_too_small_completes_with_a_length_error() {
     let source = register(&*c, 64, Access::NONE);
     c.post_send(2, Op::Send, Some(source.local(0, 64))).unwrap_or_else(|e| panic!("{e}"));
     let wc = wait(&*s, "short receive");
-    assert_eq!((wc.wr_id, wc.status), (1, Status::LocalLength), "{wc:?}");
+    if b.info().transport.speaks_iwarp() {
+        assert_eq!((wc.wr_id, wc.status), (1, Status::LocalLength), "{wc:?}");
+    } else {
+        // rxe (6.1) fails such a receive as a local queue pair operation error, not a length
+        // error (docs/conformance.md).
+        eprintln!("receive_too_small: receiver saw {:?} on {}", wc.status, device_name());
+        assert_eq!(wc.wr_id, 1, "{wc:?}");
+        assert!(matches!(wc.status, Status::LocalLength | Status::LocalQpOperation), "{wc:?}");
+    }
     // The sender's side varies (a completion before or after the peer's Terminate); what it
     // got goes in the log for the README's table.
     eprintln!("receive_too_small: sender saw {:?}", c.poll(T).map(|w| w.status));
