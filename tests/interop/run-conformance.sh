@@ -56,15 +56,15 @@ cat > "$work/root/opt/conformance.sh" <<GUEST
 #!/bin/sh
 B=/opt/conformance
 export IWARP_CONFORMANCE_ADDR=$G IWARP_CROSS_WAIT=120
-IWARP_CONFORMANCE_DEVICE=siw0 timeout 600 \$B --test-threads=1 --nocapture > /tmp/siw0.log 2>&1
+IWARP_CONFORMANCE_DEVICE=siw0 timeout 240 \$B --test-threads=1 --nocapture > /tmp/siw0.log 2>&1
 sed 's/^/[siw0] /' /tmp/siw0.log
-IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=listen:$G:7601 timeout 200 \$B --ignored cross_backend_peer --nocapture 2>&1
-IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=connect:$H:7602 timeout 200 \$B --ignored cross_backend_peer --nocapture 2>&1
+IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=listen:$G:7601 timeout 150 \$B --ignored cross_backend_peer --nocapture 2>&1
+IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=connect:$H:7602 timeout 150 \$B --ignored cross_backend_peer --nocapture 2>&1
 [ -x /opt/iwarp ] && timeout 600 /opt/iwarp bench --device siw0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-siw0] /'
 rdma link delete siw0
 rdma link add rxe0 type rxe netdev eth0 || { echo "[rxe0] rdma link add failed"; lsmod | grep -E 'rxe|udp_tunnel|siw' | sed 's/^/[rxe0] lsmod /'; dmesg | tail -n 8 | sed 's/^/[rxe0] dmesg /'; }
 i=0; while ! ibv_devices 2>/dev/null | grep -q rxe0; do i=\$((i + 1)); [ \$i -gt 50 ] && break; sleep 0.1; done
-IWARP_CONFORMANCE_DEVICE=rxe0 timeout 600 \$B --test-threads=1 --nocapture > /tmp/rxe0.log 2>&1
+IWARP_CONFORMANCE_DEVICE=rxe0 timeout 240 \$B --test-threads=1 --nocapture > /tmp/rxe0.log 2>&1
 sed 's/^/[rxe0] /' /tmp/rxe0.log
 [ -x /opt/iwarp ] && timeout 600 /opt/iwarp bench --device rxe0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-rxe0] /'
 true
@@ -77,15 +77,21 @@ export IW_IMG="$work/img"
 iw_setup_ns
 trap 'rm -rf "$work"; iw_cleanup' EXIT
 # cross-b's listener (this host's engine), up before the guest boots.
-iw_ns_bg 1500 "$OUT/cross-b.host" env IWARP_CONFORMANCE_DEVICE=iwarp IWARP_CROSS="listen:$H:7602" \
-  IWARP_CROSS_WAIT=1400 "$BIN" --ignored cross_backend_peer --nocapture
+iw_ns_bg 1000 "$OUT/cross-b.host" env IWARP_CONFORMANCE_DEVICE=iwarp IWARP_CROSS="listen:$H:7602" \
+  IWARP_CROSS_WAIT=900 "$BIN" --ignored cross_backend_peer --nocapture
 CROSS_B_PID=$IW_BG_PID
-iw_boot "$OUT/guest" --max 1500 --cmd "sh /opt/conformance.sh"
-if iw_wait_marker "CROSS-LISTENING $G:7601" 1200; then
+iw_boot "$OUT/guest" --max 900 --cmd "sh /opt/conformance.sh"
+if iw_wait_marker "CROSS-LISTENING $G:7601" 600; then
   iw_ns env IWARP_CONFORMANCE_DEVICE=iwarp IWARP_CROSS="connect:$G:7601" IWARP_CROSS_WAIT=120 \
     timeout -k 2 200 "$BIN" --ignored cross_backend_peer --nocapture > "$OUT/cross-a.host" 2>&1 || true
 fi
-iw_wait_exit 1500 || true
+iw_wait_exit 900 || true
+# The guest is gone: cross-b's host end is done, or never will be (bounded, then ended by PID).
+for _ in $(seq 1 50); do
+  kill -0 "$CROSS_B_PID" 2> /dev/null || break
+  sleep 0.1
+done
+kill "$CROSS_B_PID" 2> /dev/null || true
 wait "$CROSS_B_PID" 2> /dev/null || true
 S="$IW_SERIAL"
 
