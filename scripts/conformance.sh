@@ -2,10 +2,10 @@
 # The conformance suite (tests/tests/conformance.rs, docs/conformance.md) on the host: once on
 # the userspace engine through the backend seam, once on the verbs backend (the `verbs`
 # feature, src/verbs.rs) over the verbs drop-in (verbs-abi/, staged by scripts/verbs-abi.sh):
-# rdma-core's API over this engine, end to end with no kernel RDMA. Each leg's SKIP lines (a
-# test the device's capabilities rule out) are printed after its result.
+# rdma-core's API over this engine, end to end with no kernel RDMA. Each leg's result and SKIP
+# lines (a test the device's capabilities rule out) go to stderr.
 #
-#   bash scripts/conformance.sh            (prints the test binary's path on its last line)
+#   bash scripts/conformance.sh            (prints the test binary's path on stdout)
 #
 # Environment: IWARP_VERBS_ABI_DIR (the staged drop-in; default: scripts/verbs-abi.sh
 # --release). Every run is bounded by `timeout`.
@@ -39,13 +39,13 @@ leg() { # NAME ENV...
   local name="$1"; shift
   log "$name"
   if env "$@" timeout 300 "$BIN" --test-threads=2 --nocapture > "$OUT/$name.log" 2>&1; then
-    grep -aE '^test result:' "$OUT/$name.log" | sed "s/^/[$name] /"
+    grep -aE '^test result:' "$OUT/$name.log" | sed "s/^/[$name] /" >&2
   else
-    cat "$OUT/$name.log"
+    cat "$OUT/$name.log" >&2
     log "$name: FAILED"
     fails=$((fails + 1))
   fi
-  grep -a '^SKIP ' "$OUT/$name.log" | sed "s/^/[$name] /" || true
+  grep -aE '^(SKIP|DEVIATION) ' "$OUT/$name.log" | sed "s/^/[$name] /" >&2 || true
 }
 leg engine IWARP_CONFORMANCE_DEVICE=iwarp
 leg dropin IWARP_CONFORMANCE_DEVICE=iwarp0 LD_LIBRARY_PATH="$LIBS"
