@@ -4,8 +4,9 @@
 # test, a short fuzz smoke run of every fuzz target, the registered-memory code under
 # AddressSanitizer, short `iwarp fuzz-peer` runs against this stack's rping and against siw,
 # the verbs drop-in (Debian's rping and perftest) against this stack's tools and against
-# siw, libiscsi's iSER initiator on the drop-in against the Linux LIO target on siw, and the
-# siw interop suite (qemu guest; needs root, see docs/interop.md). Installs what it needs.
+# siw, libiscsi's iSER initiator on the drop-in against the Linux LIO target on siw, the
+# conformance suite on every backend (engine, drop-in, siw, rxe), and the siw interop suite
+# (qemu guest; needs root, see docs/interop.md). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
@@ -26,6 +27,9 @@ for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils objdu
 done
 [ -f /usr/include/infiniband/verbs.h ] || pkgs+=(libibverbs-dev)
 [ -f /usr/include/rdma/rdma_cma.h ] || pkgs+=(librdmacm-dev)
+# The `verbs` feature (sideway's rdma-mummy-sys builds its loader stubs with cmake and clang).
+command -v cmake >/dev/null || pkgs+=(cmake)
+[ -n "$(ls /usr/lib/llvm-*/lib/libclang.so* 2>/dev/null)" ] || pkgs+=(libclang-dev)
 if [ "${#pkgs[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" \
     || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}"; }
@@ -45,6 +49,8 @@ python3 scripts/check-imports.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The verbs backend (src/verbs.rs) and what uses it are compiled only with the feature.
+cargo clippy -p iwarp -p iwarp-tests -p iwarp-cli --all-targets --features verbs --locked -- -D warnings
 
 step "cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
@@ -67,6 +73,10 @@ bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
 
 step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, its bandwidth, libfabric's fi_pingpong and the MPI ping-pong (ofi MTL vs tcp BTL) on it (scripts/verbs-abi-test.sh)"
 bash scripts/verbs-abi-test.sh
+
+step "conformance suite: the engine and the verbs backend over the drop-in on the host, siw and rxe in the guest, engine <-> siw traffic (scripts/conformance.sh, tests/interop/run-conformance.sh)"
+CONFORMANCE_BIN="$(bash scripts/conformance.sh | tail -1)"
+CONFORMANCE_BIN="$CONFORMANCE_BIN" bash tests/interop/run-conformance.sh
 
 step "siw interop (qemu guest on a tap in a private netns: tests/interop/run-suite.sh)"
 # Fails with a message when qemu cannot be installed or a namespace/tap cannot be created.

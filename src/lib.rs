@@ -55,6 +55,7 @@ pub use iwarp_rdmap as rdmap;
 
 // Layers, each importing only those above it: the readiness poll, the shared rings and
 // doorbell, the engine, the application's handles, the connection manager.
+pub mod backend;
 mod cm;
 mod cq;
 mod device;
@@ -62,7 +63,10 @@ mod engine;
 mod mr;
 mod qp;
 mod readiness;
+mod seam;
 mod shared;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 pub use cm::{
     CmError, CmFuture, ConnectOptions, ConnectRequest, Connected, ListenOptions, Listener, Transport,

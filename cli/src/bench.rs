@@ -9,6 +9,7 @@ use std::time::Duration;
 use iwarp::PollMode;
 use serde_json::{Value, json};
 
+mod device;
 mod plot;
 mod raw;
 mod rdma;
@@ -124,6 +125,16 @@ pub(crate) struct Args {
     /// of the two ends.
     #[arg(long, value_name = "NAME", requires = "peer_netns")]
     netns: Option<String>,
+    /// Measure this device through the backend seam instead (an rdma-core device such as
+    /// siw0 or rxe0, listed by `iwarp devices`; needs the `verbs` feature), beside the
+    /// userspace engine measured the same way in the same run, with the ratios device /
+    /// engine: bandwidth and message rate with --window outstanding, both ends in this
+    /// process over --device-addr.
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// --device: the address both ends use (the one the device is bound to).
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    device_addr: std::net::IpAddr,
     /// smoltcp: the network namespace holding --peer-iface.
     #[arg(long, value_name = "NAME", requires = "netns")]
     peer_netns: Option<String>,
@@ -302,6 +313,9 @@ fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
+    if let Some(name) = &args.device {
+        return run_device(args, name);
+    }
     let (stacks, veth) = match open_stacks(args) {
         Ok(Some((s, v))) => (Some(s), v),
         Ok(None) => (None, None),
@@ -341,6 +355,80 @@ pub(crate) fn run(args: &Args) -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
     }
+}
+
+/// `--device`: the device and the engine through the seam, and their ratios.
+fn run_device(args: &Args, name: &str) -> ExitCode {
+    let open = |n: &str| {
+        device::open(n).map_err(|e| {
+            eprintln!("error: bench: --device {n}: {e}");
+            ExitCode::from(EXIT_FAILED)
+        })
+    };
+    let (dev, engine) = match (open(name), open(iwarp::backend::ENGINE_DEVICE)) {
+        (Ok(d), Ok(e)) => (d, e),
+        (Err(code), _) | (_, Err(code)) => return code,
+    };
+    let sizes = if args.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { args.sizes.clone() };
+    let duration = args.duration.unwrap_or(DEFAULT_DURATION);
+    let mut rows = Vec::new();
+    if !args.json {
+        println!(
+            "device {name} ({}) against the userspace engine, both through the backend seam",
+            dev.info().transport
+        );
+        println!(
+            "{:<6} {:>8} {:>12} {:>12} {:>7} {:>12} {:>12} {:>7}",
+            "op", "size", "dev GB/s", "iwarp GB/s", "ratio", "dev Mmsg/s", "iwarp Mm/s", "ratio"
+        );
+    }
+    for op in ops(args) {
+        for &size in &sizes {
+            if !args.quiet {
+                eprintln!("bench: {} {} on {name} and on the engine", op.name(), show_size(size));
+            }
+            let measured =
+                device::measure(&dev, args.device_addr, op, size, args.window, duration).and_then(|d| {
+                    device::measure(&engine, args.device_addr, op, size, args.window, duration)
+                        .map(|e| (d, e))
+                });
+            let (d, e) = match measured {
+                Ok(pair) => pair,
+                Err(m) => {
+                    eprintln!("error: bench: {} {}: {m}", op.name(), show_size(size));
+                    return ExitCode::from(EXIT_FAILED);
+                }
+            };
+            let (bw, rate) = (d.bytes_per_s / e.bytes_per_s, d.msgs_per_s / e.msgs_per_s);
+            if args.json {
+                rows.push(json!({
+                    "op": op.name(), "size": size,
+                    "device_bytes_per_s": d.bytes_per_s, "engine_bytes_per_s": e.bytes_per_s,
+                    "device_msgs_per_s": d.msgs_per_s, "engine_msgs_per_s": e.msgs_per_s,
+                    "bandwidth_ratio": bw, "rate_ratio": rate,
+                }));
+            } else {
+                println!(
+                    "{:<6} {:>8} {:>12.3} {:>12.3} {:>7.2} {:>12.3} {:>12.3} {:>7.2}",
+                    op.name(),
+                    show_size(size),
+                    d.bytes_per_s / 1e9,
+                    e.bytes_per_s / 1e9,
+                    bw,
+                    d.msgs_per_s / 1e6,
+                    e.msgs_per_s / 1e6,
+                    rate
+                );
+            }
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({ "device": name, "transport": dev.info().transport.to_string(), "rows": rows })
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn ops(args: &Args) -> Vec<Op> {

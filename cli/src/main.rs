@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod devices;
 mod dissect;
 mod fuzz_peer;
 mod perftest;
@@ -26,6 +27,8 @@ struct Cli {
 enum Command {
     // The help text comes from `bench::Args`' doc comment.
     Bench(bench::Args),
+    // The help text comes from `devices::Args`' doc comment.
+    Devices(devices::Args),
     // The help text comes from `dissect::Args`' doc comment.
     Dissect(dissect::Args),
     // The help text comes from `fuzz_peer::Args`' doc comment.
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(args) => bench::run(&args),
+        Command::Devices(args) => devices::run(&args),
         Command::Dissect(args) => dissect::run(&args),
         Command::FuzzPeer(args) => fuzz_peer::run(&args),
         Command::Perftest(args) => perftest::run(&args),

@@ -2,10 +2,11 @@
 # Builds the interop guest: Debian bookworm's 6.1 kernel (uncompressed vmlinux for PVH boot) and
 # an initramfs with siw.ko (built out of tree from the matching linux-source-6.1, twice: stock,
 # and with the compile-time settings CRC required/strict, peer-to-peer and MPA revision turned
-# into module parameters by siw-modparams.patch), rdma_rxe, rdma-core's rping/ucmatose/ibverbs
-# tools, perftest, iproute2 (ip, rdma), busybox and dash as /bin/sh. The LIO iSCSI target with
-# its iSER transport (target_core_mod, iscsi_target_mod, ib_isert and what they need) is in the
-# image too but not loaded by the init: /etc/iw-modules-lio lists it in load order for the
+# into module parameters by siw-modparams.patch), rdma_rxe (with crc32_generic: rxe asks the
+# crypto API for "crc32", which nothing autoloads in the initramfs), rdma-core's rping/ucmatose/
+# ibverbs tools, perftest, iproute2 (ip, rdma), busybox and dash as /bin/sh. The LIO iSCSI target
+# with its iSER transport (target_core_mod, iscsi_target_mod, ib_isert and what they need) is in
+# the image too but not loaded by the init: /etc/iw-modules-lio lists it in load order for the
 # commands that want it (tests/interop/run-iser.sh).
 #
 # Everything is cached under $IWARP_INTEROP_CACHE (default ~/.cache/iwarp-interop), keyed by the
@@ -218,7 +219,7 @@ RM="$R/usr/lib/modules/$KREL"
 mkdir -p "$RM/kernel" "$RM/extra/siw-stock" "$RM/extra/siw-param"
 LOAD=(virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover
       net_failover virtio_net crc32c_generic libcrc32c configfs ib_core ib_uverbs iw_cm ib_cm
-      rdma_cm rdma_ucm udp_tunnel ip6_udp_tunnel rdma_rxe)
+      rdma_cm rdma_ucm crc32_generic udp_tunnel ip6_udp_tunnel rdma_rxe)
 # LIO with iSER, loaded on demand from /etc/iw-modules-lio (crct10dif_generic: crc-t10dif asks
 # the crypto API for it when it loads, and the guest has no modprobe helper to find it)
 LIO=(crct10dif_common crct10dif_generic target_core_mod iscsi_target_mod ib_isert)
