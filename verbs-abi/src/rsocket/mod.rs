@@ -1867,7 +1867,8 @@ pub unsafe extern "C" fn rsetsockopt(socket: c_int, level: c_int, name: c_int, v
                 let l = unsafe { val.cast::<libc::linger>().read_unaligned() };
                 set_bit(&mut g.so_opts, name, l.l_onoff != 0);
             }
-            (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE | libc::SO_OOBINLINE | libc::SO_REUSEPORT)
+            | (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
                 let on = int_val(val, len)? != 0;
                 set_bit(&mut g.so_opts, name, on);
             }
@@ -1895,7 +1896,10 @@ pub unsafe extern "C" fn rsetsockopt(socket: c_int, level: c_int, name: c_int, v
                     _ => {}
                 }
             }
-            _ => return Err(libc::ENOTSUP),
+            _ => {
+                tracing::debug!(level, name, "rsetsockopt: option not supported");
+                return Err(libc::ENOTSUP);
+            }
         }
         Ok(0)
     })
@@ -1936,7 +1940,10 @@ pub unsafe extern "C" fn rgetsockopt(socket: c_int, level: c_int, name: c_int, v
                 }
                 return Ok(0);
             }
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => bit(g.so_opts),
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE | libc::SO_REUSEPORT) => {
+                bit(g.so_opts)
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => bit(g.so_opts),
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => bit(g.tcp_opts),
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => g.keepalive_time,
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
@@ -1944,7 +1951,10 @@ pub unsafe extern "C" fn rgetsockopt(socket: c_int, level: c_int, name: c_int, v
             (SOL_RDMA, RDMA_RQSIZE) => g.sizes.rq as c_int,
             (SOL_RDMA, RDMA_INLINE) => g.sizes.inline as c_int,
             (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
-            _ => return Err(libc::ENOTSUP),
+            _ => {
+                tracing::debug!(level, name, "rgetsockopt: option not supported");
+                return Err(libc::ENOTSUP);
+            }
         };
         if room < std::mem::size_of::<c_int>() {
             return Err(libc::EINVAL);
