@@ -828,8 +828,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
             })
             .map_err(|_| libc::EAGAIN)?;
         if obj.is_sync()
-            && let Some(ev) =
-                obj.wait_sync(if by_num { RDMA_CM_EVENT_CONNECT_RESPONSE } else { RDMA_CM_EVENT_ESTABLISHED })?
+            && let Some(ev) = obj.wait_sync(if by_num {
+                RDMA_CM_EVENT_CONNECT_RESPONSE
+            } else {
+                RDMA_CM_EVENT_ESTABLISHED
+            })?
         {
             obj.state().reply = ev._private_data.clone();
         }

@@ -30,7 +30,10 @@ use crate::cm::{
     rdma_get_cm_event, rdma_get_local_addr, rdma_get_peer_addr, rdma_listen, rdma_migrate_id, rdma_reject,
     rdma_resolve_addr, rdma_resolve_route, rdma_set_option, sync_reply,
 };
-use crate::cq::{ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event};
+use crate::cq::{
+    ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq,
+    ibv_get_cq_event,
+};
 use crate::ffi::{Result, ZeroedC, minus1_call, set_errno, zeroed};
 use crate::sys::*;
 use crate::verbs::{ibv_dereg_mr, ibv_reg_mr};
@@ -502,7 +505,14 @@ impl Conn {
 
     /// An RDMA Write of `sgl` to (`addr`, `rkey`), then the message word `m` that tells
     /// the peer about it.
-    fn post_write_msg(&mut self, sgl: &mut [ibv_sge], m: u32, inline: bool, addr: u64, rkey: u32) -> Result<()> {
+    fn post_write_msg(
+        &mut self,
+        sgl: &mut [ibv_sge],
+        m: u32,
+        inline: bool,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
         let mut wr: ibv_send_wr = zeroed();
         wr.wr_id = u64::from(m);
         wr.sg_list = sgl.as_mut_ptr();
@@ -531,7 +541,8 @@ impl Conn {
     }
 
     fn all_sends_done(&self) -> bool {
-        i64::from(self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno)) + self.sqe_avail == i64::from(self.sq_size)
+        i64::from(self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno)) + self.sqe_avail
+            == i64::from(self.sq_size)
     }
 
     /// Grants the peer the free half of the ring (or just more credits) when due.
@@ -548,8 +559,11 @@ impl Conn {
             self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
             // SAFETY: the live receive memory region.
             let rkey = unsafe { (*self.rmr).rkey };
-            let grant =
-                Sge { addr: self.rbuf.ptr as u64 + self.rbuf_free_offset as u64, key: rkey, length: half as u32 };
+            let grant = Sge {
+                addr: self.rbuf.ptr as u64 + self.rbuf_free_offset as u64,
+                key: rkey,
+                length: half as u32,
+            };
             let bytes = grant.to_bytes(self.swap);
             let mut sge = [ibv_sge { addr: bytes.as_ptr() as u64, length: SGE_LEN as u32, lkey: 0 }];
             let to = self.remote_sgl.addr + u64::from(self.remote_sge) * SGE_LEN as u64;
@@ -786,7 +800,9 @@ pub unsafe extern "C" fn rsocket(domain: c_int, ty: c_int, _protocol: c_int) -> 
         }
         let mut id = std::ptr::null_mut();
         // SAFETY: a writable local; NULL channel: a synchronous id.
-        check(unsafe { rdma_create_id(std::ptr::null_mut(), &raw mut id, std::ptr::null_mut(), RDMA_PS_TCP) })?;
+        check(unsafe {
+            rdma_create_id(std::ptr::null_mut(), &raw mut id, std::ptr::null_mut(), RDMA_PS_TCP)
+        })?;
         let s = new_socket(id, Sizes::default())?;
         s.lock().nonblock = ty & libc::SOCK_NONBLOCK != 0;
         Ok(s.fd)
@@ -958,7 +974,12 @@ pub unsafe extern "C" fn raccept(socket: c_int, addr: *mut sockaddr, len: *mut s
 }
 
 /// Answers one connection request on `child`: its queue pair and rings, our private data.
-fn accept_one(child: *mut rdma_cm_id, data: &[u8], param: rdma_conn_param, sizes: Sizes) -> Result<Arc<RSocket>> {
+fn accept_one(
+    child: *mut rdma_cm_id,
+    data: &[u8],
+    param: rdma_conn_param,
+    sizes: Sizes,
+) -> Result<Arc<RSocket>> {
     let reject = |e| {
         // SAFETY: the request's live id; destroyed once here.
         unsafe {
@@ -1681,7 +1702,8 @@ pub unsafe extern "C" fn rselect(
 /// Sends a control word (waiting for a control slot) and waits until every send is done.
 fn send_ctrl(s: &RSocket, ctrl: u32) -> Result<()> {
     let deadline = Some(Instant::now() + CLOSE_WAIT);
-    let mut g = wait(s, false, deadline, |i| !i.connected() || i.conn.as_ref().is_some_and(Conn::ctrl_avail))?;
+    let mut g =
+        wait(s, false, deadline, |i| !i.connected() || i.conn.as_ref().is_some_and(Conn::ctrl_avail))?;
     if g.connected()
         && let Some(c) = g.conn.as_mut()
     {
@@ -1690,7 +1712,8 @@ fn send_ctrl(s: &RSocket, ctrl: u32) -> Result<()> {
         c.post_msg(m, u64::from(m))?;
     }
     drop(g);
-    wait(s, false, deadline, |i| !i.connected() || i.conn.as_ref().is_some_and(Conn::all_sends_done)).map(drop)
+    wait(s, false, deadline, |i| !i.connected() || i.conn.as_ref().is_some_and(Conn::all_sends_done))
+        .map(drop)
 }
 
 fn shutdown(s: &RSocket, how: c_int) -> Result<()> {
@@ -1827,7 +1850,13 @@ fn set_bit(opts: &mut u64, name: c_int, on: bool) {
 ///
 /// `val` points to `len` readable bytes.
 #[unsafe(export_name = "iwarp_rsetsockopt")]
-pub unsafe extern "C" fn rsetsockopt(socket: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
+pub unsafe extern "C" fn rsetsockopt(
+    socket: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
     let _inside = Inside::enter();
     minus1_call("rsetsockopt", || {
         let s = lookup(socket)?;
@@ -1914,7 +1943,13 @@ pub unsafe extern "C" fn rsetsockopt(socket: c_int, level: c_int, name: c_int, v
 ///
 /// `val` points to `*len` writable bytes; `len` is writable.
 #[unsafe(export_name = "iwarp_rgetsockopt")]
-pub unsafe extern "C" fn rgetsockopt(socket: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+pub unsafe extern "C" fn rgetsockopt(
+    socket: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
     let _inside = Inside::enter();
     minus1_call("rgetsockopt", || {
         let s = lookup(socket)?;
@@ -1942,9 +1977,10 @@ pub unsafe extern "C" fn rgetsockopt(socket: c_int, level: c_int, name: c_int, v
                 }
                 return Ok(0);
             }
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE | libc::SO_REUSEPORT) => {
-                bit(g.so_opts)
-            }
+            (
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE | libc::SO_REUSEPORT,
+            ) => bit(g.so_opts),
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => bit(g.so_opts),
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => bit(g.tcp_opts),
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => g.keepalive_time,

@@ -63,8 +63,11 @@ impl Sge {
     /// The descriptor in the layout the peer reads from its target list: native order, or
     /// swapped when the peer's byte order differs.
     pub fn to_bytes(self, swap: bool) -> [u8; SGE_LEN] {
-        let (a, k, l) =
-            if swap { (self.addr.swap_bytes(), self.key.swap_bytes(), self.length.swap_bytes()) } else { (self.addr, self.key, self.length) };
+        let (a, k, l) = if swap {
+            (self.addr.swap_bytes(), self.key.swap_bytes(), self.length.swap_bytes())
+        } else {
+            (self.addr, self.key, self.length)
+        };
         let mut b = [0u8; SGE_LEN];
         b[0..8].copy_from_slice(&a.to_ne_bytes());
         b[8..12].copy_from_slice(&k.to_ne_bytes());
