@@ -1100,6 +1100,9 @@ fn send(s: &RSocket, buf: *const u8, len: usize, flags: c_int) -> Result<usize> 
         return Err(if g.phase == Phase::Error { g.err.max(libc::EIO) } else { libc::ENOTCONN });
     }
     let nonblock = nonblock_call || g.nonblock;
+    if len == 0 {
+        return Ok(0);
+    }
     while left > 0 {
         if !g.can_send() {
             drop(g);
@@ -1181,6 +1184,9 @@ fn recv(s: &RSocket, buf: *mut u8, len: usize, flags: c_int) -> Result<usize> {
     let mut g = s.lock();
     if g.phase == Phase::Init || g.phase == Phase::Listening {
         return Err(libc::ENOTCONN);
+    }
+    if len == 0 {
+        return Ok(0);
     }
     let nonblock = nonblock_call || g.nonblock;
     let mut left = len;
@@ -1514,6 +1520,7 @@ fn do_poll(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int> {
     let socks: Vec<Option<Arc<RSocket>>> = fds.iter().map(|p| lookup(p.fd).ok()).collect();
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let mut armed = false;
+    let start = Instant::now();
     loop {
         let mut ready = 0;
         let mut plain: Vec<libc::pollfd> = Vec::new();
@@ -1548,6 +1555,12 @@ fn do_poll(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int> {
         }
         if ready > 0 || timeout == 0 {
             return Ok(ready);
+        }
+        // A completion is usually a few microseconds away: look again for a moment before
+        // sleeping on the channels.
+        if start.elapsed() < SPIN {
+            std::thread::yield_now();
+            continue;
         }
         // Arm every rsocket, look once more (a completion may have come in between), then
         // sleep on the program's descriptors and the rsockets' channels together.
