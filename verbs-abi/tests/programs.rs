@@ -347,7 +347,7 @@ fn netcat_through_librspreload() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            x as u8
+            x.to_le_bytes()[0]
         })
         .collect();
     std::fs::write(&input, &data).unwrap();

@@ -18,14 +18,14 @@ fn errno() -> c_int {
 
 fn sockaddr_in(port: u16) -> libc::sockaddr_in {
     libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap(),
         sin_port: port.to_be(),
         sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes([127, 0, 0, 1]) },
         sin_zero: [0; 8],
     }
 }
 
-const ALEN: socklen_t = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+const ALEN: socklen_t = 16;
 
 /// A listening rsocket on 127.0.0.1 and its port.
 fn listener() -> (c_int, u16) {
@@ -39,6 +39,7 @@ fn listener() -> (c_int, u16) {
         let a = sockaddr_in(0);
         assert_eq!(rbind(l, (&raw const a).cast::<sockaddr>(), ALEN), 0, "rbind: errno {}", errno());
         assert_eq!(rlisten(l, 4), 0, "rlisten: errno {}", errno());
+        assert_eq!(std::mem::size_of::<libc::sockaddr_in>(), ALEN as usize);
         let mut b = sockaddr_in(0);
         let mut len = ALEN;
         assert_eq!(rgetsockname(l, (&raw mut b).cast(), &raw mut len), 0);
@@ -75,7 +76,7 @@ fn pattern(n: usize, seed: u64) -> Vec<u8> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            x as u8
+            x.to_le_bytes()[0]
         })
         .collect()
 }

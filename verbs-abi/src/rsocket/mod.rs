@@ -72,6 +72,28 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long a blocked call keeps polling before it sleeps on the completion channel.
 const SPIN: Duration = Duration::from_micros(20);
 
+/// A length of this library's as the C APIs' 32-bit one (saturating; never that large).
+fn n32(x: usize) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+/// A count as a C `int` (saturating).
+fn ni(x: usize) -> c_int {
+    c_int::try_from(x).unwrap_or(c_int::MAX)
+}
+
+/// The low 16 bits (sequence numbers and credits wrap at 16 bits).
+fn lo16(x: u32) -> u16 {
+    let b = x.to_le_bytes();
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// The low 32 bits (a work request id's data part).
+fn lo32(x: u64) -> u32 {
+    let b = x.to_le_bytes();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 /// Queue and buffer sizes of a socket (set before it connects, inherited by accepted ones).
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -348,7 +370,7 @@ impl Conn {
         attr.cap.max_send_sge = 2;
         attr.cap.max_recv_sge = 1;
         // Messages and descriptors always go inline, whatever the data threshold.
-        attr.cap.max_inline_data = (conn.inline as u32).max(SGE_LEN as u32);
+        attr.cap.max_inline_data = n32(conn.inline).max(n32(SGE_LEN));
         // SAFETY: a live id and a local, initialised attribute structure.
         if let Err(e) = check(unsafe { rdma_create_qp(id, std::ptr::null_mut(), &raw mut attr) }) {
             conn.release(id);
@@ -417,10 +439,10 @@ impl Conn {
         ConnData {
             version: VERSION,
             flags: FLAG_IOMAP | if cfg!(target_endian = "big") { FLAG_NET } else { 0 },
-            credits: self.rq_size as u16,
+            credits: lo16(self.rq_size),
             iomap_scale: 0,
-            target_sgl: Sge { addr: self.tsgl.ptr as u64, key: tkey, length: SGL_SIZE as u32 },
-            data_buf: Sge { addr: self.rbuf.ptr as u64, key: rkey, length: (self.rbuf_size >> 1) as u32 },
+            target_sgl: Sge { addr: self.tsgl.ptr as u64, key: tkey, length: n32(SGL_SIZE) },
+            data_buf: Sge { addr: self.rbuf.ptr as u64, key: rkey, length: n32(self.rbuf_size >> 1) },
         }
     }
 
@@ -463,7 +485,7 @@ impl Conn {
         let lkey = unsafe { (*self.rmr).lkey };
         let mut sge = ibv_sge {
             addr: self.rbuf.ptr as u64 + (self.rbuf_size + self.rbuf_msg_index as usize * MSG_LEN) as u64,
-            length: MSG_LEN as u32,
+            length: n32(MSG_LEN),
             lkey,
         };
         let mut wr: ibv_recv_wr = zeroed();
@@ -493,7 +515,7 @@ impl Conn {
     /// Sends a message word alone (an inline Send).
     fn post_msg(&mut self, m: u32, wr_id: u64) -> Result<()> {
         let bytes = m.to_ne_bytes();
-        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: MSG_LEN as u32, lkey: 0 };
+        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: n32(MSG_LEN), lkey: 0 };
         let mut wr: ibv_send_wr = zeroed();
         wr.wr_id = wr_id;
         wr.sg_list = &raw mut sge;
@@ -516,7 +538,7 @@ impl Conn {
         let mut wr: ibv_send_wr = zeroed();
         wr.wr_id = u64::from(m);
         wr.sg_list = sgl.as_mut_ptr();
-        wr.num_sge = sgl.len() as c_int;
+        wr.num_sge = ni(sgl.len());
         wr.opcode = IBV_WR_RDMA_WRITE;
         wr.send_flags = if inline { IBV_SEND_INLINE } else { 0 };
         wr.wr.rdma.remote_addr = addr;
@@ -553,8 +575,8 @@ impl Conn {
             return;
         }
         self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
-        self.rseq_comp = self.rseq_no.wrapping_add((self.rq_size >> 1) as u16);
-        let limit = u32::from(self.rseq_no.wrapping_add(self.rq_size as u16));
+        self.rseq_comp = self.rseq_no.wrapping_add(lo16(self.rq_size >> 1));
+        let limit = u32::from(self.rseq_no.wrapping_add(lo16(self.rq_size)));
         if self.rbuf_avail >= half {
             self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
             // SAFETY: the live receive memory region.
@@ -562,10 +584,10 @@ impl Conn {
             let grant = Sge {
                 addr: self.rbuf.ptr as u64 + self.rbuf_free_offset as u64,
                 key: rkey,
-                length: half as u32,
+                length: n32(half),
             };
             let bytes = grant.to_bytes(self.swap);
-            let mut sge = [ibv_sge { addr: bytes.as_ptr() as u64, length: SGE_LEN as u32, lkey: 0 }];
+            let mut sge = [ibv_sge { addr: bytes.as_ptr() as u64, length: n32(SGE_LEN), lkey: 0 }];
             let to = self.remote_sgl.addr + u64::from(self.remote_sge) * SGE_LEN as u64;
             let key = self.remote_sgl.key;
             let _ = self.post_write_msg(&mut sge, msg(OP_SGL, limit), true, to, key);
@@ -612,7 +634,7 @@ impl Inner {
         let mut received = 0;
         loop {
             // SAFETY: a live queue and an array of 16 writable entries.
-            let n = unsafe { crate::cq::poll_cq(c.cq, wcs.len() as c_int, wcs.as_mut_ptr()) };
+            let n = unsafe { crate::cq::poll_cq(c.cq, ni(wcs.len()), wcs.as_mut_ptr()) };
             if n <= 0 {
                 break;
             }
@@ -628,7 +650,7 @@ impl Inner {
                         continue;
                     }
                     received += 1;
-                    let slot = (wc.wr_id as u32 % c.rq_size) as usize;
+                    let slot = (lo32(wc.wr_id) % c.rq_size) as usize;
                     let mut word = [0u8; MSG_LEN];
                     // SAFETY: the message slot inside the live ring; the engine wrote it
                     // before it queued the completion this thread just took.
@@ -641,7 +663,7 @@ impl Inner {
                     }
                     let m = u32::from_ne_bytes(word);
                     match msg_op(m) {
-                        OP_SGL => c.sseq_comp = msg_data(m) as u16,
+                        OP_SGL => c.sseq_comp = lo16(msg_data(m)),
                         OP_IOMAP_SGL => {}
                         OP_CTRL => match msg_data(m) {
                             CTRL_DISCONNECT => {
@@ -662,7 +684,7 @@ impl Inner {
                         _ => c.rmsg.push_back(msg_data(m)),
                     }
                 } else {
-                    let d = wc.wr_id as u32;
+                    let d = lo32(wc.wr_id);
                     match msg_op(d) {
                         OP_SGL => c.ctrl_max_seqno = c.ctrl_max_seqno.wrapping_add(1),
                         OP_CTRL => {
@@ -910,7 +932,7 @@ fn copy_addr(src: *const sockaddr, addr: *mut sockaddr, len: *mut socklen_t) -> 
     unsafe {
         let n = (*len as usize).min(size);
         std::ptr::copy_nonoverlapping(src.cast::<u8>(), addr.cast::<u8>(), n);
-        *len = size as socklen_t;
+        *len = n32(size);
     }
     Ok(())
 }
@@ -997,7 +1019,7 @@ fn accept_one(
     let reply = conn.conn_data().encode();
     let mut p = param;
     p.private_data = reply.as_ptr().cast();
-    p.private_data_len = CONN_DATA_LEN as u8;
+    p.private_data_len = CONN_DATA_LEN_U8;
     // SAFETY: a live id; the parameters and private data live across the call.
     if let Err(e) = check(unsafe { rdma_accept(child, &raw mut p) }) {
         conn.release(child);
@@ -1051,7 +1073,7 @@ pub unsafe extern "C" fn rconnect(socket: c_int, addr: *const sockaddr, len: soc
             let data = conn.conn_data().encode();
             let mut p: rdma_conn_param = zeroed();
             p.private_data = data.as_ptr().cast();
-            p.private_data_len = CONN_DATA_LEN as u8;
+            p.private_data_len = CONN_DATA_LEN_U8;
             p.flow_control = 1;
             p.retry_count = 7;
             p.rnr_retry_count = 7;
@@ -1129,7 +1151,7 @@ fn send(s: &RSocket, buf: *const u8, len: usize, flags: c_int) -> Result<usize> 
         xfer = xfer.min(c.sbuf_avail).min(c.target(c.target_sge).length as usize);
         let t = c.target(c.target_sge);
         let r = if xfer <= c.inline {
-            let mut sge = [ibv_sge { addr: at as u64, length: xfer as u32, lkey: 0 }];
+            let mut sge = [ibv_sge { addr: at as u64, length: n32(xfer), lkey: 0 }];
             c.write_data(&mut sge, xfer, true, t)
         } else {
             // SAFETY: the live send memory region.
@@ -1143,8 +1165,8 @@ fn send(s: &RSocket, buf: *const u8, len: usize, flags: c_int) -> Result<usize> 
                 std::ptr::copy_nonoverlapping(at.add(first), c.sbuf.ptr, xfer - first);
             }
             let mut sgl = [
-                ibv_sge { addr: c.sbuf.ptr as u64 + c.shead as u64, length: first as u32, lkey },
-                ibv_sge { addr: c.sbuf.ptr as u64, length: (xfer - first) as u32, lkey },
+                ibv_sge { addr: c.sbuf.ptr as u64 + c.shead as u64, length: n32(first), lkey },
+                ibv_sge { addr: c.sbuf.ptr as u64, length: n32(xfer - first), lkey },
             ];
             let n = if xfer > first { 2 } else { 1 };
             let r = c.write_data(&mut sgl[..n], xfer, false, t);
@@ -1169,12 +1191,12 @@ impl Conn {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 2;
         self.sbuf_avail -= len;
-        let rest = Sge { addr: t.addr + len as u64, key: t.key, length: t.length - len as u32 };
+        let rest = Sge { addr: t.addr + len as u64, key: t.key, length: t.length - n32(len) };
         self.set_target(self.target_sge, rest);
         if rest.length == 0 {
             self.target_sge = (self.target_sge + 1) % SGL_SIZE;
         }
-        self.post_write_msg(sgl, msg(OP_DATA, len as u32), inline, t.addr, t.key)
+        self.post_write_msg(sgl, msg(OP_DATA, n32(len)), inline, t.addr, t.key)
     }
 }
 
@@ -1217,7 +1239,7 @@ fn recv(s: &RSocket, buf: *mut u8, len: usize, flags: c_int) -> Result<usize> {
         while left > 0 {
             let Some(front) = c.rmsg.front_mut() else { break };
             let n = if left < *front as usize {
-                *front -= left as u32;
+                *front -= n32(left);
                 left
             } else {
                 let n = *front as usize;
@@ -1376,7 +1398,7 @@ pub unsafe extern "C" fn rrecvmsg(socket: c_int, msg: *mut c_void, flags: c_int)
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller passes a readable msghdr (checked non-null).
-        let (iov, n) = unsafe { ((*m).msg_iov, (*m).msg_iovlen as c_int) };
+        let (iov, n) = unsafe { ((*m).msg_iov, ni((*m).msg_iovlen)) };
         recvv(&*lookup(socket)?, &iovecs(iov, n)?, flags)
     })
 }
@@ -1448,7 +1470,7 @@ pub unsafe extern "C" fn rsendmsg(socket: c_int, msg: *const c_void, flags: c_in
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller passes a readable msghdr (checked non-null).
-        let (iov, n) = unsafe { ((*m).msg_iov, (*m).msg_iovlen as c_int) };
+        let (iov, n) = unsafe { ((*m).msg_iov, ni((*m).msg_iovlen)) };
         sendv(&*lookup(socket)?, &iovecs(iov, n)?, flags)
     })
 }
@@ -1582,7 +1604,7 @@ fn do_poll(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int> {
                 if left.is_zero() {
                     return Ok(0);
                 }
-                (left.as_millis() as c_int).clamp(1, NAP_MS)
+                c_int::try_from(left.as_millis()).unwrap_or(NAP_MS).clamp(1, NAP_MS)
             }
             None => NAP_MS,
         };
@@ -1621,7 +1643,8 @@ pub unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeo
             return Err(libc::EFAULT);
         }
         // SAFETY: the caller passes `nfds` entries (checked non-null).
-        let fds = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+        let fds =
+            unsafe { std::slice::from_raw_parts_mut(fds, usize::try_from(nfds).map_err(|_| libc::EINVAL)?) };
         if !fds.iter().any(|p| is_rsocket(p.fd)) {
             // SAFETY: as poll(2).
             let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout) };
@@ -1647,7 +1670,7 @@ pub unsafe extern "C" fn rselect(
     let _inside = Inside::enter();
     minus1_call("rselect", || {
         let (r, w, e) = (r.cast::<libc::fd_set>(), w.cast::<libc::fd_set>(), e.cast::<libc::fd_set>());
-        if !(0..=libc::FD_SETSIZE as c_int).contains(&nfds) {
+        if !(0..=ni(libc::FD_SETSIZE)).contains(&nfds) {
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller's sets (NULL or readable and writable).
@@ -1673,7 +1696,7 @@ pub unsafe extern "C" fn rselect(
         } else {
             // SAFETY: the caller passes a readable timeval (checked non-null).
             let tv = unsafe { *timeout.cast::<libc::timeval>() };
-            (tv.tv_sec * 1000 + tv.tv_usec / 1000) as c_int
+            c_int::try_from(tv.tv_sec * 1000 + tv.tv_usec / 1000).unwrap_or(c_int::MAX)
         };
         let n = if fds.iter().any(|p| is_rsocket(p.fd)) {
             do_poll(&mut fds, ms)?
@@ -1878,8 +1901,8 @@ pub unsafe extern "C" fn rsetsockopt(
         match (level, name) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => {
                 let on = int_val(val, len)?;
-                // SAFETY: a live id; the value is a local int.
                 let mut v = on;
+                // SAFETY: a live id; the value is a local int.
                 unsafe {
                     rdma_set_option(
                         g.id,
@@ -1894,13 +1917,13 @@ pub unsafe extern "C" fn rsetsockopt(
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
                 let v = int_val(val, len)?;
                 if g.conn.is_none() {
-                    g.sizes.rbuf = ((v.max(1) as u32) << 1).max(2 * SNDLOWAT as u32);
+                    g.sizes.rbuf = (v.max(1).unsigned_abs() << 1).max(2 * n32(SNDLOWAT));
                 }
             }
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
                 let v = int_val(val, len)?;
                 if g.conn.is_none() {
-                    g.sizes.sbuf = ((v.max(1) as u32) << 1).max(2 * SNDLOWAT as u32);
+                    g.sizes.sbuf = (v.max(1).unsigned_abs() << 1).max(2 * n32(SNDLOWAT));
                 }
             }
             (libc::SOL_SOCKET, libc::SO_LINGER) => {
@@ -1986,7 +2009,7 @@ pub unsafe extern "C" fn rgetsockopt(
                 // SAFETY: room for a linger structure (checked above); a writable length.
                 unsafe {
                     val.cast::<libc::linger>().write_unaligned(l);
-                    *len = std::mem::size_of::<libc::linger>() as socklen_t;
+                    *len = n32(std::mem::size_of::<libc::linger>());
                 }
                 return Ok(0);
             }
@@ -2013,7 +2036,7 @@ pub unsafe extern "C" fn rgetsockopt(
         // SAFETY: room for an int (checked above); a writable length.
         unsafe {
             val.cast::<c_int>().write_unaligned(v);
-            *len = std::mem::size_of::<c_int>() as socklen_t;
+            *len = n32(std::mem::size_of::<c_int>());
         }
         Ok(0)
     })
@@ -2034,7 +2057,7 @@ pub unsafe extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_long) -> c_int
         match cmd {
             libc::F_GETFL => Ok(libc::O_RDWR | if g.nonblock { libc::O_NONBLOCK } else { 0 }),
             libc::F_SETFL => {
-                g.nonblock = arg as c_int & libc::O_NONBLOCK != 0;
+                g.nonblock = arg & c_long::from(libc::O_NONBLOCK) != 0;
                 if g.phase == Phase::Listening {
                     set_fd_nonblock(listen_fd(&g), g.nonblock);
                 }

@@ -8,8 +8,10 @@ pub const VERSION: u8 = 1;
 pub const FLAG_NET: u8 = 1 << 0;
 /// Connection flag: the sender has a target list for direct-placement maps (`riomap`).
 pub const FLAG_IOMAP: u8 = 1 << 1;
+/// Bytes of the connection private data (as `rdma_conn_param` counts them).
+pub const CONN_DATA_LEN_U8: u8 = 40;
 /// Bytes of the connection private data.
-pub const CONN_DATA_LEN: usize = 40;
+pub const CONN_DATA_LEN: usize = CONN_DATA_LEN_U8 as usize;
 /// Bytes of one buffer descriptor (address, key, length).
 pub const SGE_LEN: usize = 16;
 /// Descriptors in each end's target list.
