@@ -352,10 +352,15 @@ fn netcat_through_librspreload() {
         .collect();
     std::fs::write(&input, &data).unwrap();
     let port = free_port().to_string();
+    // Under AddressSanitizer the sanitizer's runtime must stay first in the preload list.
+    let preload = match dropin_env().into_iter().find(|(k, _)| k == "LD_PRELOAD") {
+        Some((_, runtime)) => format!("{runtime} {}", preload.display()),
+        None => preload.display().to_string(),
+    };
     let mut s = dropin("nc.traditional");
-    s.env("LD_PRELOAD", preload).env("IWARP_LOG", "iwarp_verbs_abi::cm=debug").args(["-l", "-p", &port]);
+    s.env("LD_PRELOAD", &preload).env("IWARP_LOG", "iwarp_verbs_abi::cm=debug").args(["-l", "-p", &port]);
     let mut c = dropin("nc.traditional");
-    c.env("LD_PRELOAD", preload)
+    c.env("LD_PRELOAD", &preload)
         .args(["-q", "0", "127.0.0.1", &port])
         .stdin(std::fs::File::open(&input).unwrap());
     let (_client, server) = server_and_client("nc.traditional", s, &port, c);
