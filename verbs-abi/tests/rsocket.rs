@@ -129,13 +129,16 @@ fn a_pair_moves_checked_data_both_ways_and_ends_cleanly() {
     let got = recv_up_to(c, down.len());
     assert!(got == down, "client: the bytes differ ({} of {})", got.len(), down.len());
     let s = server.join().unwrap();
+    // The server closes first: its rclose waits (a while at most) until the client, which
+    // still reads, closes too.
     // SAFETY: the pair's sockets, closed once.
-    unsafe { assert_eq!(rclose(s), 0) };
+    let closer = thread::spawn(move || unsafe { rclose(s) });
     // The server's close reaches the client as the end of the stream.
     assert!(recv_up_to(c, 16).is_empty());
     // SAFETY: as above.
     unsafe {
         assert_eq!(rclose(c), 0);
+        assert_eq!(closer.join().unwrap(), 0);
         assert_eq!(rclose(l), 0);
         assert_eq!(rclose(c), -1, "a closed rsocket is gone");
         assert_eq!(errno(), libc::EBADF);
@@ -187,9 +190,11 @@ fn nonblocking_calls_and_rpoll_with_a_pipe() {
 
         libc::close(p[0]);
         libc::close(p[1]);
-        for fd in [c, s, l] {
-            assert_eq!(rclose(fd), 0);
-        }
+        // Both ends close at once (the first closer waits for the other's close).
+        let other = thread::spawn(move || rclose(s));
+        assert_eq!(rclose(c), 0);
+        assert_eq!(other.join().unwrap(), 0);
+        assert_eq!(rclose(l), 0);
     }
 }
 

@@ -69,6 +69,12 @@ const WR_MSG_SEND: u64 = 1 << 62;
 const NAP_MS: c_int = 100;
 /// How long `rclose` waits for the peer to take the disconnect message.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long `rclose` then waits for the peer to close the connection itself (unless the
+/// peer disconnected first: then it reads nothing more). Closing the
+/// TCP connection first, while the peer still sends credit updates for data it has not
+/// read yet, would make the kernel answer those with a reset and drop the data still
+/// queued for the peer (seen with siw's rstream as the client in the guest).
+const LINGER: Duration = Duration::from_secs(3);
 /// How long a blocked call keeps polling before it sleeps on the completion channel.
 const SPIN: Duration = Duration::from_micros(20);
 
@@ -203,6 +209,10 @@ struct Inner {
     so_opts: u64,
     tcp_opts: u64,
     keepalive_time: c_int,
+    /// The connection's receives were flushed: the peer closed it (or it broke).
+    peer_gone: bool,
+    /// The peer sent its disconnect message: it reads nothing more.
+    peer_disconnected: bool,
     conn: Option<Conn>,
 }
 
@@ -284,6 +294,8 @@ fn new_socket(id: *mut rdma_cm_id, sizes: Sizes) -> Result<Arc<RSocket>> {
             so_opts: 0,
             tcp_opts: 0,
             keepalive_time: 7200,
+            peer_gone: false,
+            peer_disconnected: false,
             conn: None,
         }),
     });
@@ -642,6 +654,7 @@ impl Inner {
                 if wc.wr_id & WR_RECV != 0 {
                     if wc.status != IBV_WC_SUCCESS {
                         // Flushed: the connection went down under us.
+                        self.peer_gone = true;
                         if self.phase == Phase::Connected {
                             self.phase = Phase::Disconnected;
                             self.readable = false;
@@ -667,6 +680,7 @@ impl Inner {
                         OP_IOMAP_SGL => {}
                         OP_CTRL => match msg_data(m) {
                             CTRL_DISCONNECT => {
+                                self.peer_disconnected = true;
                                 self.phase = Phase::Disconnected;
                                 self.readable = false;
                                 self.writable = false;
@@ -1807,6 +1821,13 @@ pub unsafe extern "C" fn rclose(socket: c_int) -> c_int {
         let s = SOCKETS.lock().unwrap_or_else(PoisonError::into_inner).remove(&socket).ok_or(libc::EBADF)?;
         if s.lock().connected() {
             let _ = shutdown(&s, libc::SHUT_RDWR);
+        }
+        let linger = {
+            let g = s.lock();
+            g.conn.is_some() && !g.peer_disconnected && !g.peer_gone
+        };
+        if linger {
+            drop(wait(&s, false, Some(Instant::now() + LINGER), |i| i.peer_gone));
         }
         let mut g = s.lock();
         let id = g.id;
