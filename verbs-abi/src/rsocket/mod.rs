@@ -1317,7 +1317,14 @@ pub unsafe extern "C" fn rrecv(socket: c_int, buf: *mut c_void, len: usize, flag
         if buf.is_null() && len > 0 {
             return Err(libc::EFAULT);
         }
-        recv(&*lookup(socket)?, buf.cast(), len, flags)
+        let n = recv(&*lookup(socket)?, buf.cast(), len, flags)?;
+        if n == 0 {
+            // The end of the stream. errno is cleared: a program that reads errno after a
+            // return of 0 (rstream's loops take EAGAIN there as "try again") must not see a
+            // stale EAGAIN from the library's own non-blocking calls and spin.
+            set_errno(0);
+        }
+        Ok(n)
     })
 }
 
