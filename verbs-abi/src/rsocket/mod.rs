@@ -60,6 +60,12 @@ const SNDLOWAT: usize = 2048;
 /// Transfers start at this size and double up to `MAX_TRANSFER` within one `rsend`.
 const OLAP_START: usize = 2048;
 const MAX_TRANSFER: usize = 65536;
+/// Receives posted beyond the credits granted. The credits bound the peer's data messages
+/// not yet consumed, but its control messages (credit updates, shutdown) take receives too:
+/// a peer that sends its full credit of data right after a credit update would find the
+/// receive queue empty (a DDP "no buffer" Terminate) if this end had not polled in between,
+/// as happened on a loaded machine.
+const RECV_SPARE: u32 = 64;
 /// Control messages (credit updates, shutdown) in flight at most.
 const CTRL_SLOTS: u32 = 4;
 /// The work request id bit of receives, and of the message Send that follows a Write.
@@ -161,6 +167,8 @@ struct Conn {
     rbuf_size: usize,
     sq_size: u32,
     rq_size: u32,
+    /// Receives posted: the credits plus `RECV_SPARE`.
+    recv_slots: u32,
     /// Data transfers up to this size go inline (from the caller's buffer).
     inline: usize,
     /// Free bytes of the send ring, and where the next copy goes.
@@ -330,8 +338,11 @@ impl Conn {
         // SAFETY: fcntl on the channel's descriptor; blocked calls sleep in `rpoll`-style
         // waits instead of the read.
         unsafe { libc::fcntl(chfd, libc::F_SETFL, libc::O_NONBLOCK) };
+        let slots = rq + RECV_SPARE;
         // SAFETY: as above.
-        let cq = unsafe { ibv_create_cq(ctx, (sq + rq) as c_int, std::ptr::null_mut(), ch, 0) };
+        let cq = unsafe {
+            ibv_create_cq(ctx, c_int::try_from(sq + slots).unwrap_or(c_int::MAX), std::ptr::null_mut(), ch, 0)
+        };
         if cq.is_null() {
             // SAFETY: the channel made above, unused.
             unsafe { ibv_destroy_comp_channel(ch) };
@@ -345,12 +356,13 @@ impl Conn {
             smr: std::ptr::null_mut(),
             tsgl: Buf::new(SGE_LEN * SGL_SIZE),
             tmr: std::ptr::null_mut(),
-            rbuf: Buf::new(sizes.rbuf as usize + rq as usize * MSG_LEN),
+            rbuf: Buf::new(sizes.rbuf as usize + slots as usize * MSG_LEN),
             rmr: std::ptr::null_mut(),
             sbuf_size: sizes.sbuf as usize,
             rbuf_size: sizes.rbuf as usize,
             sq_size: sq,
             rq_size: rq,
+            recv_slots: slots,
             inline: sizes.inline.min(crate::qp::MAX_INLINE) as usize,
             sbuf_avail: sizes.sbuf as usize,
             shead: 0,
@@ -378,7 +390,7 @@ impl Conn {
         attr.qp_type = IBV_QPT_RC;
         attr.sq_sig_all = 1;
         attr.cap.max_send_wr = sq;
-        attr.cap.max_recv_wr = rq;
+        attr.cap.max_recv_wr = slots;
         attr.cap.max_send_sge = 2;
         attr.cap.max_recv_sge = 1;
         // Messages and descriptors always go inline, whatever the data threshold.
@@ -404,7 +416,7 @@ impl Conn {
             conn.release(id);
             return Err(e);
         }
-        for _ in 0..rq {
+        for _ in 0..slots {
             if let Err(e) = conn.post_recv() {
                 conn.release(id);
                 return Err(e);
@@ -504,7 +516,7 @@ impl Conn {
         wr.wr_id = WR_RECV | u64::from(self.rbuf_msg_index);
         wr.sg_list = &raw mut sge;
         wr.num_sge = 1;
-        self.rbuf_msg_index = (self.rbuf_msg_index + 1) % self.rq_size;
+        self.rbuf_msg_index = (self.rbuf_msg_index + 1) % self.recv_slots;
         let mut bad = std::ptr::null_mut();
         // SAFETY: a live queue pair and a local, well-formed request.
         match unsafe { crate::qp::post_recv(self.qp, &raw mut wr, &raw mut bad) } {
@@ -663,7 +675,7 @@ impl Inner {
                         continue;
                     }
                     received += 1;
-                    let slot = (lo32(wc.wr_id) % c.rq_size) as usize;
+                    let slot = (lo32(wc.wr_id) % c.recv_slots) as usize;
                     let mut word = [0u8; MSG_LEN];
                     // SAFETY: the message slot inside the live ring; the engine wrote it
                     // before it queued the completion this thread just took.
