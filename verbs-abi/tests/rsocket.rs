@@ -215,6 +215,13 @@ fn options_are_kept_and_reported() {
             0
         );
         assert_eq!(out, 131072, "the ring is twice the value, as the kernel's buffer");
+        let huge: c_int = c_int::MAX;
+        assert_eq!(rsetsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&raw const huge).cast(), 4), 0);
+        assert_eq!(
+            rgetsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&raw mut out).cast(), &raw mut len),
+            0
+        );
+        assert_eq!(out, 64 << 20, "a ring is 64 MiB at most");
         assert_eq!(
             rgetsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, (&raw mut out).cast(), &raw mut len),
             0

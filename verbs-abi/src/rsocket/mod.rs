@@ -30,6 +30,7 @@ use crate::cm::{
     rdma_get_cm_event, rdma_get_local_addr, rdma_get_peer_addr, rdma_listen, rdma_migrate_id, rdma_reject,
     rdma_resolve_addr, rdma_resolve_route, rdma_set_option, sync_reply,
 };
+use crate::context::MAX_QP_WR;
 use crate::cq::{
     ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq,
     ibv_get_cq_event,
@@ -52,6 +53,8 @@ const DEF_SQSIZE: u32 = 384;
 const DEF_RQSIZE: u32 = 384;
 const DEF_INLINE: u32 = 64;
 const DEF_MEM: u32 = 1 << 17;
+/// The largest send or receive ring.
+const MAX_RING: u32 = 64 << 20;
 /// Queue sizes are kept within these.
 const QP_MIN_SIZE: u32 = 16;
 const QP_MAX_SIZE: u32 = 0xFFFE;
@@ -326,8 +329,9 @@ impl Conn {
     fn create(id: *mut rdma_cm_id, sizes: Sizes) -> Result<Conn> {
         // SAFETY: `id` is a live id of this library's; C programs read its fields as well.
         let ctx = unsafe { (*id).verbs };
-        let sq = sizes.sq.clamp(QP_MIN_SIZE, QP_MAX_SIZE);
-        let rq = sizes.rq.clamp(QP_MIN_SIZE, QP_MAX_SIZE);
+        // Within the device's queue depth (the receive queue also holds the spare receives).
+        let sq = sizes.sq.clamp(QP_MIN_SIZE, QP_MAX_SIZE.min(MAX_QP_WR));
+        let rq = sizes.rq.clamp(QP_MIN_SIZE, QP_MAX_SIZE.min(MAX_QP_WR - RECV_SPARE));
         // SAFETY: the calls check their arguments (a NULL context fails).
         let ch = unsafe { ibv_create_comp_channel(ctx) };
         if ch.is_null() {
@@ -370,7 +374,7 @@ impl Conn {
             sseq_no: 0,
             sseq_comp: 0,
             rseq_no: 0,
-            rseq_comp: (rq >> 1) as u16,
+            rseq_comp: lo16(rq >> 1),
             ctrl_seqno: 0,
             ctrl_max_seqno: CTRL_SLOTS,
             rmsg: VecDeque::new(),
@@ -1898,6 +1902,12 @@ pub unsafe extern "C" fn rgetsockname(socket: c_int, addr: *mut sockaddr, len: *
     })
 }
 
+/// The ring size for `SO_RCVBUF`/`SO_SNDBUF` = `v`: twice the value, as the kernel's
+/// buffers, within 4 KiB .. 64 MiB.
+fn ring_size(v: c_int) -> u32 {
+    (v.max(1).unsigned_abs().min(MAX_RING >> 1) << 1).max(2 * n32(SNDLOWAT))
+}
+
 /// Reads an `int` option value.
 fn int_val(val: *const c_void, len: socklen_t) -> Result<c_int> {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
@@ -1957,13 +1967,13 @@ pub unsafe extern "C" fn rsetsockopt(
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
                 let v = int_val(val, len)?;
                 if g.conn.is_none() {
-                    g.sizes.rbuf = (v.max(1).unsigned_abs() << 1).max(2 * n32(SNDLOWAT));
+                    g.sizes.rbuf = ring_size(v);
                 }
             }
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
                 let v = int_val(val, len)?;
                 if g.conn.is_none() {
-                    g.sizes.sbuf = (v.max(1).unsigned_abs() << 1).max(2 * n32(SNDLOWAT));
+                    g.sizes.sbuf = ring_size(v);
                 }
             }
             (libc::SOL_SOCKET, libc::SO_LINGER) => {
