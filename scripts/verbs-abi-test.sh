@@ -8,11 +8,13 @@
 # `fi_pingpong` over `verbs;ofi_rxm` and `verbs` with both ends on the drop-in (data
 # checked), and Open MPI 4.1 running tests/mpi/pingpong.c on two ranks with the ofi MTL
 # forced onto `verbs;ofi_rxm` on the drop-in, next to the same program over Open MPI's tcp
-# BTL in the same run (figures reported, not asserted).
+# BTL in the same run (figures reported, not asserted). Then rsockets: Debian's rstream with
+# both ends on the drop-in (verified), netcat and iperf3 through librspreload.so, and rstream's
+# latency and bandwidth on the drop-in against rstream over kernel TCP (-T s) in the same run.
 #
 # Prints one PASS/FAIL line per case and exits non-zero when one failed. Installs what it
 # needs with apt (rdmacm-utils, perftest, ibverbs-utils, libibverbs-dev, librdmacm-dev,
-# libfabric-bin, openmpi-bin, libopenmpi-dev).
+# libfabric-bin, openmpi-bin, libopenmpi-dev, netcat-traditional, iperf3).
 # Every process is bounded by `timeout` and killed by its PID on the way out.
 #
 # Environment: IWARP_BIN (default: cargo build --release), IWARP_VERBS_ABI_DIR (default:
@@ -40,7 +42,7 @@ result() { # PASS|FAIL name detail
 
 need=()
 for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils fi_pingpong:libfabric-bin \
-  mpirun:openmpi-bin mpicc:libopenmpi-dev; do
+  mpirun:openmpi-bin mpicc:libopenmpi-dev nc.traditional:netcat-traditional iperf3:iperf3; do
   command -v "${p%%:*}" > /dev/null || need+=("${p#*:}")
 done
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
@@ -93,6 +95,7 @@ run_pair() {
 
 LIBS="$(cd "$LIBS" && pwd)"
 DROPIN=(env LD_LIBRARY_PATH="$LIBS")
+ROUNDS_RS="${VERBS_ABI_PERF_ROUNDS:-3}"
 
 # rping: the drop-in against `iwarp rping`, both ways.
 for size in 1024 65535; do
@@ -177,6 +180,102 @@ for size in sorted(set(ofi) & set(tcp)):
 PY
 else
   result FAIL "mpi-pingpong-build" "mpicc failed (see $OUT/mpi-build.log)"
+fi
+
+# rsockets (librdmacm's socket API, docs/upper-layers.md#rsockets): Debian's rstream with both
+# ends on the drop-in, every transfer verified by rstream (-T v), several sizes, one run through
+# rpoll (-T a) and one non-blocking (-T n).
+for case in "64:500:" "4096:500:" "65536:200:a" "1048576:20:n"; do
+  IFS=: read -r size count opt <<< "$case"
+  extra=(); [ -n "$opt" ] && extra=(-T "$opt")
+  port="$(free_port)"
+  name="rstream-verified-$size${opt:+-$opt}"
+  timeout 90 "${DROPIN[@]}" rstream -p "$port" -T v -S "$size" -C "$count" "${extra[@]}" > "$OUT/$name.server" 2>&1 &
+  spid=$!; PIDS+=("$spid"); sleep 0.7
+  timeout 90 "${DROPIN[@]}" rstream -s 127.0.0.1 -p "$port" -T v -S "$size" -C "$count" "${extra[@]}" \
+    > "$OUT/$name.client" 2>&1
+  crc=$?
+  wait "$spid"; src=$?
+  if [ "$crc" = 0 ] && [ "$src" = 0 ] && grep -q '^custom' "$OUT/$name.client" && grep -q '^custom' "$OUT/$name.server"; then
+    result PASS "$name" "$(awk '$1 == "custom" {print $7 " Gb/s, " $8 " us/xfer"}' "$OUT/$name.client")"
+  else
+    result FAIL "$name" "client $crc, server $src (see $OUT/$name.*)"
+  fi
+done
+
+# Unmodified TCP programs through rdma-core's librspreload.so on the drop-in: netcat (the
+# traditional one: the preload interposes accept, not accept4) sends 4 MB of random bytes that
+# must arrive unchanged, and iperf3 moves 64 MiB; the rdma_cm log shows the drop-in carried them.
+PRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
+if [ -f "$PRELOAD" ]; then
+  RSP=(env LD_LIBRARY_PATH="$LIBS" LD_PRELOAD="$PRELOAD" IWARP_LOG=iwarp_verbs_abi::cm=debug)
+  head -c 4000000 /dev/urandom > "$OUT/nc.in"
+  port="$(free_port)"
+  timeout 60 "${RSP[@]}" nc.traditional -l -p "$port" > "$OUT/nc.out" 2> "$OUT/nc.server" &
+  spid=$!; PIDS+=("$spid"); sleep 0.7
+  timeout 60 "${RSP[@]}" nc.traditional -q 0 127.0.0.1 "$port" < "$OUT/nc.in" > /dev/null 2> "$OUT/nc.client"
+  crc=$?
+  wait "$spid"; src=$?
+  if [ "$crc" = 0 ] && [ "$src" = 0 ] && cmp -s "$OUT/nc.in" "$OUT/nc.out" && grep -q CONNECT_REQUEST "$OUT/nc.server"; then
+    result PASS "netcat-librspreload" "4000000 bytes unchanged"
+  else
+    result FAIL "netcat-librspreload" "client $crc, server $src, $(stat -c %s "$OUT/nc.out") bytes (see $OUT/nc.*)"
+  fi
+  port="$(free_port)"
+  timeout 60 "${RSP[@]}" iperf3 -s -1 -p "$port" > "$OUT/iperf3.server" 2>&1 &
+  spid=$!; PIDS+=("$spid"); sleep 0.7
+  timeout 60 "${RSP[@]}" iperf3 -c 127.0.0.1 -p "$port" -n 64M > "$OUT/iperf3.client" 2>&1
+  crc=$?
+  wait "$spid"; src=$?
+  if [ "$crc" = 0 ] && [ "$src" = 0 ] && grep -q ' receiver$' "$OUT/iperf3.client" && grep -q CONNECT_REQUEST "$OUT/iperf3.server"; then
+    result PASS "iperf3-librspreload" "$(grep ' receiver$' "$OUT/iperf3.client" | awk '{print $7 " " $8}')"
+  else
+    result FAIL "iperf3-librspreload" "client $crc, server $src (see $OUT/iperf3.*)"
+  fi
+else
+  result FAIL "librspreload" "$PRELOAD missing (librdmacm1)"
+fi
+
+# The rsockets figures: rstream latency (64 B ping-pong) and bandwidth (64 KiB transfers) on
+# the drop-in against the same rstream over kernel TCP sockets (-T s), alternating in one run.
+if [ "$ROUNDS_RS" -gt 0 ]; then
+  : > "$OUT/rstream-perf.txt"
+  rs_pair() { # LABEL ARGS...: one rstream run, both ends; prints "LABEL Gb/s us/xfer"
+    local label="$1"; shift
+    local port; port="$(free_port)"
+    timeout 90 env LD_LIBRARY_PATH="$LIBS" rstream -p "$port" "$@" > /dev/null 2>&1 &
+    local spid=$!; PIDS+=("$spid"); sleep 0.7
+    timeout 90 env LD_LIBRARY_PATH="$LIBS" rstream -s 127.0.0.1 -p "$port" "$@" 2>&1 |
+      awk -v l="$label" '$1 == "custom" {print l, $7, $8}'
+    wait "$spid"
+  }
+  for i in $(seq "$ROUNDS_RS"); do
+    for mode in rs tcp; do
+      t=(); [ "$mode" = tcp ] && t=(-T s)
+      rs_pair "$i $mode lat" "${t[@]}" -S 64 -C 1 -I 5000
+      rs_pair "$i $mode bw" "${t[@]}" -S 65536 -C 2000 -I 1
+    done | tee -a "$OUT/rstream-perf.txt" >&2
+  done
+  python3 - "$OUT/rstream-perf.txt" <<'PY' | tee -a "$OUT/summary.txt" >&2
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 5:
+        v.setdefault((f[1], f[2]), []).append((float(f[3]), float(f[4])))
+def med(mode, kind, i):
+    xs = [x[i] for x in v.get((mode, kind), [])]
+    return statistics.median(xs) if xs else None
+lat_rs, lat_tcp = med("rs", "lat", 1), med("tcp", "lat", 1)
+bw_rs, bw_tcp = med("rs", "bw", 0), med("tcp", "bw", 0)
+if None not in (lat_rs, lat_tcp, bw_rs, bw_tcp):
+    print(f"PERF rstream 64 B latency: drop-in rsockets {lat_rs:.2f} us/xfer, kernel TCP {lat_tcp:.2f} us/xfer, "
+          f"ratio {lat_rs / lat_tcp:.2f} (lower is better)")
+    print(f"PERF rstream 64 KiB bandwidth: drop-in rsockets {bw_rs:.2f} Gb/s, kernel TCP {bw_tcp:.2f} Gb/s, "
+          f"ratio {bw_rs / bw_tcp:.2f}")
+else:
+    print("PERF rstream: no figures (see rstream-perf.txt)")
+PY
 fi
 
 # The figure: ib_write_bw -R -s 65536 over the drop-in, against iwarp bench Write 64 KiB,

@@ -7,6 +7,16 @@
 #   rping-b       guest `rping -c -C 10 -V` -> host `rping -s` (drop-in)
 #   ib_T_bw-a     guest `ib_T_bw -R` server <- host `ib_T_bw -R` client (drop-in), T = write, read, send
 #   ib_T_bw-b     guest `ib_T_bw -R` client -> host `ib_T_bw -R` server (drop-in)
+#   rstream-a     guest `rstream` server  <- host `rstream -s` client (drop-in rsockets)
+#   rstream-b     guest `rstream -s` client -> host `rstream` server (drop-in rsockets)
+#
+# (rstream: every transfer verified by rstream itself, -T v. rstream-b moves 50 x 64 KiB each
+# way, three times the 1 MiB rings, so both ends grant buffer halves over and over. rstream-a
+# moves 100 x 4 KiB, within the half of the ring granted at connection time: siw's rstream
+# server closes its connection as soon as its own sends completed locally, and a credit
+# update the client sends after that, for data it just read, makes siw's kernel reset the
+# connection and drop whatever of its last data was still queued (rdma-core's rsockets do
+# the same as clients; docs/upper-layers.md#rsockets).)
 #
 # Each case needs both sides to exit 0 (rping: 10 validated pings; perftest: a result line
 # with a positive average), and the guest NIC's capture to decode without a protocol
@@ -62,12 +72,15 @@ gcmd='W(){ i=0; while ! netstat -ltn | grep -q ":$1 "; do i=$((i+1)); [ $i -gt 2
 gcmd+="(timeout 150 rping -s -a $G -p 7501 -v > /tmp/r 2>&1; echo RPING-SRV-RC=\$? >> /tmp/r) & "
 # shellcheck disable=SC2016
 gcmd+='S(){ timeout 150 ib_$1_bw -R -d siw0 -p $2 '"$PT"' > /tmp/p$2 2>&1; echo PT-SRV-RC $2=$? >> /tmp/p$2; }; '
-gcmd+="S write 7511 & S read 7512 & S send 7513 & W 7501; W 7511; W 7512; W 7513; "
+# shellcheck disable=SC2016
+gcmd+='R(){ timeout 120 rstream -T v "$@"; }; (R -S 4096 -C 100 -p 7541 > /tmp/s 2>&1; echo RS-SRV-RC=$? >> /tmp/s) & '
+gcmd+="S write 7511 & S read 7512 & S send 7513 & W 7501; W 7511; W 7512; W 7513; W 7541; "
 gcmd+="echo IWARP-READY; nc -l -p 7000 > /dev/null; "
 gcmd+="timeout 60 rping -c -a $H -p 7521 -C 10 -V -v > /tmp/c 2>&1; echo RPING-CLI-RC=\$?; sed 's/^/[rping-cli] /' /tmp/c; "
 # shellcheck disable=SC2016
 gcmd+='C(){ timeout 60 ib_$1_bw -R -d siw0 -p $2 '"$H $PT"' > /tmp/c 2>&1; echo PT-CLI-RC $2=$?; sed "s/^/[pt-cli $2] /" /tmp/c; }; '
-gcmd+="C write 7531; C read 7532; C send 7533; sleep 1; sed 's/^/[rping-srv] /' /tmp/r; "
+gcmd+="C write 7531; C read 7532; C send 7533; R -S 65536 -C 50 -s $H -p 7551 > /tmp/t 2>&1; echo RS-CLI-RC=\$?; "
+gcmd+="sed 's/^/[rs-cli] /' /tmp/t; sed 's/^/[rs-srv] /' /tmp/s; sleep 1; sed 's/^/[rping-srv] /' /tmp/r; "
 gcmd+='for p in 7511 7512 7513; do sed "s/^/[pt-srv $p] /" /tmp/p$p; done; echo IWARP-CASES-DONE'
 
 # The host's servers (drop-in), waiting for the guest's clients.
@@ -81,6 +94,10 @@ for t in write read send; do
   hpid[ib_${t}_bw-b]=$IW_BG_PID
   port=$((port + 1))
 done
+
+RS=(rstream -T v)
+iw_ns_bg 300 "$OUT/rstream-b.host.log" "${DROPIN[@]}" "${RS[@]}" -S 65536 -C 50 -p 7551
+hpid[rstream-b]=$IW_BG_PID
 
 t0=$SECONDS
 iw_boot "$OUT" --siw stock --max 400 --pcap "$OUT/guest-nic.pcap" --cmd "$gcmd"
@@ -99,6 +116,9 @@ for t in write read send; do
   hrc[ib_${t}_bw-a]=$rc
   port=$((port + 1))
 done
+rc=0
+iw_ns timeout -k 2 90 "${DROPIN[@]}" "${RS[@]}" -S 4096 -C 100 -s "$G" -p 7541 > "$OUT/rstream-a.host.log" 2>&1 || rc=$?
+hrc[rstream-a]=$rc
 # "go": the guest's clients.
 for _ in $(seq 1 50); do
   iw_ns bash -c "exec 3<>/dev/tcp/$G/7000" 2> /dev/null && break
@@ -185,6 +205,24 @@ for side in a b; do
     port=$((port + 1))
   done
 done
+
+# rstream (rsockets): each side exits 0 (rstream -T v exits non-zero on a data mismatch) and
+# prints its result row ("custom 64k 50 ...").
+row() { tr -d '\r' < "$1" | grep -aE "${2}custom +$3 " | head -1 | awk '{print $(NF-1) " Gb/s"}' || true; }
+why=""
+[ "${hrc[rstream-a]}" = 0 ] || why+="host client exit ${hrc[rstream-a]}: $(tail -n 2 "$OUT/rstream-a.host.log" | cut -c1-200 | tr '\n' '|'); "
+hr="$(row "$OUT/rstream-a.host.log" "" "4k +100")"; [ -n "$hr" ] || why+="host printed no result row; "
+grep -aq "RS-SRV-RC=0" "$SERIAL" || why+="siw server: $(grep -a '^\[rs-srv\]' "$SERIAL" | tail -n 2 | tr '\n' '|' || true); "
+why+="$(tshark_port 7541)"
+[ -z "$why" ] && result PASS rstream-a "siw rstream <- drop-in rstream -s: 100 x 4 KiB each way verified, host $hr" ||
+  result FAIL rstream-a "$why"
+why=""
+grep -aq "RS-CLI-RC=0" "$SERIAL" || why+="siw client: $(grep -a '^\[rs-cli\]' "$SERIAL" | tail -n 2 | tr '\n' '|' || true); "
+gr="$(row "$SERIAL" '\[rs-cli\] ' "64k +50")"; [ -n "$gr" ] || why+="siw client printed no result row; "
+[ "${hrc[rstream-b]}" = 0 ] || why+="host server exit ${hrc[rstream-b]}: $(tail -n 2 "$OUT/rstream-b.host.log" | cut -c1-200 | tr '\n' '|'); "
+why+="$(tshark_port 7551)"
+[ -z "$why" ] && result PASS rstream-b "siw rstream -s -> drop-in rstream: 50 x 64 KiB each way verified, siw $gr" ||
+  result FAIL rstream-b "$why"
 
 if [ "$FAILS" -gt 0 ] && [ "$FAILS" = "$CALIBRATION" ]; then
   echo "[interop-verbs-abi] $FAILS perftest case(s) failed only because siw's perftest could not calibrate its clock; logs in $OUT" >&2

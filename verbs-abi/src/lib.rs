@@ -36,6 +36,7 @@ pub mod cq;
 pub mod device;
 mod events;
 pub mod qp;
+pub mod rsocket;
 mod runtime;
 #[allow(
     non_camel_case_types,

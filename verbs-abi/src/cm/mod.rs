@@ -138,6 +138,9 @@ struct IdState {
     own_cqs: Vec<(usize, usize)>,
     /// `rdma_create_ep`'s queue pair attributes for the ids a passive endpoint hands out.
     ep_qp: Option<(usize, CStruct<ibv_qp_init_attr>)>,
+    /// A synchronous id's `rdma_connect`: the private data of the peer's MPA Reply (the
+    /// event that carried it is not handed to anyone; rsockets read it here).
+    reply: Vec<u8>,
 }
 
 /// An rdma_cm id.
@@ -306,6 +309,11 @@ struct ConnInfo {
 }
 
 /// The id behind `id`.
+/// The private data of the peer's reply to a synchronous id's `rdma_connect`.
+pub(crate) fn sync_reply(id: *mut rdma_cm_id) -> Result<Vec<u8>> {
+    Ok(get_id(id)?.state().reply.clone())
+}
+
 fn get_id(id: *mut rdma_cm_id) -> Result<Arc<CmId>> {
     IDS.get(id)
 }
@@ -819,8 +827,14 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
                 }
             })
             .map_err(|_| libc::EAGAIN)?;
-        if obj.is_sync() {
-            obj.wait_sync(if by_num { RDMA_CM_EVENT_CONNECT_RESPONSE } else { RDMA_CM_EVENT_ESTABLISHED })?;
+        if obj.is_sync()
+            && let Some(ev) = obj.wait_sync(if by_num {
+                RDMA_CM_EVENT_CONNECT_RESPONSE
+            } else {
+                RDMA_CM_EVENT_ESTABLISHED
+            })?
+        {
+            obj.state().reply = ev._private_data.clone();
         }
         Ok(0)
     })
