@@ -31,7 +31,7 @@ use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, LinkError, SmolStack};
 use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
-use iwarp_rdmap::qp::{QpState, RecvWr, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{CheckedSendWr, QpState, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
@@ -605,7 +605,7 @@ struct ConnSlot {
     /// Send and receive work requests taken from the application's rings and not yet handed
     /// to the queue pair; empty between visits, kept for their capacity (swapped with the
     /// rings', see `WrRing::take_all`).
-    sq_taken: VecDeque<SendWr>,
+    sq_taken: VecDeque<CheckedSendWr>,
     rq_taken: VecDeque<RecvWr>,
 }
 
@@ -1097,10 +1097,10 @@ fn visit(
     shared.sq.take_all(&mut slot.sq_taken);
     v.work |= !slot.sq_taken.is_empty();
     while let Some(wr) = slot.sq_taken.pop_front() {
-        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-        tracing::trace!(wr_id, op = ?wr.op, "post_send");
-        if let Err(e) = slot.conn.qp().post_send(wr) {
-            // Validated on the application side already; should the queue pair refuse it, it
+        let (wr_id, opcode) = (wr.wr().wr_id, wr.wr().op.wc_opcode());
+        tracing::trace!(wr_id, op = ?wr.wr().op, "post_send");
+        if let Err(e) = slot.conn.qp().post_checked_send(wr) {
+            // Checked on the application side already; should the queue pair refuse it, it
             // completes with an error rather than vanishing.
             tracing::debug!(wr_id, error = %e, "post_send refused");
             shared.sq_retired(1);

@@ -16,7 +16,7 @@ use std::thread::Thread;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use iwarp_ddp::STag;
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{CheckedSendWr, Completion, QpConfig, QpEvent, QpState, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::Poll;
 
@@ -438,7 +438,7 @@ pub(crate) struct QpShared {
     pub(crate) key: usize,
     /// Posted work requests. Unbounded rings (memory grows with use, not with the configured
     /// depth); the depth is enforced by the occupancy counters below.
-    pub(crate) sq: WrRing<SendWr>,
+    pub(crate) sq: WrRing<CheckedSendWr>,
     pub(crate) rq: WrRing<RecvWr>,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
@@ -598,7 +598,11 @@ impl QpShared {
         // Each slot is given back before its completion is visible (see `publish`).
         while let Some(wr) = self.sq.pop() {
             self.sq_retired(1);
-            self.send_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
+            self.send_cq.push_quiet(WorkCompletion::flushed(
+                self.qp_num,
+                wr.wr().wr_id,
+                wr.wr().op.wc_opcode(),
+            ));
             any = true;
         }
         while let Some(wr) = self.rq.pop() {
