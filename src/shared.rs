@@ -698,7 +698,7 @@ mod tests {
 
     #[test]
     fn wr_ring_takes_every_request_of_concurrent_posters_once_in_each_posters_order() {
-        const POSTERS: u64 = 4;
+        const POSTERS: usize = 4;
         const EACH: u64 = 5000;
         let ring = Arc::new(WrRing::default());
         let posters: Vec<_> = (0..POSTERS)
@@ -711,31 +711,25 @@ mod tests {
                 })
             })
             .collect();
-        let mut next = [0u64; POSTERS as usize];
+        let mut next = [0u64; POSTERS];
         let mut taken = VecDeque::new();
-        let mut seen = 0;
-        while seen < POSTERS * EACH {
+        let mut take = |next: &mut [u64; POSTERS]| {
             ring.take_all(&mut taken);
             for (p, i) in taken.drain(..) {
-                assert_eq!(i, next[p as usize], "poster {p} out of order");
-                next[p as usize] += 1;
-                seen += 1;
+                assert_eq!(i, next[p], "poster {p} out of order");
+                next[p] += 1;
             }
-            if posters.iter().all(|t| t.is_finished()) {
-                ring.take_all(&mut taken);
-                for (p, i) in taken.drain(..) {
-                    assert_eq!(i, next[p as usize], "poster {p} out of order");
-                    next[p as usize] += 1;
-                    seen += 1;
-                }
-                break;
-            }
+        };
+        // Take while the posters post; once all have finished, one last take empties the ring.
+        while !posters.iter().all(|t| t.is_finished()) {
+            take(&mut next);
             std::thread::yield_now();
         }
+        take(&mut next);
         for t in posters {
             t.join().expect("poster");
         }
-        assert_eq!(seen, POSTERS * EACH);
+        assert_eq!(next, [EACH; POSTERS], "every request taken once");
         assert!(ring.is_empty());
     }
 }
