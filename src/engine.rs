@@ -20,6 +20,7 @@
 //! An idle engine (adaptive and event modes) sleeps in the poll until a doorbell, a link or
 //! a smoltcp stack's frame or timer wakes it.
 
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -30,7 +31,7 @@ use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, LinkError, SmolStack};
 use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
-use iwarp_rdmap::qp::{QpState, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{CheckedSendWr, QpState, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
@@ -601,6 +602,11 @@ struct ConnSlot {
     finished_at: Option<Instant>,
     /// The connection's timer in the engine's heap, if any.
     timer_at: Option<Instant>,
+    /// Send and receive work requests taken from the application's rings and not yet handed
+    /// to the queue pair; empty between visits, kept for their capacity (swapped with the
+    /// rings', see `WrRing::take_all`).
+    sq_taken: VecDeque<CheckedSendWr>,
+    rq_taken: VecDeque<RecvWr>,
 }
 
 impl std::fmt::Debug for ConnSlot {
@@ -817,6 +823,8 @@ impl EngineCore {
             nudges: 0,
             finished_at: None,
             timer_at: None,
+            sq_taken: VecDeque::new(),
+            rq_taken: VecDeque::new(),
         });
         self.schedule(key);
         shared
@@ -1015,9 +1023,9 @@ fn give_back(pool: &mut Vec<Vec<u8>>, tx: &mut Vec<u8>) {
 /// Hands the receives the application posted to the queue pair; whether there were any.
 fn take_posted_receives(slot: &mut ConnSlot) -> bool {
     let shared = &slot.shared;
-    let mut any = false;
-    while let Some(wr) = shared.rq.pop() {
-        any = true;
+    shared.rq.take_all(&mut slot.rq_taken);
+    let any = !slot.rq_taken.is_empty();
+    while let Some(wr) = slot.rq_taken.pop_front() {
         let wr_id = wr.wr_id;
         if let Err(e) = slot.conn.qp().post_recv(wr) {
             tracing::debug!(wr_id, error = %e, "post_recv refused");
@@ -1086,12 +1094,13 @@ fn visit(
 
     // Work requests from the application.
     let shared = &slot.shared;
-    while let Some(wr) = shared.sq.pop() {
-        v.work = true;
-        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-        tracing::trace!(wr_id, op = ?wr.op, "post_send");
-        if let Err(e) = slot.conn.qp().post_send(wr) {
-            // Validated on the application side already; should the queue pair refuse it, it
+    shared.sq.take_all(&mut slot.sq_taken);
+    v.work |= !slot.sq_taken.is_empty();
+    while let Some(wr) = slot.sq_taken.pop_front() {
+        let (wr_id, opcode) = (wr.wr().wr_id, wr.wr().op.wc_opcode());
+        tracing::trace!(wr_id, op = ?wr.wr().op, "post_send");
+        if let Err(e) = slot.conn.qp().post_checked_send(wr) {
+            // Checked on the application side already; should the queue pair refuse it, it
             // completes with an error rather than vanishing.
             tracing::debug!(wr_id, error = %e, "post_send refused");
             shared.sq_retired(1);

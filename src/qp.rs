@@ -125,13 +125,17 @@ impl QueuePair {
         let mut posted = 0;
         let mut result = Ok(());
         for wr in wrs {
-            let checked = wr.validate(&self.handle.shared.config).and_then(|()| {
-                if self.handle.shared.reserve_sq(1) { Ok(()) } else { Err(PostError::QueueFull) }
+            // Checked once, here: the engine hands the checked request to the queue pair.
+            let checked = wr.check(&self.handle.shared.config).and_then(|wr| {
+                if self.handle.shared.reserve_sq(1) { Ok(wr) } else { Err(PostError::QueueFull) }
             });
-            if let Err(error) = checked {
-                result = Err(PostListError { posted, error });
-                break;
-            }
+            let wr = match checked {
+                Ok(wr) => wr,
+                Err(error) => {
+                    result = Err(PostListError { posted, error });
+                    break;
+                }
+            };
             self.handle.shared.sq.push(wr);
             posted += 1;
         }

@@ -16,7 +16,7 @@ use std::thread::Thread;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use iwarp_ddp::STag;
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{Completion, QpConfig, QpEvent, QpState, RecvWr, SendWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{CheckedSendWr, Completion, QpConfig, QpEvent, QpState, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::Poll;
 
@@ -345,6 +345,61 @@ impl Doorbell {
     }
 }
 
+/// A ring of posted work requests: any number of posting threads, one taker (the engine).
+///
+/// A lock around a `VecDeque`: it holds no memory until the first post, grows to the most
+/// requests ever outstanding at once and keeps that capacity, so steady posting allocates
+/// nothing (a segment queue allocates and zeroes a block every few dozen entries). The
+/// engine takes everything posted at once by swapping the contents with an empty deque of
+/// its own ([`WrRing::take_all`]): one lock per batch, and the lock is never held while a
+/// request is worked on.
+#[derive(Debug)]
+pub(crate) struct WrRing<T> {
+    queue: Mutex<VecDeque<T>>,
+}
+
+impl<T> Default for WrRing<T> {
+    fn default() -> WrRing<T> {
+        WrRing { queue: Mutex::new(VecDeque::new()) }
+    }
+}
+
+impl<T> WrRing<T> {
+    /// Appends a request.
+    pub(crate) fn push(&self, wr: T) {
+        lock(&self.queue).push_back(wr);
+    }
+
+    /// The oldest request, if any.
+    pub(crate) fn pop(&self) -> Option<T> {
+        lock(&self.queue).pop_front()
+    }
+
+    /// Moves every queued request, in order, to the end of `into`. With `into` empty this
+    /// swaps the two deques, so the ring keeps `into`'s capacity for later posts and the
+    /// caller gets the ring's; no request is copied under the lock.
+    pub(crate) fn take_all(&self, into: &mut VecDeque<T>) {
+        let mut queue = lock(&self.queue);
+        if into.is_empty() {
+            std::mem::swap(&mut *queue, into);
+        } else {
+            into.extend(queue.drain(..));
+        }
+    }
+
+    /// Whether no request is queued.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.queue).is_empty()
+    }
+
+    /// How many requests the ring holds room for without allocating.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        lock(&self.queue).capacity()
+    }
+}
+
 fn state_code(s: QpState) -> u8 {
     match s {
         QpState::Rts => 0,
@@ -381,10 +436,10 @@ pub(crate) struct QpShared {
     pub(crate) qp_num: u32,
     /// The engine's key for the connection (its readiness token and doorbell entry).
     pub(crate) key: usize,
-    /// Posted work requests. Unbounded segment queues (memory grows with use, not with the
-    /// configured depth); the depth is enforced by the occupancy counters below.
-    pub(crate) sq: SegQueue<SendWr>,
-    pub(crate) rq: SegQueue<RecvWr>,
+    /// Posted work requests. Unbounded rings (memory grows with use, not with the configured
+    /// depth); the depth is enforced by the occupancy counters below.
+    pub(crate) sq: WrRing<CheckedSendWr>,
+    pub(crate) rq: WrRing<RecvWr>,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
     events: Mutex<VecDeque<QpEvent>>,
@@ -443,8 +498,8 @@ impl QpShared {
         QpShared {
             qp_num,
             key,
-            sq: SegQueue::new(),
-            rq: SegQueue::new(),
+            sq: WrRing::default(),
+            rq: WrRing::default(),
             send_cq: cqs.0,
             recv_cq: cqs.1,
             events: Mutex::new(VecDeque::new()),
@@ -543,7 +598,11 @@ impl QpShared {
         // Each slot is given back before its completion is visible (see `publish`).
         while let Some(wr) = self.sq.pop() {
             self.sq_retired(1);
-            self.send_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, wr.op.wc_opcode()));
+            self.send_cq.push_quiet(WorkCompletion::flushed(
+                self.qp_num,
+                wr.wr().wr_id,
+                wr.wr().op.wc_opcode(),
+            ));
             any = true;
         }
         while let Some(wr) = self.rq.pop() {
@@ -584,5 +643,93 @@ impl QpShared {
 
     pub(crate) fn take_disconnect(&self) -> bool {
         self.disconnect.swap(false, Ordering::AcqRel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    use super::WrRing;
+
+    #[test]
+    fn wr_ring_keeps_posting_order_across_takes() {
+        let ring = WrRing::default();
+        let mut taken = VecDeque::new();
+        for i in 0..5u32 {
+            ring.push(i);
+        }
+        assert_eq!(ring.pop(), Some(0));
+        ring.take_all(&mut taken);
+        assert!(ring.is_empty());
+        // Taking into a deque that still holds requests appends after them.
+        ring.push(5);
+        ring.push(6);
+        ring.take_all(&mut taken);
+        assert_eq!(taken.iter().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(ring.pop(), None);
+    }
+
+    #[test]
+    fn wr_ring_holds_no_memory_idle_and_stops_growing_in_steady_use() {
+        let ring = WrRing::default();
+        assert_eq!(ring.capacity(), 0, "an idle queue pair's ring holds nothing");
+        let mut taken: VecDeque<u64> = VecDeque::new();
+        let mut caps = Vec::new();
+        let mut next = 0;
+        for round in 0..8 {
+            for _ in 0..20 {
+                ring.push(next);
+                next += 1;
+            }
+            ring.take_all(&mut taken);
+            assert_eq!(taken.len(), 20);
+            assert_eq!(taken.front().copied(), Some(round * 20));
+            taken.clear();
+            caps.push((ring.capacity(), taken.capacity()));
+        }
+        // Memory follows the most requests outstanding at once, and once both deques have
+        // grown to it the ring and the taker swap them without allocating again.
+        assert!(caps.iter().all(|&(a, b)| a <= 64 && b <= 64), "{caps:?}");
+        assert!(caps[1].0 >= 20 && caps[1].1 >= 20, "{caps:?}");
+        assert!(caps[1..].iter().all(|&c| c == caps[1]), "{caps:?}");
+    }
+
+    #[test]
+    fn wr_ring_takes_every_request_of_concurrent_posters_once_in_each_posters_order() {
+        const POSTERS: usize = 4;
+        const EACH: u64 = 5000;
+        let ring = Arc::new(WrRing::default());
+        let posters: Vec<_> = (0..POSTERS)
+            .map(|p| {
+                let ring = Arc::clone(&ring);
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        ring.push((p, i));
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; POSTERS];
+        let mut taken = VecDeque::new();
+        let mut take = |next: &mut [u64; POSTERS]| {
+            ring.take_all(&mut taken);
+            for (p, i) in taken.drain(..) {
+                assert_eq!(i, next[p], "poster {p} out of order");
+                next[p] += 1;
+            }
+        };
+        // Take while the posters post; once all have finished, one last take empties the ring.
+        while !posters.iter().all(|t| t.is_finished()) {
+            take(&mut next);
+            std::thread::yield_now();
+        }
+        take(&mut next);
+        for t in posters {
+            t.join().expect("poster");
+        }
+        assert_eq!(next, [EACH; POSTERS], "every request taken once");
+        assert!(ring.is_empty());
     }
 }

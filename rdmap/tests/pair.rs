@@ -1498,3 +1498,53 @@ fn small_fpdus_framed_over_a_reused_batch_arrive_intact() {
         }
     }
 }
+
+// --- Requests checked by the poster ---------------------------------------------------------
+
+#[test]
+fn checked_send_goes_out_as_a_posted_one_and_keeps_its_length() {
+    let mut p = Pair::rfc7306();
+    let src = p.a.buf(300, Access::NONE, 0);
+    p.a.write(&src, 0, &pattern(300, 9)).unwrap();
+    let recv = p.b.buf(300, Access::LOCAL_WRITE, 0);
+    p.b.post_recv(1, vec![recv.sge()]);
+    let config = *p.a.conn.qp_ref().config();
+    let wr = SendWr {
+        wr_id: 21,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: vec![src.sge_at(0, 100), src.sge_at(100, 200)].into(),
+        signaled: true,
+    };
+    let checked = wr.clone().check(&config).unwrap();
+    assert_eq!((checked.len(), checked.wr()), (300, &wr));
+    p.a.conn.qp().post_checked_send(checked).unwrap();
+    p.run();
+    let a: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+    assert_eq!(a, vec![(21, WcStatus::Success, 300)]);
+    let b: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.opcode, c.byte_len)).collect();
+    assert_eq!(b, vec![(1, WcOpcode::Recv, 300)]);
+    assert_eq!(p.b.bytes(&recv), pattern(300, 9));
+}
+
+#[test]
+fn check_refuses_what_validate_refuses_and_the_queue_pair_repeats_the_extension_check() {
+    let mut p = Pair::new(false, false);
+    let config = *p.a.conn.qp_ref().config();
+    let bad = SendWr {
+        wr_id: 1,
+        op: SendOp::ImmediateData { data: [1; 8], solicited: false },
+        sgl: vec![Sge { lkey: STag(0x100), addr: 0, len: 8 }].into(),
+        signaled: true,
+    };
+    let with_extensions = iwarp_rdmap::qp::QpConfig { rfc7306: true, ..config };
+    assert_eq!(bad.clone().check(&with_extensions).unwrap_err(), PostError::BadSgl);
+    assert_eq!(bad.validate(&with_extensions).unwrap_err(), PostError::BadSgl);
+    // Checked against settings with RFC 7306, posted on a queue pair without: refused.
+    let imm = SendWr { sgl: vec![].into(), ..bad };
+    assert_eq!(imm.clone().check(&config).unwrap_err(), PostError::ExtensionNotNegotiated);
+    let checked = imm.check(&with_extensions).unwrap();
+    assert_eq!(p.a.conn.qp().post_checked_send(checked).unwrap_err(), PostError::ExtensionNotNegotiated);
+    p.run();
+    assert_eq!(p.moved, 0, "nothing went on the wire");
+    assert!(p.a.completions.is_empty());
+}

@@ -27,8 +27,6 @@ use std::collections::VecDeque;
 
 use iwarp_ddp::{Msn, TerminateCode, UntaggedReceiver};
 
-use crate::memory::sgl_len;
-
 mod complete;
 pub mod error;
 mod rx;
@@ -41,7 +39,7 @@ pub use error::Violation;
 pub use rx::DirectSink;
 pub use srq::SharedReceiveQueue;
 pub use tx::{Emitted, TxPiece};
-pub use wr::{Completion, PostError, QpConfig, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+pub use wr::{CheckedSendWr, Completion, PostError, QpConfig, RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
 
 use state::{QN_READ, QN_SEND, QN_TERMINATE, RxBuffer, SqSlot};
 pub use state::{QpEvent, QpState, QpStats, QueuePair};
@@ -113,12 +111,25 @@ impl QueuePair {
         if self.sq_slots.len() >= self.config.max_send_wr {
             return Err(PostError::QueueFull);
         }
-        wr.validate(&self.config)?;
-        let len = sgl_len(&wr.sgl);
-        let opcode = wr.op.wc_opcode();
+        self.post_checked_send(wr.check(&self.config)?)
+    }
+
+    /// Posts a send-queue work request that [`SendWr::check`] validated already (a poster
+    /// that checks on its own thread hands it over without the queue pair checking again).
+    /// Only the check that depends on the connection, RFC 7306 operations, is repeated, in
+    /// case the request was checked against other settings than this queue pair's.
+    pub fn post_checked_send(&mut self, wr: CheckedSendWr) -> Result<(), PostError> {
+        if self.sq_slots.len() >= self.config.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        if wr.wr().op.is_rfc7306() && !self.config.rfc7306 {
+            return Err(PostError::ExtensionNotNegotiated);
+        }
+        let len = u64::from(wr.len());
+        let (wr_id, opcode, signaled) = (wr.wr().wr_id, wr.wr().op.wc_opcode(), wr.wr().signaled);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let slot = SqSlot { seq, wr_id: wr.wr_id, opcode, len, signaled: wr.signaled, status: None };
+        let slot = SqSlot { seq, wr_id, opcode, len, signaled, status: None };
         self.sq_slots.push_back(slot);
         if self.state == QpState::Rts {
             self.sq.push_back((seq, wr));

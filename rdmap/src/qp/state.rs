@@ -10,7 +10,7 @@ use iwarp_ddp::placement::{PostedBuffer, Sge, sgl_len};
 use iwarp_ddp::{Msn, QueueNumber, STag, Segmenter, TerminateCode, UntaggedReceiver};
 
 use super::srq::SharedReceiveQueue;
-use super::wr::{Completion, QpConfig, RecvWr, SendWr, WcOpcode, WcStatus};
+use super::wr::{CheckedSendWr, Completion, QpConfig, RecvWr, WcOpcode, WcStatus};
 use crate::atomic::{ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicResponse};
 use crate::memory::Sgl;
 use crate::wire::{Opcode, READ_REQUEST_LEN, ReadRequest, TerminateHeader};
@@ -86,7 +86,7 @@ pub struct QueuePair {
     pub(super) config: QpConfig,
     pub(super) state: QpState,
     pub(super) next_seq: u64,
-    pub(super) sq: VecDeque<(u64, SendWr)>,
+    pub(super) sq: VecDeque<(u64, CheckedSendWr)>,
     pub(super) sq_slots: VecDeque<SqSlot>,
     /// The untagged queues and what is posted on them: the application's receives on queue
     /// 0, RDMAP's own buffers on queues 1 to 3. DDP checks and places every untagged segment.

@@ -13,9 +13,8 @@ use super::state::{
     Outbound, OutboundKind, QN_ATOMIC_RESPONSE, QN_READ, QN_SEND, QpState, QueuePair, RTR_SEQ, Response,
     Source, TxMessage,
 };
-use super::wr::{SendOp, SendWr, WcStatus};
+use super::wr::{CheckedSendWr, SendOp, WcStatus};
 use crate::atomic::{AtomicRequest, IMMEDIATE_DATA_LEN};
-use crate::memory::sgl_len;
 use crate::terminate::RdmapError;
 use crate::wire::{Control, Opcode, ReadRequest};
 
@@ -202,7 +201,7 @@ impl QueuePair {
             } else {
                 self.run_memory_operations(mem);
                 let (seq, wr) = self.sq.front()?;
-                let (seq, uses_ord) = (*seq, wr.op.uses_ord());
+                let (seq, uses_ord) = (*seq, wr.wr().op.uses_ord());
                 if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
                     return None; // ORD exhausted: the send queue waits for a response.
                 }
@@ -251,9 +250,9 @@ impl QueuePair {
         if self.state != QpState::Rts || self.tx_cur.is_some() || self.tx_next.is_some() {
             return;
         }
-        while self.sq.front().is_some_and(|(_, wr)| wr.op.is_memory_operation()) {
+        while self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation()) {
             let Some((seq, wr)) = self.sq.pop_front() else { return };
-            match Self::memory_operation(mem, wr.op) {
+            match Self::memory_operation(mem, wr.into_wr().op) {
                 Ok(()) => self.finish(seq, WcStatus::Success),
                 Err(_) => {
                     self.finish(seq, WcStatus::LocalProtectionError);
@@ -312,8 +311,9 @@ impl QueuePair {
         self.message(seq, target, opcode, IMMEDIATE_DATA_LEN, Source::Inline(data.to_vec()))
     }
 
-    fn start_message(&mut self, seq: u64, wr: SendWr) -> Result<TxMessage, WcStatus> {
-        let len = usize::try_from(sgl_len(&wr.sgl)).map_err(|_| WcStatus::LocalLengthError)?;
+    fn start_message(&mut self, seq: u64, wr: CheckedSendWr) -> Result<TxMessage, WcStatus> {
+        let len = usize::try_from(wr.len()).map_err(|_| WcStatus::LocalLengthError)?;
+        let wr = wr.into_wr();
         match wr.op {
             SendOp::Send { solicited, invalidate } => {
                 let opcode = match (solicited, invalidate.is_some()) {

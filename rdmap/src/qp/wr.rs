@@ -213,9 +213,22 @@ impl SendWr {
     /// the application's post and the queue pair run, so that a request refused later would
     /// already be refused at post time.
     pub fn validate(&self, config: &QpConfig) -> Result<(), PostError> {
-        if u32::try_from(sgl_len(&self.sgl)).is_err() {
+        self.checked_len(config).map(|_| ())
+    }
+
+    /// Validates the work request once ([`SendWr::validate`]) and keeps what the check
+    /// found, so that [`crate::qp::QueuePair::post_checked_send`] neither checks it nor sums
+    /// its scatter/gather list again.
+    pub fn check(self, config: &QpConfig) -> Result<CheckedSendWr, PostError> {
+        let len = self.checked_len(config)?;
+        Ok(CheckedSendWr { wr: self, len })
+    }
+
+    /// The checks of [`SendWr::validate`]; the request's total length when they pass.
+    fn checked_len(&self, config: &QpConfig) -> Result<u32, PostError> {
+        let Ok(len) = u32::try_from(sgl_len(&self.sgl)) else {
             return Err(PostError::TooLong);
-        }
+        };
         if self.op.is_rfc7306() && !config.rfc7306 {
             return Err(PostError::ExtensionNotNegotiated);
         }
@@ -226,8 +239,38 @@ impl SendWr {
             SendOp::Atomic { .. } if self.sgl.len() != 1 || self.sgl.first().map(|s| s.len) != Some(8) => {
                 Err(PostError::BadSgl)
             }
-            _ => Ok(()),
+            _ => Ok(len),
         }
+    }
+}
+
+/// A send work request that passed [`SendWr::validate`] (made by [`SendWr::check`]), with
+/// its total length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedSendWr {
+    wr: SendWr,
+    len: u32,
+}
+
+impl CheckedSendWr {
+    /// The work request.
+    pub fn wr(&self) -> &SendWr {
+        &self.wr
+    }
+
+    /// The total length of its scatter/gather list.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether its scatter/gather list holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The work request, giving up the check.
+    pub fn into_wr(self) -> SendWr {
+        self.wr
     }
 }
 
