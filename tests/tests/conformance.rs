@@ -368,6 +368,36 @@ fn write_with_immediate_delivers_the_value() {
 }
 
 #[test]
+fn send_with_immediate_delivers_the_value() {
+    if skip("send_with_immediate_delivers_the_value", caps().immediate, "immediate data") {
+        return;
+    }
+    let b = backend();
+    let (c, s) = pair(&b);
+    let recv = register(&*s, 128, Access::NONE);
+    s.post_recv(1, recv.local(0, 64)).unwrap_or_else(|e| panic!("{e}"));
+    s.post_recv(3, recv.local(64, 64)).unwrap_or_else(|e| panic!("{e}"));
+    let source = register(&*c, 24, Access::NONE);
+    source.write(0, &pattern(24, 5)).unwrap_or_else(|e| panic!("{e}"));
+    c.post_send(2, Op::SendImm(0x8765_4321), Some(source.local(0, 24))).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 2, CompletionOp::Send, "send with immediate");
+    let wc = wait(&*s, "send with immediate");
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, Status::Success, 24), "{wc:?}");
+    assert_eq!(contents(&*recv, 0, 24), pattern(24, 5));
+    // Verbs: one receive, with the value (its immediate flag). RFC 7306 (the engine): the
+    // Send, then an Immediate Data message in the next receive, with the value.
+    let imm = match wc.imm {
+        Some(imm) => imm,
+        None => {
+            let wc = wait(&*s, "the immediate data message");
+            assert_eq!((wc.wr_id, wc.status, wc.op), (3, Status::Success, CompletionOp::RecvImm), "{wc:?}");
+            wc.imm.unwrap_or_else(|| panic!("an immediate data receive without the value: {wc:?}"))
+        }
+    };
+    assert_eq!(imm, 0x8765_4321);
+}
+
+#[test]
 fn atomics_fetch_add_and_compare_swap() {
     if skip("atomics_fetch_add_and_compare_swap", caps().atomics, "atomics") {
         return;
