@@ -5,15 +5,20 @@
 //! missing, so a binary built with the feature runs on a host without rdma-core and lists no
 //! devices, saying why.
 //!
-//! What sideway 0.4.3 does not expose, this backend cannot do, and says so in the device's
-//! capabilities: private data in rdma_cm's connect and accept (its `ConnectionParameter`
-//! has no setter for it and an event's private data has no getter), a reject with private
-//! data (a request is rejected by destroying its identifier, which the initiator sees as a
-//! refusal), and completion notification (no `ibv_req_notify_cq`/`ibv_get_cq_event`).
+//! sideway 0.4.3 covers the verbs objects (devices, protection domains, registered memory,
+//! completion queues and channels, queue pairs, posting). What it does not expose, this
+//! backend calls through rdma-mummy-sys's raw entry points (the same dlopened libraries):
+//! all of rdma_cm (sideway keeps an identifier's and an event's handles private, has no
+//! setter for a connection's private data, no getter for an event's, and no `rdma_reject`),
+//! so that private data travels with the request, the reply and a reject; completion
+//! notification (`ibv_req_notify_cq`, `ibv_get_cq_event` with poll(2) on the channel for a
+//! bounded wait, `ibv_ack_cq_events`); and `ibv_poll_cq` itself, whose completions carry the
+//! `wc_flags` that say a receive has immediate data (a Send with immediate's value).
 //!
 //! This is one of the workspace's fenced places for `unsafe`: registering application memory
-//! (the device writes it behind the compiler's back) and the scatter/gather entries of work
-//! requests take raw addresses. Every block says why it holds.
+//! (the device writes it behind the compiler's back), the scatter/gather entries of work
+//! requests, and the raw rdma-core calls above take raw addresses. Every block says why it
+//! holds.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -791,8 +796,8 @@ fn completion_op(opcode: u32) -> CompletionOp {
 // Verbs' `IBV_WC_WITH_IMM` in a completion's `wc_flags`: `imm_data` holds the immediate data.
 const IBV_WC_WITH_IMM: u32 = 1 << 1;
 
-/// The completions a batch from `ibv_poll_cq` holds at most.
-const POLL_BATCH: usize = 16;
+/// The completions a batch from `ibv_poll_cq` holds at most (as many as sideway's poller took).
+const POLL_BATCH: usize = 32;
 
 impl VerbsEndpoint {
     /// Reads what the completion queue has (one batch) into `out`, through `ibv_poll_cq`
