@@ -88,7 +88,9 @@ pub enum BackendError {
     Unsupported(&'static str),
     /// Connection management failed (refused, timed out...).
     Connect(String),
-    /// The peer rejected the connection request.
+    /// The peer rejected the connection request. rdma_cm reports some refusals the same
+    /// way (on iWARP, a port with no listener: the TCP connection refused), with no private
+    /// data.
     Rejected {
         /// The private data of its reject (on InfiniBand and RoCE, padded with zeros to
         /// the connection manager's fixed size).
