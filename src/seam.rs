@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use iwarp_ddp::stag_table::Access;
 
+use iwarp_mpa::NegotiationError;
+
 use crate::cm::CmError;
 
 /// The name of the userspace engine in device lists and on `--device`.
@@ -84,8 +86,16 @@ pub enum BackendError {
     NoDevice(String),
     /// The device or this backend lacks the operation or feature.
     Unsupported(&'static str),
-    /// Connection management failed (refused, rejected, timed out...).
+    /// Connection management failed (refused, timed out...).
     Connect(String),
+    /// The peer rejected the connection request. rdma_cm reports some refusals the same
+    /// way (on iWARP, a port with no listener: the TCP connection refused), with no private
+    /// data.
+    Rejected {
+        /// The private data of its reject (on InfiniBand and RoCE, padded with zeros to
+        /// the connection manager's fixed size).
+        private_data: Vec<u8>,
+    },
     /// A verbs call failed (registration, queue creation, posting...).
     Verbs(String),
     /// An offset or length outside a region.
@@ -98,6 +108,9 @@ impl fmt::Display for BackendError {
             BackendError::NoDevice(m) => write!(f, "no such device: {m}"),
             BackendError::Unsupported(what) => write!(f, "not supported by this device: {what}"),
             BackendError::Connect(m) => write!(f, "connection failed: {m}"),
+            BackendError::Rejected { private_data } => {
+                write!(f, "connection rejected by the peer ({} bytes of private data)", private_data.len())
+            }
             BackendError::Verbs(m) => write!(f, "verbs call failed: {m}"),
             BackendError::OutOfBounds => f.write_str("offset or length outside the region"),
         }
@@ -108,7 +121,13 @@ impl std::error::Error for BackendError {}
 
 impl From<CmError> for BackendError {
     fn from(e: CmError) -> BackendError {
-        BackendError::Connect(e.to_string())
+        match e {
+            CmError::Rejected { private_data }
+            | CmError::Negotiation(NegotiationError::Rejected { private_data }) => {
+                BackendError::Rejected { private_data }
+            }
+            e => BackendError::Connect(e.to_string()),
+        }
     }
 }
 

@@ -5,26 +5,34 @@
 //! missing, so a binary built with the feature runs on a host without rdma-core and lists no
 //! devices, saying why.
 //!
-//! What sideway 0.4.3 does not expose, this backend cannot do, and says so in the device's
-//! capabilities: private data in rdma_cm's connect and accept (its `ConnectionParameter`
-//! has no setter for it and an event's private data has no getter), a reject with private
-//! data (a request is rejected by destroying its identifier, which the initiator sees as a
-//! refusal), and completion notification (no `ibv_req_notify_cq`/`ibv_get_cq_event`).
+//! sideway 0.4.3 covers the verbs objects (devices, protection domains, registered memory,
+//! completion queues and channels, queue pairs, posting). What it does not expose, this
+//! backend calls through rdma-mummy-sys's raw entry points (the same dlopened libraries):
+//! all of rdma_cm (sideway keeps an identifier's and an event's handles private, has no
+//! setter for a connection's private data, no getter for an event's, and no `rdma_reject`),
+//! so that private data travels with the request, the reply and a reject; completion
+//! notification (`ibv_req_notify_cq`, `ibv_get_cq_event` with poll(2) on the channel for a
+//! bounded wait, `ibv_ack_cq_events`); and `ibv_poll_cq` itself, whose completions carry the
+//! `wc_flags` that say a receive has immediate data (a Send with immediate's value).
 //!
 //! This is one of the workspace's fenced places for `unsafe`: registering application memory
-//! (the device writes it behind the compiler's back) and the scatter/gather entries of work
-//! requests take raw addresses. Every block says why it holds.
+//! (the device writes it behind the compiler's back), the scatter/gather entries of work
+//! requests, and the raw rdma-core calls above take raw addresses. Every block says why it
+//! holds.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd as _, BorrowedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use iwarp_ddp::stag_table::Access;
+use rustix::event::{PollFd, PollFlags, Timespec};
 use sideway::ibverbs::AccessFlags;
-use sideway::ibverbs::completion::{BasicCompletionQueue, PollCompletionQueueError};
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
 use sideway::ibverbs::device::{DeviceInfo as _, DeviceList, TransportType};
 use sideway::ibverbs::device_context::{AtomicCapability, DeviceContext, LinkLayer};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -32,9 +40,6 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
     BasicQueuePair, PostSendGuard as _, QueuePair as _, QueuePairAttribute, QueuePairState, QueuePairType,
     SetScatterGatherEntry as _, WorkRequestFlags,
-};
-use sideway::rdmacm::communication_manager::{
-    ConnectionParameter, Event, EventChannel, EventType, Identifier, PortSpace,
 };
 
 use crate::seam::{
@@ -85,9 +90,9 @@ fn describe(name: String, transport: TransportType, ctx: &Arc<DeviceContext>) ->
             // RFC 7306 extensions cannot be negotiated through rdma_cm.
             immediate: transport != DeviceTransport::Iwarp,
             atomics: atomics && transport != DeviceTransport::Iwarp,
-            private_data: false,
+            private_data: true,
             reject: true,
-            cq_notify: false,
+            cq_notify: true,
         },
     }
 }
@@ -111,33 +116,342 @@ pub(crate) struct VerbsBackend {
     info: DeviceInfo,
 }
 
-/// Waits up to `deadline` for the next event on `channel` (non-blocking underneath).
-fn next_event(channel: &Arc<EventChannel>, deadline: Instant) -> Result<Event, BackendError> {
-    loop {
-        match channel.get_cm_event() {
-            Ok(e) => return Ok(e),
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-            Err(e) => return Err(BackendError::Connect(format!("timed out waiting for rdma_cm ({e})"))),
+// rdma_cm through its raw entry points. sideway 0.4.3 keeps an identifier's and an event's
+// handles private, has no setter for a connection's private data and no getter for an
+// event's, and no `rdma_reject`; these few wrappers call librdmacm (dlopened by
+// rdma-mummy-sys) themselves. Verbs objects (domains, queues, regions) stay sideway's.
+
+/// The rdma_cm events this backend tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventType {
+    AddressResolved,
+    RouteResolved,
+    ConnectRequest,
+    ConnectResponse,
+    ConnectError,
+    Unreachable,
+    Rejected,
+    Established,
+    Disconnected,
+    Other(u32),
+}
+
+impl EventType {
+    fn of(raw: u32) -> EventType {
+        use rdma_mummy_sys::rdma_cm_event_type as t;
+        match raw {
+            t::RDMA_CM_EVENT_ADDR_RESOLVED => EventType::AddressResolved,
+            t::RDMA_CM_EVENT_ROUTE_RESOLVED => EventType::RouteResolved,
+            t::RDMA_CM_EVENT_CONNECT_REQUEST => EventType::ConnectRequest,
+            t::RDMA_CM_EVENT_CONNECT_RESPONSE => EventType::ConnectResponse,
+            t::RDMA_CM_EVENT_CONNECT_ERROR => EventType::ConnectError,
+            t::RDMA_CM_EVENT_UNREACHABLE => EventType::Unreachable,
+            t::RDMA_CM_EVENT_REJECTED => EventType::Rejected,
+            t::RDMA_CM_EVENT_ESTABLISHED => EventType::Established,
+            t::RDMA_CM_EVENT_DISCONNECTED => EventType::Disconnected,
+            other => EventType::Other(other),
         }
     }
 }
 
-/// Waits for an event of type `want` on `channel`, acknowledging it.
-fn expect_event(channel: &Arc<EventChannel>, want: EventType, deadline: Instant) -> Result<(), BackendError> {
-    let event = next_event(channel, deadline)?;
-    let (ty, status) = (event.event_type(), event.status());
-    let _ = event.ack();
-    if ty == want {
-        Ok(())
-    } else {
-        Err(BackendError::Connect(format!("rdma_cm: {ty:?} (status {status}) where {want:?} was expected")))
+/// An rdma_cm event, copied out of librdmacm's structure and acknowledged.
+struct Event {
+    ty: EventType,
+    status: i32,
+    /// The identifier it is for, as an address to compare (never dereferenced).
+    id: usize,
+    /// A connection request's new identifier, ours to accept or reject.
+    new_id: Option<Arc<CmId>>,
+    /// The private data it carries (a request's, a reply's, a reject's).
+    private_data: Vec<u8>,
+}
+
+/// An rdma_cm event channel, non-blocking.
+struct CmChannel(NonNull<rdma_mummy_sys::rdma_event_channel>);
+
+// SAFETY: librdmacm's calls on a channel are safe from any thread; the channel is destroyed
+// once, when the last owner drops it.
+unsafe impl Send for CmChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CmChannel {}
+
+impl Drop for CmChannel {
+    fn drop(&mut self) {
+        // SAFETY: every identifier made on the channel holds it (`CmId::_channel`), so none is
+        // left, and every event read from it was acknowledged when it was read.
+        unsafe { rdma_mummy_sys::rdma_destroy_event_channel(self.0.as_ptr()) };
     }
 }
 
-fn new_channel() -> Result<Arc<EventChannel>, BackendError> {
-    let channel = EventChannel::new().map_err(|e| verbs_error("rdma_create_event_channel", e))?;
-    channel.set_nonblocking(true).map_err(|e| verbs_error("event channel", e))?;
-    Ok(channel)
+impl CmChannel {
+    fn new() -> Result<Arc<CmChannel>, BackendError> {
+        // SAFETY: no arguments; a null result is handled.
+        let raw = unsafe { rdma_mummy_sys::rdma_create_event_channel() };
+        let channel = NonNull::new(raw)
+            .map(CmChannel)
+            .ok_or_else(|| verbs_error("rdma_create_event_channel", std::io::Error::last_os_error()))?;
+        // SAFETY: the descriptor is the channel's, open while `channel` lives.
+        let fd = unsafe { BorrowedFd::borrow_raw(channel.fd()) };
+        rustix::io::ioctl_fionbio(fd, true).map_err(|e| verbs_error("event channel", e))?;
+        Ok(Arc::new(channel))
+    }
+
+    fn fd(&self) -> i32 {
+        // SAFETY: the channel is alive while `self` is; `fd` is a plain field.
+        unsafe { (*self.0.as_ptr()).fd }
+    }
+
+    fn create_id(self: &Arc<Self>) -> Result<Arc<CmId>, BackendError> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the channel is alive; the call writes the new identifier on success only.
+        let ret = unsafe {
+            rdma_mummy_sys::rdma_create_id(
+                self.0.as_ptr(),
+                &mut raw,
+                std::ptr::null_mut(),
+                rdma_mummy_sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        match NonNull::new(raw) {
+            Some(raw) if ret == 0 => Ok(Arc::new(CmId { raw, _channel: self.clone() })),
+            _ => Err(verbs_error("rdma_create_id", std::io::Error::last_os_error())),
+        }
+    }
+
+    /// The next event, without waiting.
+    fn try_event(self: &Arc<Self>) -> Option<Event> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the channel is alive and non-blocking; the call writes `raw` on success.
+        if unsafe { rdma_mummy_sys::rdma_get_cm_event(self.0.as_ptr(), &mut raw) } != 0 || raw.is_null() {
+            return None;
+        }
+        // SAFETY: `raw` is the event librdmacm just handed out, valid until acknowledged
+        // below; everything needed is copied out first. `param.conn` is the member rdma_cm
+        // fills on a TCP port space's identifiers, and its private data pointer names
+        // `private_data_len` readable bytes when it is not null.
+        unsafe {
+            let e = &*raw;
+            let ty = EventType::of(e.event);
+            let conn = e.param.conn;
+            let private_data = if conn.private_data.is_null() || conn.private_data_len == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len))
+                    .to_vec()
+            };
+            let new_id = match (ty, NonNull::new(e.id)) {
+                (EventType::ConnectRequest, Some(id)) => {
+                    Some(Arc::new(CmId { raw: id, _channel: self.clone() }))
+                }
+                _ => None,
+            };
+            let event = Event { ty, status: e.status, id: e.id as usize, new_id, private_data };
+            rdma_mummy_sys::rdma_ack_cm_event(raw);
+            Some(event)
+        }
+    }
+
+    /// Waits until `deadline` for the next event.
+    fn next_event(self: &Arc<Self>, deadline: Instant) -> Result<Event, BackendError> {
+        loop {
+            if let Some(event) = self.try_event() {
+                return Ok(event);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(BackendError::Connect("timed out waiting for rdma_cm".into()));
+            }
+            wait_readable(self.fd(), left);
+        }
+    }
+}
+
+/// Waits up to `timeout` (at most 100 ms at a time: another thread may take what arrives)
+/// for `fd` to be readable.
+fn wait_readable(fd: i32, timeout: Duration) {
+    // SAFETY: callers pass the descriptor of a channel they hold, open for this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let wait = timeout.min(Duration::from_millis(100));
+    let wait = Timespec { tv_sec: wait.as_secs() as _, tv_nsec: wait.subsec_nanos().into() };
+    let _ = rustix::event::poll(&mut fds, Some(&wait));
+}
+
+/// An rdma_cm identifier.
+struct CmId {
+    raw: NonNull<rdma_mummy_sys::rdma_cm_id>,
+    // Its events arrive there: the channel outlives it.
+    _channel: Arc<CmChannel>,
+}
+
+// SAFETY: librdmacm's calls on an identifier are safe from any thread; it is destroyed once.
+unsafe impl Send for CmId {}
+// SAFETY: as above.
+unsafe impl Sync for CmId {}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the identifier is ours and destroyed once; its events were acknowledged
+        // when read. A request's identifier not accepted is rejected by this.
+        unsafe { rdma_mummy_sys::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+}
+
+/// A result of librdmacm's: 0 or -1 with errno.
+fn cm_result(what: &str, ret: i32) -> Result<(), BackendError> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(BackendError::Connect(format!("{what}: {}", std::io::Error::last_os_error())))
+    }
+}
+
+/// Connection parameters: the queue pair and private data (empty: none), the defaults
+/// otherwise (one outstanding Read each way, retries as rdma_cm's examples set them).
+fn conn_param(qp_num: u32, private_data: &[u8]) -> Result<rdma_mummy_sys::rdma_conn_param, BackendError> {
+    let len = u8::try_from(private_data.len())
+        .map_err(|_| BackendError::Unsupported("private data over 255 bytes (rdma_cm's limit)"))?;
+    Ok(rdma_mummy_sys::rdma_conn_param {
+        private_data: if len == 0 { std::ptr::null() } else { private_data.as_ptr().cast() },
+        private_data_len: len,
+        responder_resources: 1,
+        initiator_depth: 1,
+        flow_control: 0,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num,
+    })
+}
+
+impl CmId {
+    fn ptr(&self) -> *mut rdma_mummy_sys::rdma_cm_id {
+        self.raw.as_ptr()
+    }
+
+    fn bind_addr(&self, addr: SocketAddr) -> Result<(), BackendError> {
+        let sa = socket2::SockAddr::from(addr);
+        // SAFETY: the identifier is alive; `sa` is a valid socket address for the call,
+        // which reads it only.
+        cm_result(&format!("rdma_bind_addr {addr}"), unsafe {
+            rdma_mummy_sys::rdma_bind_addr(self.ptr(), sa.as_ptr().cast_mut().cast())
+        })
+    }
+
+    fn listen(&self, backlog: i32) -> Result<(), BackendError> {
+        // SAFETY: the identifier is alive and bound.
+        cm_result("rdma_listen", unsafe { rdma_mummy_sys::rdma_listen(self.ptr(), backlog) })
+    }
+
+    fn resolve_addr(&self, addr: SocketAddr, timeout: Duration) -> Result<(), BackendError> {
+        let sa = socket2::SockAddr::from(addr);
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: as in `bind_addr`; no source address (null) lets rdma_cm pick it.
+        cm_result("rdma_resolve_addr", unsafe {
+            rdma_mummy_sys::rdma_resolve_addr(
+                self.ptr(),
+                std::ptr::null_mut(),
+                sa.as_ptr().cast_mut().cast(),
+                ms,
+            )
+        })
+    }
+
+    fn resolve_route(&self, timeout: Duration) -> Result<(), BackendError> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the identifier is alive and its address resolved.
+        cm_result("rdma_resolve_route", unsafe { rdma_mummy_sys::rdma_resolve_route(self.ptr(), ms) })
+    }
+
+    fn connect(&self, qp_num: u32, private_data: &[u8]) -> Result<(), BackendError> {
+        let mut param = conn_param(qp_num, private_data)?;
+        // SAFETY: the identifier is alive; `param` and the private data it points to live
+        // through the call, which copies them.
+        cm_result("rdma_connect", unsafe { rdma_mummy_sys::rdma_connect(self.ptr(), &mut param) })
+    }
+
+    fn accept(&self, qp_num: u32, private_data: &[u8]) -> Result<(), BackendError> {
+        let mut param = conn_param(qp_num, private_data)?;
+        // SAFETY: as in `connect`.
+        cm_result("rdma_accept", unsafe { rdma_mummy_sys::rdma_accept(self.ptr(), &mut param) })
+    }
+
+    fn reject(&self, private_data: &[u8]) -> Result<(), BackendError> {
+        let len = u8::try_from(private_data.len())
+            .map_err(|_| BackendError::Unsupported("private data over 255 bytes (rdma_cm's limit)"))?;
+        let data = if len == 0 { std::ptr::null() } else { private_data.as_ptr().cast() };
+        // SAFETY: the identifier is a request's, alive; the data lives through the call.
+        cm_result("rdma_reject", unsafe { rdma_mummy_sys::rdma_reject(self.ptr(), data, len) })
+    }
+
+    fn establish(&self) -> Result<(), BackendError> {
+        // SAFETY: the identifier is alive and has had its connect response.
+        cm_result("rdma_establish", unsafe { rdma_mummy_sys::rdma_establish(self.ptr()) })
+    }
+
+    fn disconnect(&self) {
+        // SAFETY: the identifier is alive; disconnecting one that is down fails harmlessly.
+        let _ = unsafe { rdma_mummy_sys::rdma_disconnect(self.ptr()) };
+    }
+
+    /// The queue pair attributes rdma_cm gives for moving to `state`.
+    fn qp_attr(&self, state: QueuePairState) -> Result<QueuePairAttribute, BackendError> {
+        // SAFETY: all zero bytes are a valid `ibv_qp_attr` (integers, and structures and
+        // unions of integers).
+        let mut attr: rdma_mummy_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state as _;
+        let mut mask = 0;
+        // SAFETY: the identifier is alive; the call fills `attr` and `mask`.
+        cm_result("rdma_init_qp_attr", unsafe {
+            rdma_mummy_sys::rdma_init_qp_attr(self.ptr(), &mut attr, &mut mask)
+        })?;
+        Ok(QueuePairAttribute::from(&attr, mask))
+    }
+
+    /// The device rdma_cm bound the identifier to, opened through sideway (one context per
+    /// device for the process; queue pairs are found by number on the device, so a context
+    /// other than librdmacm's own serves).
+    fn device_context(&self) -> Result<Arc<DeviceContext>, BackendError> {
+        // SAFETY: the identifier is alive; `verbs` is librdmacm's context for its device
+        // once bound (null before), and the device's name is a C string it owns.
+        let name = unsafe {
+            let verbs = (*self.ptr()).verbs;
+            if verbs.is_null() {
+                return Err(BackendError::Verbs("rdma_cm bound no device".into()));
+            }
+            let name = rdma_mummy_sys::ibv_get_device_name((*verbs).device);
+            if name.is_null() {
+                return Err(BackendError::Verbs("rdma_cm's device has no name".into()));
+            }
+            std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+        };
+        static CONTEXTS: Mutex<Vec<(String, Arc<DeviceContext>)>> = Mutex::new(Vec::new());
+        let mut contexts = lock(&CONTEXTS);
+        if let Some((_, ctx)) = contexts.iter().find(|(n, _)| *n == name) {
+            return Ok(ctx.clone());
+        }
+        let list = DeviceList::new().map_err(|e| verbs_error("ibv_get_device_list", e))?;
+        let dev = list
+            .iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| BackendError::Verbs(format!("rdma_cm's device {name} is not listed")))?;
+        let ctx = dev.open().map_err(|e| verbs_error("ibv_open_device", e))?;
+        contexts.push((name, ctx.clone()));
+        Ok(ctx)
+    }
+}
+
+/// Waits for an event of type `want` on `channel`.
+fn expect_event(channel: &Arc<CmChannel>, want: EventType, deadline: Instant) -> Result<(), BackendError> {
+    let event = channel.next_event(deadline)?;
+    if event.ty == want {
+        Ok(())
+    } else {
+        Err(BackendError::Connect(format!(
+            "rdma_cm: {:?} (status {}) where {want:?} was expected",
+            event.ty, event.status
+        )))
+    }
 }
 
 /// A queue pair with its completion queue and protection domain, made on the identifier's
@@ -145,17 +459,23 @@ fn new_channel() -> Result<Arc<EventChannel>, BackendError> {
 struct Parts {
     qp: BasicQueuePair,
     cq: Arc<BasicCompletionQueue>,
+    cq_channel: Arc<CompletionChannel>,
     pd: Arc<ProtectionDomain>,
     iwarp: bool,
     early: Option<Arc<dyn Region>>,
 }
 
-fn make_parts(id: &Arc<Identifier>, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, BackendError> {
-    let ctx = id.get_device_context().ok_or_else(|| BackendError::Verbs("rdma_cm bound no device".into()))?;
+fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, BackendError> {
+    let ctx = id.device_context()?;
     let pd = ctx.alloc_pd().map_err(|e| verbs_error("ibv_alloc_pd", e))?;
+    // Each completion queue has a completion channel of its own, for `wait_notification`;
+    // non-blocking, so that a wait is bounded by poll(2) on its descriptor.
+    let cq_channel = CompletionChannel::new(&ctx).map_err(|e| verbs_error("ibv_create_comp_channel", e))?;
+    cq_channel.set_nonblocking(true).map_err(|e| verbs_error("completion channel", e))?;
     let cq = ctx
         .create_cq_builder()
         .setup_cqe(2 * opts.queue_depth)
+        .setup_comp_channel(&cq_channel, 0)
         .build()
         .map_err(|e| verbs_error("ibv_create_cq", e))?;
     let mut qp = pd
@@ -169,7 +489,7 @@ fn make_parts(id: &Arc<Identifier>, opts: &EndpointOptions, iwarp: bool) -> Resu
         .setup_recv_cq(cq.clone())
         .build()
         .map_err(|e| verbs_error("ibv_create_qp", e))?;
-    let attr = id.get_qp_attr(QueuePairState::Init).map_err(|e| verbs_error("rdma_init_qp_attr(INIT)", e))?;
+    let attr = id.qp_attr(QueuePairState::Init)?;
     qp.modify(&attr).map_err(|e| verbs_error("ibv_modify_qp(INIT)", e))?;
     let (count, len) = opts.early_recvs;
     let early = if count > 0 {
@@ -181,26 +501,20 @@ fn make_parts(id: &Arc<Identifier>, opts: &EndpointOptions, iwarp: bool) -> Resu
     } else {
         None
     };
-    Ok(Parts { qp, cq, pd, iwarp, early })
+    Ok(Parts { qp, cq, cq_channel, pd, iwarp, early })
 }
 
 /// Off iWARP, the application moves its own queue pair to RTR and RTS (on iWARP the kernel's
 /// connection manager does, when the connection is up).
-fn to_rts(id: &Arc<Identifier>, parts: &mut Parts) -> Result<(), BackendError> {
+fn to_rts(id: &CmId, parts: &mut Parts) -> Result<(), BackendError> {
     if parts.iwarp {
         return Ok(());
     }
     for state in [QueuePairState::ReadyToReceive, QueuePairState::ReadyToSend] {
-        let attr = id.get_qp_attr(state).map_err(|e| verbs_error("rdma_init_qp_attr", e))?;
+        let attr = id.qp_attr(state)?;
         parts.qp.modify(&attr).map_err(|e| verbs_error("ibv_modify_qp", e))?;
     }
     Ok(())
-}
-
-fn conn_param(parts: &Parts) -> ConnectionParameter {
-    let mut param = ConnectionParameter::default();
-    param.setup_qp_number(parts.qp.qp_number());
-    param
 }
 
 impl Backend for VerbsBackend {
@@ -217,10 +531,10 @@ impl Backend for VerbsBackend {
         } else {
             addr
         };
-        let channel = new_channel()?;
-        let id = channel.create_id(PortSpace::Tcp).map_err(|e| verbs_error("rdma_create_id", e))?;
-        id.bind_addr(addr).map_err(|e| BackendError::Connect(format!("rdma_bind_addr {addr}: {e}")))?;
-        id.listen(16).map_err(|e| BackendError::Connect(format!("rdma_listen: {e}")))?;
+        let channel = CmChannel::new()?;
+        let id = channel.create_id()?;
+        id.bind_addr(addr)?;
+        id.listen(16)?;
         Ok(Box::new(VerbsListener {
             addr,
             shared: Arc::new(ListenShared {
@@ -234,66 +548,67 @@ impl Backend for VerbsBackend {
     }
 
     fn connect(&self, addr: SocketAddr, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        if !opts.private_data.is_empty() {
-            return Err(BackendError::Unsupported(
-                "private data (sideway 0.4.3 cannot pass it to rdma_connect)",
-            ));
-        }
         let deadline = Instant::now() + opts.timeout;
-        let channel = new_channel()?;
-        let id = channel.create_id(PortSpace::Tcp).map_err(|e| verbs_error("rdma_create_id", e))?;
-        id.resolve_addr(None, addr, opts.timeout)
-            .map_err(|e| BackendError::Connect(format!("rdma_resolve_addr: {e}")))?;
+        let channel = CmChannel::new()?;
+        let id = channel.create_id()?;
+        id.resolve_addr(addr, opts.timeout)?;
         expect_event(&channel, EventType::AddressResolved, deadline)?;
-        id.resolve_route(opts.timeout)
-            .map_err(|e| BackendError::Connect(format!("rdma_resolve_route: {e}")))?;
+        id.resolve_route(opts.timeout)?;
         expect_event(&channel, EventType::RouteResolved, deadline)?;
         let mut parts = make_parts(&id, opts, self.info.transport == DeviceTransport::Iwarp)?;
-        id.connect(conn_param(&parts)).map_err(|e| BackendError::Connect(format!("rdma_connect: {e}")))?;
-        let event = next_event(&channel, deadline)?;
-        let (ty, status) = (event.event_type(), event.status());
-        let _ = event.ack();
-        match ty {
+        id.connect(parts.qp.qp_number(), &opts.private_data)?;
+        // The reply's private data comes with the connect response (InfiniBand and RoCE,
+        // where the caller moves its own queue pair on) or with the establishment (iWARP).
+        let event = channel.next_event(deadline)?;
+        match event.ty {
             EventType::Established => {}
             EventType::ConnectResponse => {
                 to_rts(&id, &mut parts)?;
-                id.establish().map_err(|e| BackendError::Connect(format!("rdma_establish: {e}")))?;
+                id.establish()?;
             }
-            other => return Err(BackendError::Connect(format!("rdma_cm: {other:?} (status {status})"))),
+            EventType::Rejected => return Err(BackendError::Rejected { private_data: event.private_data }),
+            other => {
+                return Err(BackendError::Connect(format!("rdma_cm: {other:?} (status {})", event.status)));
+            }
         }
-        Ok(Box::new(VerbsEndpoint::new(parts, id, Events::Own(channel))))
+        Ok(Box::new(VerbsEndpoint::new(parts, id, Events::Own(channel), event.private_data)))
     }
 }
 
 struct ListenShared {
-    channel: Arc<EventChannel>,
-    _id: Arc<Identifier>,
+    // Dropped after the identifiers made on it: they hold it too.
+    channel: Arc<CmChannel>,
+    _id: Arc<CmId>,
     iwarp: bool,
-    // Requests that arrived while an accept waited for its connection to come up.
-    queued: Mutex<VecDeque<Arc<Identifier>>>,
-    // Accepted connections whose peer disconnected (their endpoints move their queue pairs
-    // to the error state when they next look).
-    down: Mutex<Vec<Arc<Identifier>>>,
+    // Requests (with their private data) that arrived while an accept waited for its
+    // connection to come up.
+    queued: Mutex<VecDeque<(Arc<CmId>, Vec<u8>)>>,
+    // The identifiers (as addresses) of accepted connections whose peer disconnected
+    // (their endpoints move their queue pairs to the error state when they next look).
+    down: Mutex<Vec<usize>>,
 }
 
 impl ListenShared {
     /// Keeps what an event on the listener's channel says for whoever it concerns: a request
     /// for the next `next_request`, a disconnect for its endpoint.
-    fn keep(&self, ty: &EventType, id: Option<Arc<Identifier>>) {
-        match (ty, id) {
-            (EventType::ConnectRequest, Some(id)) => lock(&self.queued).push_back(id),
-            (EventType::Disconnected, Some(id)) => lock(&self.down).push(id),
+    fn keep(&self, event: Event) {
+        match (event.ty, event.new_id) {
+            (EventType::ConnectRequest, Some(id)) => lock(&self.queued).push_back((id, event.private_data)),
+            (EventType::Disconnected, _) => lock(&self.down).push(event.id),
             _ => {}
         }
     }
 
     /// Reads what the listener's channel has without waiting.
     fn drain(&self) {
-        while let Ok(event) = self.channel.get_cm_event() {
-            let (ty, id) = (event.event_type(), event.cm_id());
-            let _ = event.ack();
-            self.keep(&ty, id);
+        while let Some(event) = self.channel.try_event() {
+            self.keep(event);
         }
+    }
+
+    fn request(self: &Arc<Self>) -> Option<Box<dyn PendingRequest>> {
+        let (id, private_data) = lock(&self.queued).pop_front()?;
+        Some(Box::new(VerbsRequest { id, private_data, shared: self.clone() }))
     }
 }
 
@@ -308,71 +623,60 @@ impl BackendListener for VerbsListener {
     }
 
     fn next_request(&self, timeout: Duration) -> Result<Box<dyn PendingRequest>, BackendError> {
-        if let Some(id) = lock(&self.shared.queued).pop_front() {
-            return Ok(Box::new(VerbsRequest { id, shared: self.shared.clone() }));
-        }
         let deadline = Instant::now() + timeout;
         loop {
-            let event = next_event(&self.shared.channel, deadline)?;
-            let (ty, id) = (event.event_type(), event.cm_id());
-            let _ = event.ack();
-            self.shared.keep(&ty, id);
-            if let Some(id) = lock(&self.shared.queued).pop_front() {
-                return Ok(Box::new(VerbsRequest { id, shared: self.shared.clone() }));
+            if let Some(request) = self.shared.request() {
+                return Ok(request);
             }
+            let event = self.shared.channel.next_event(deadline)?;
+            self.shared.keep(event);
         }
     }
 }
 
 struct VerbsRequest {
-    id: Arc<Identifier>,
+    id: Arc<CmId>,
+    private_data: Vec<u8>,
     shared: Arc<ListenShared>,
 }
 
 impl PendingRequest for VerbsRequest {
     fn private_data(&self) -> Vec<u8> {
-        Vec::new()
+        self.private_data.clone()
     }
 
     fn accept(self: Box<Self>, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        if !opts.private_data.is_empty() {
-            return Err(BackendError::Unsupported(
-                "private data (sideway 0.4.3 cannot pass it to rdma_accept)",
-            ));
-        }
         let deadline = Instant::now() + opts.timeout;
         let mut parts = make_parts(&self.id, opts, self.shared.iwarp)?;
         to_rts(&self.id, &mut parts)?;
-        self.id.accept(conn_param(&parts)).map_err(|e| BackendError::Connect(format!("rdma_accept: {e}")))?;
+        self.id.accept(parts.qp.qp_number(), &opts.private_data)?;
+        let own = self.id.ptr() as usize;
         loop {
-            let event = next_event(&self.shared.channel, deadline)?;
-            let (ty, status, id) = (event.event_type(), event.status(), event.cm_id());
-            let _ = event.ack();
-            match (&ty, id) {
-                (EventType::Established, Some(id)) if Arc::ptr_eq(&id, &self.id) => break,
-                (EventType::ConnectError | EventType::Rejected | EventType::Unreachable, Some(id))
-                    if Arc::ptr_eq(&id, &self.id) =>
-                {
-                    return Err(BackendError::Connect(format!("rdma_cm: {ty:?} (status {status})")));
+            let event = self.shared.channel.next_event(deadline)?;
+            match event.ty {
+                EventType::Established if event.id == own => break,
+                EventType::ConnectError | EventType::Rejected | EventType::Unreachable if event.id == own => {
+                    return Err(BackendError::Connect(format!(
+                        "rdma_cm: {:?} (status {})",
+                        event.ty, event.status
+                    )));
                 }
-                (_, id) => self.shared.keep(&ty, id),
+                _ => self.shared.keep(event),
             }
         }
-        Ok(Box::new(VerbsEndpoint::new(parts, self.id, Events::Listener(self.shared))))
+        Ok(Box::new(VerbsEndpoint::new(parts, self.id, Events::Listener(self.shared), self.private_data)))
     }
 
-    fn reject(self: Box<Self>, _private_data: &[u8]) -> Result<(), BackendError> {
-        // Destroying a request's identifier rejects it (without private data: see the
-        // module's header).
-        drop(self.id);
-        Ok(())
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), BackendError> {
+        // The identifier is destroyed after the reject (when `self` drops).
+        self.id.reject(private_data)
     }
 }
 
 /// Where an endpoint's rdma_cm events arrive.
 enum Events {
     /// Its own channel (the initiator's).
-    Own(Arc<EventChannel>),
+    Own(Arc<CmChannel>),
     /// The listener's channel, shared with the listener and its other connections.
     Listener(Arc<ListenShared>),
 }
@@ -382,9 +686,13 @@ struct VerbsEndpoint {
     // identifier before its channel.
     qp: Mutex<BasicQueuePair>,
     cq: Arc<BasicCompletionQueue>,
+    // After the queue: a completion channel outlives the queues attached to it.
+    cq_channel: Arc<CompletionChannel>,
     pd: Arc<ProtectionDomain>,
-    id: Arc<Identifier>,
+    id: Arc<CmId>,
     events: Events,
+    // What the peer's request or reply carried.
+    peer_data: Vec<u8>,
     // The peer disconnected and the queue pair was moved to the error state.
     down: AtomicBool,
     pending: Mutex<VecDeque<Completion>>,
@@ -403,9 +711,8 @@ impl VerbsEndpoint {
         let disconnected = match &self.events {
             Events::Own(channel) => {
                 let mut seen = false;
-                while let Ok(event) = channel.get_cm_event() {
-                    seen |= event.event_type() == EventType::Disconnected;
-                    let _ = event.ack();
+                while let Some(event) = channel.try_event() {
+                    seen |= event.ty == EventType::Disconnected;
                 }
                 seen
             }
@@ -413,7 +720,8 @@ impl VerbsEndpoint {
                 shared.drain();
                 let mut down = lock(&shared.down);
                 let before = down.len();
-                down.retain(|id| !Arc::ptr_eq(id, &self.id));
+                let own = self.id.ptr() as usize;
+                down.retain(|&id| id != own);
                 down.len() != before
             }
         };
@@ -429,13 +737,15 @@ impl VerbsEndpoint {
         let _ = lock(&self.qp).modify(&attr);
     }
 
-    fn new(parts: Parts, id: Arc<Identifier>, events: Events) -> VerbsEndpoint {
+    fn new(parts: Parts, id: Arc<CmId>, events: Events, peer_data: Vec<u8>) -> VerbsEndpoint {
         VerbsEndpoint {
             qp: Mutex::new(parts.qp),
             cq: parts.cq,
+            cq_channel: parts.cq_channel,
             pd: parts.pd,
             id,
             events,
+            peer_data,
             down: AtomicBool::new(false),
             pending: Mutex::default(),
             early: parts.early,
@@ -483,7 +793,43 @@ fn completion_op(opcode: u32) -> CompletionOp {
     }
 }
 
-const IBV_WC_RECV_RDMA_WITH_IMM: u32 = 129;
+// Verbs' `IBV_WC_WITH_IMM` in a completion's `wc_flags`: `imm_data` holds the immediate data.
+const IBV_WC_WITH_IMM: u32 = 1 << 1;
+
+/// The completions a batch from `ibv_poll_cq` holds at most (as many as sideway's poller took).
+const POLL_BATCH: usize = 32;
+
+impl VerbsEndpoint {
+    /// Reads what the completion queue has (one batch) into `out`, through `ibv_poll_cq`
+    /// itself rather than sideway's poller, whose completions carry no `wc_flags` (without
+    /// them the immediate data of a Send with immediate is not known). False when the
+    /// device failed the poll.
+    fn poll_batch(&self, out: &mut VecDeque<Completion>) -> bool {
+        // SAFETY: `ibv_wc` is plain integers and a union of two 32-bit integers, for which
+        // all zero bytes are a valid value.
+        let mut wcs: [rdma_mummy_sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let room = i32::try_from(wcs.len()).unwrap_or(1);
+        // SAFETY: the queue is alive (`self.cq` holds it) and `wcs` has room for the
+        // `room` completions the call may write; polling from several threads is
+        // serialized by the `pending` lock our caller holds.
+        let n = unsafe { rdma_mummy_sys::ibv_poll_cq(self.cq.cq().as_ptr(), room, wcs.as_mut_ptr()) };
+        let Ok(n) = usize::try_from(n) else {
+            return false;
+        };
+        out.extend(wcs[..n.min(POLL_BATCH)].iter().map(|wc| Completion {
+            wr_id: wc.wr_id,
+            status: completion_status(wc.status),
+            op: completion_op(wc.opcode),
+            byte_len: wc.byte_len,
+            imm: (wc.wc_flags & IBV_WC_WITH_IMM != 0).then(|| {
+                // SAFETY: both members of the union are 32-bit integers; with
+                // `IBV_WC_WITH_IMM` set it holds the immediate data, in network order.
+                u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
+            }),
+        }));
+        true
+    }
+}
 
 impl Endpoint for VerbsEndpoint {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
@@ -491,7 +837,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn peer_private_data(&self) -> Vec<u8> {
-        Vec::new()
+        self.peer_data.clone()
     }
 
     fn early_recv_region(&self) -> Option<Arc<dyn Region>> {
@@ -535,19 +881,9 @@ impl Endpoint for VerbsEndpoint {
             if let Some(done) = pending.pop_front() {
                 return Some(done);
             }
-            // A poller reads a batch of completions at once: keep all of them.
-            match self.cq.start_poll() {
-                Ok(poller) => pending.extend(poller.map(|wc| Completion {
-                    wr_id: wc.wr_id(),
-                    status: completion_status(wc.status()),
-                    op: completion_op(wc.opcode()),
-                    byte_len: wc.byte_len(),
-                    // sideway's completion has no `wc_flags`: the immediate data of a Write
-                    // with immediate (its own opcode) is known, a Send's is not.
-                    imm: (wc.opcode() == IBV_WC_RECV_RDMA_WITH_IMM).then(|| u32::from_be(wc.imm_data())),
-                })),
-                Err(PollCompletionQueueError::CompletionQueueEmpty) => {}
-                Err(_) => return None,
+            // A poll reads a batch of completions at once: keep all of them.
+            if !self.poll_batch(&mut pending) {
+                return None;
             }
             if pending.is_empty() {
                 self.check_events();
@@ -559,12 +895,43 @@ impl Endpoint for VerbsEndpoint {
         }
     }
 
-    fn wait_notification(&self, _timeout: Duration) -> Result<bool, BackendError> {
-        Err(BackendError::Unsupported("completion notification (sideway 0.4.3 has no ibv_req_notify_cq)"))
+    fn wait_notification(&self, timeout: Duration) -> Result<bool, BackendError> {
+        let deadline = Instant::now() + timeout;
+        // SAFETY: the queue is alive (`self.cq` holds it); arming it asks its provider for
+        // one event on its channel at the next completion.
+        let armed = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        if armed != 0 {
+            return Err(verbs_error("ibv_req_notify_cq", std::io::Error::from_raw_os_error(armed)));
+        }
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut context = std::ptr::null_mut();
+            // SAFETY: the channel is alive (`self.cq_channel` holds it) and non-blocking, so
+            // the call returns at once; it writes the two out-pointers only on success.
+            let got = unsafe {
+                rdma_mummy_sys::ibv_get_cq_event(
+                    self.cq_channel.comp_channel().as_ptr(),
+                    &mut cq,
+                    &mut context,
+                )
+            };
+            if got == 0 {
+                // SAFETY: `cq` is the queue the event is for (this channel serves only
+                // `self.cq`, which is alive); every event is acknowledged once, here, so
+                // destroying the queue later does not wait for an unacknowledged one.
+                unsafe { rdma_mummy_sys::ibv_ack_cq_events(cq, 1) };
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            wait_readable(self.cq_channel.as_raw_fd(), left);
+        }
     }
 
     fn disconnect(&self) {
-        let _ = self.id.disconnect();
+        self.id.disconnect();
         // Without rdma_create_qp, rdma_disconnect leaves the queue pair alone: move it to
         // the error state so that what is outstanding completes flushed.
         self.to_error();

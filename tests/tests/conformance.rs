@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use iwarp::Access;
 use iwarp::backend::{
-    Backend, BackendError, Capabilities, CompletionOp, Endpoint, EndpointOptions, Op, Region, Status,
-    open_backend,
+    Backend, BackendError, Capabilities, CompletionOp, DeviceTransport, Endpoint, EndpointOptions, Op,
+    Region, Status, open_backend,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -270,6 +270,19 @@ fn disconnect_flushes_posted_receives_on_both_sides() {
     }
 }
 
+/// Checks private data that arrived: the bytes sent, and on InfiniBand and RoCE, whose
+/// connection manager carries private data in fields of a fixed size, nothing but zeros after
+/// them (the receiver cannot tell the length sent).
+fn assert_private_data(got: &[u8], sent: &[u8], what: &str) {
+    let padded = matches!(backend().info().transport, DeviceTransport::Roce | DeviceTransport::Infiniband);
+    if padded && got.len() > sent.len() {
+        assert_eq!(&got[..sent.len()], sent, "{what}");
+        assert!(got[sent.len()..].iter().all(|&b| b == 0), "{what}: padding not zero: {got:?}");
+    } else {
+        assert_eq!(got, sent, "{what}");
+    }
+}
+
 #[test]
 fn private_data_travels_both_ways() {
     if skip("private_data_travels_both_ways", caps().private_data, "private data through this binding") {
@@ -280,8 +293,8 @@ fn private_data_travels_both_ways() {
         EndpointOptions { private_data: b"from the initiator".to_vec(), ..EndpointOptions::default() };
     let server = EndpointOptions { private_data: b"and back".to_vec(), ..EndpointOptions::default() };
     let (c, s) = pair_with(&b, &client, &server);
-    assert_eq!(s.peer_private_data(), b"from the initiator");
-    assert_eq!(c.peer_private_data(), b"and back");
+    assert_private_data(&s.peer_private_data(), b"from the initiator", "the request's private data");
+    assert_private_data(&c.peer_private_data(), b"and back", "the reply's private data");
 }
 
 #[test]
@@ -295,7 +308,11 @@ fn a_rejected_request_fails_the_initiator() {
     let rejecter = std::thread::spawn(move || listener.next_request(T).and_then(|r| r.reject(b"no")));
     let opts = EndpointOptions { timeout: Duration::from_secs(5), ..EndpointOptions::default() };
     match b.connect(addr, &opts) {
-        Err(BackendError::Connect(_)) => {}
+        Err(BackendError::Rejected { private_data }) => {
+            if caps().private_data {
+                assert_private_data(&private_data, b"no", "the reject's private data");
+            }
+        }
         Err(other) => panic!("connect after reject: {other}"),
         Ok(_) => panic!("a rejected request connected"),
     }
@@ -348,6 +365,36 @@ fn write_with_immediate_delivers_the_value() {
         (1, Status::Success, CompletionOp::RecvImm, Some(0x1234_5678))
     );
     assert_eq!(contents(&*target, 0, 32), pattern(32, 9));
+}
+
+#[test]
+fn send_with_immediate_delivers_the_value() {
+    if skip("send_with_immediate_delivers_the_value", caps().immediate, "immediate data") {
+        return;
+    }
+    let b = backend();
+    let (c, s) = pair(&b);
+    let recv = register(&*s, 128, Access::NONE);
+    s.post_recv(1, recv.local(0, 64)).unwrap_or_else(|e| panic!("{e}"));
+    s.post_recv(3, recv.local(64, 64)).unwrap_or_else(|e| panic!("{e}"));
+    let source = register(&*c, 24, Access::NONE);
+    source.write(0, &pattern(24, 5)).unwrap_or_else(|e| panic!("{e}"));
+    c.post_send(2, Op::SendImm(0x8765_4321), Some(source.local(0, 24))).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 2, CompletionOp::Send, "send with immediate");
+    let wc = wait(&*s, "send with immediate");
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, Status::Success, 24), "{wc:?}");
+    assert_eq!(contents(&*recv, 0, 24), pattern(24, 5));
+    // Verbs: one receive, with the value (its immediate flag). RFC 7306 (the engine): the
+    // Send, then an Immediate Data message in the next receive, with the value.
+    let imm = match wc.imm {
+        Some(imm) => imm,
+        None => {
+            let wc = wait(&*s, "the immediate data message");
+            assert_eq!((wc.wr_id, wc.status, wc.op), (3, Status::Success, CompletionOp::RecvImm), "{wc:?}");
+            wc.imm.unwrap_or_else(|| panic!("an immediate data receive without the value: {wc:?}"))
+        }
+    };
+    assert_eq!(imm, 0x8765_4321);
 }
 
 #[test]
