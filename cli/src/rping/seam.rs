@@ -19,6 +19,9 @@ use crate::toolbox::{Fail, resolve};
 
 /// rping's queue pair: 16 send work requests (the seam has one depth for both queues).
 const QUEUE_DEPTH: u32 = 16;
+/// [`INFO_LEN`] as work requests count bytes.
+const INFO_LEN32: u32 = 16;
+const _: () = assert!(INFO_LEN32 as usize == INFO_LEN);
 /// How long the server waits for a client without --accept-timeout.
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -63,7 +66,7 @@ fn options(args: &Args) -> EndpointOptions {
         timeout: Duration::from_secs(args.timeout),
         // rping posts its receive before connecting and before accepting: the peer's first
         // Send may come at once.
-        early_recvs: (1, INFO_LEN as u32),
+        early_recvs: (1, INFO_LEN32),
         ..EndpointOptions::default()
     }
 }
@@ -91,7 +94,7 @@ impl Conn {
     fn send_info(&mut self, info: Option<BufInfo>) -> Result<(), Stop> {
         let bytes = info.map_or([0u8; INFO_LEN], BufInfo::to_bytes);
         self.send.write(0, &bytes).map_err(Conn::failed)?;
-        self.post(Op::Send, &*self.send.clone(), INFO_LEN as u32)
+        self.post(Op::Send, &*self.send.clone(), INFO_LEN32)
     }
 
     fn post(&mut self, op: Op, region: &dyn Region, len: u32) -> Result<(), Stop> {
@@ -134,7 +137,7 @@ impl Conn {
         let mut b = [0u8; INFO_LEN];
         self.recv.read(0, &mut b).map_err(Conn::failed)?;
         self.next_wr += 1;
-        self.ep.post_recv(self.next_wr, self.recv.local(0, INFO_LEN as u32)).map_err(Conn::failed)?;
+        self.ep.post_recv(self.next_wr, self.recv.local(0, INFO_LEN32)).map_err(Conn::failed)?;
         Ok(BufInfo::parse(&b))
     }
 
