@@ -28,7 +28,9 @@ fn help_lists_rping() {
     let o = iwarp(&["rping", "--help"]);
     assert!(o.status.success());
     let s = stdout(&o);
-    for word in ["--first-fpdu-delay", "--crc", "--count", "--size", "--persistent", "siw", "Exit status"] {
+    for word in
+        ["--first-fpdu-delay", "--crc", "--count", "--size", "--persistent", "--device", "siw", "Exit status"]
+    {
         assert!(s.contains(word), "{word}: {s}");
     }
 }

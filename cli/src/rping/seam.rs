@@ -242,14 +242,14 @@ pub(super) fn server(args: &Args, name: &str) -> Result<(), Fail> {
     let req = listener.next_request(wait).map_err(|e| Fail::Run(format!("no connection: {e}")))?;
     let ep =
         req.accept(&options(args)).map_err(|e| Fail::Run(format!("cannot accept the connection: {e}")))?;
-    let peer = listener.local_addr();
+    let on = listener.local_addr();
     let mut conn = Conn::new(ep, Duration::from_secs(args.timeout))?;
     let result = serve_pings(args, &mut conn);
     conn.close();
     match result {
         Ok(k) => {
             if args.debug {
-                eprintln!("rping: the client disconnected after {k} pings (device {name}, {peer})");
+                eprintln!("rping: the client disconnected after {k} pings (device {name}, on {on})");
             }
             Ok(())
         }
