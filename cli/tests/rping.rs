@@ -453,7 +453,8 @@ fn device_that_does_not_exist_fails_with_the_device_list() {
         let o = iwarp(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         let e = stderr(&o);
-        assert!(e.starts_with("rping: --device nosuch: no such device: nosuch"), "{e}");
+        // Why it is not there depends on the build (the `verbs` feature) and the host (rdma-core).
+        assert!(e.starts_with("rping: --device nosuch: no such device: "), "{e}");
         assert!(e.contains("the devices here: iwarp"), "{e}");
         assert_eq!(e.lines().count(), 1, "{e}");
         assert!(stdout(&o).is_empty());

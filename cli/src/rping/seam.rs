@@ -30,8 +30,9 @@ pub(super) fn open(name: &str) -> Result<Arc<dyn Backend>, Fail> {
     open_backend(name).map_err(|e| {
         let (list, why) = devices();
         let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
+        let e = e.to_string();
         let mut m = format!("--device {name}: {e}; the devices here: {}", names.join(", "));
-        if let Some(why) = why {
+        if let Some(why) = why.filter(|w| !e.contains(w.as_str())) {
             m.push_str(&format!(" (no rdma-core devices: {why})"));
         }
         Fail::Usage(m)
