@@ -64,6 +64,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "iwarp" and m.get("executable"):
         print(m["executable"])
 ')" || { cat "$OUT/build.log" >&2; log "iwarp (verbs) build failed"; exit 1; }
+# tests/interop/run-conformance.sh takes this `iwarp` into the guest (rping --device siw0).
+echo "$IWARP" > "$OUT/iwarp-verbs.path"
 export IWARP LIBS
 rping_leg() { # NAME SERVER CLIENT (shell commands; the server listens on 127.0.0.1:$PORT)
   local name="$1" server="$2" client="$3" pid
