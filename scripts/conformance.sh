@@ -49,5 +49,55 @@ leg() { # NAME ENV...
 }
 leg engine IWARP_CONFORMANCE_DEVICE=iwarp
 leg dropin IWARP_CONFORMANCE_DEVICE=iwarp0 LD_LIBRARY_PATH="$LIBS"
+# `iwarp rping --device iwarp0`: this stack's rping on the verbs backend over the drop-in. Its
+# client against Debian's rping server on the drop-in and against `iwarp rping -s` on the
+# engine, and its server against Debian's rping client on the drop-in: ten pings of 1000
+# bytes each, data checked (-V) by the client.
+IWARP="$(timeout 1800 cargo build -p iwarp-cli --features verbs --locked --message-format=json \
+  2>> "$OUT/build.log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "iwarp" and m.get("executable"):
+        print(m["executable"])
+')" || { cat "$OUT/build.log" >&2; log "iwarp (verbs) build failed"; exit 1; }
+# tests/interop/run-conformance.sh takes this `iwarp` into the guest (rping --device siw0).
+echo "$IWARP" > "$OUT/iwarp-verbs.path"
+export IWARP LIBS
+rping_leg() { # NAME SERVER CLIENT (shell commands; the server listens on 127.0.0.1:$PORT)
+  local name="$1" server="$2" client="$3" pid
+  PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  export PORT
+  log "$name"
+  timeout 60 bash -c "$server" > "$OUT/$name.server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    ss -Hltn "sport = :$PORT" | grep -q . && break
+    sleep 0.1
+  done
+  if timeout 60 bash -c "$client" > "$OUT/$name.log" 2>&1 && wait "$pid" \
+      && [ "$(grep -c '^ping data: rdma-ping-' "$OUT/$name.log")" = 10 ]; then
+    log "$name: 10 pings, data checked"
+  else
+    kill "$pid" 2> /dev/null || true
+    cat "$OUT/$name.log" "$OUT/$name.server.log" >&2
+    log "$name: FAILED"
+    fails=$((fails + 1))
+  fi
+}
+# shellcheck disable=SC2016 # the variables expand in the commands' shells
+{
+  ours_client='LD_LIBRARY_PATH="$LIBS" "$IWARP" rping -c -a 127.0.0.1 -p "$PORT" --device iwarp0 -C 10 -S 1000 -V -v'
+  rping_leg rping-device-client-debian-server \
+    'LD_LIBRARY_PATH="$LIBS" exec rping -s -a 127.0.0.1 -p "$PORT" -S 1000 -v' "$ours_client"
+  rping_leg rping-device-client-engine-server \
+    'exec "$IWARP" rping -s -a 127.0.0.1 -p "$PORT" -v --accept-timeout 50' "$ours_client"
+  rping_leg rping-device-server-debian-client \
+    'LD_LIBRARY_PATH="$LIBS" exec "$IWARP" rping -s -a 127.0.0.1 -p "$PORT" --device iwarp0 -v --accept-timeout 50' \
+    'LD_LIBRARY_PATH="$LIBS" rping -c -a 127.0.0.1 -p "$PORT" -C 10 -S 1000 -V -v'
+}
 [ "$fails" = 0 ] || exit 1
 echo "$BIN"

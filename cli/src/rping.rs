@@ -6,6 +6,8 @@
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag
 //! u32, size u32, big-endian); go-aheads are 16 zero bytes.
 
+mod seam;
+
 use crate::toolbox::{self, Capture, Fail, flush_stack_capture, open_capture, open_stack, register, resolve};
 use crate::toolbox::{cm_message, io_message};
 use std::fmt;
@@ -132,6 +134,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "MIB", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_memory: u64,
+    /// Ping over this device through the backend seam instead of the userspace engine: an
+    /// rdma-core device (siw0, rxe0, the verbs drop-in iwarp0; needs the `verbs` feature) or
+    /// `iwarp`, the engine itself (`iwarp devices` lists them). The protocol is the same;
+    /// --crc, --markers, --mpa-rev, --p2p, --first-fpdu-delay, --pcap, -P and --transport are
+    /// not available with it.
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
     #[command(flatten)]
     transport: crate::transport::TransportArgs,
 }
@@ -173,7 +182,13 @@ impl Budget {
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    toolbox::exit("rping", if args.server { server(args) } else { client(args) })
+    let result = match (&args.device, args.server) {
+        (Some(name), true) => seam::server(args, name),
+        (Some(name), false) => seam::client(args, name),
+        (None, true) => server(args),
+        (None, false) => client(args),
+    };
+    toolbox::exit("rping", result)
 }
 
 /// Why a wait for a completion ended without it.

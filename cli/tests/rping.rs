@@ -28,7 +28,9 @@ fn help_lists_rping() {
     let o = iwarp(&["rping", "--help"]);
     assert!(o.status.success());
     let s = stdout(&o);
-    for word in ["--first-fpdu-delay", "--crc", "--count", "--size", "--persistent", "siw", "Exit status"] {
+    for word in
+        ["--first-fpdu-delay", "--crc", "--count", "--size", "--persistent", "--device", "siw", "Exit status"]
+    {
         assert!(s.contains(word), "{word}: {s}");
     }
 }
@@ -439,4 +441,88 @@ fn smoltcp_flags_errors_are_one_clear_line() {
         "10.81.0.2/99",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// `--device` names a device that is not there: a usage error (status 2) that names it and
+/// lists the devices there are (the engine `iwarp` at least), on either side.
+#[test]
+fn device_that_does_not_exist_fails_with_the_device_list() {
+    for side in [&["-c", "-a", "127.0.0.1"][..], &["-s", "-a", "127.0.0.1"]] {
+        let mut args = vec!["rping", "--device", "nosuch"];
+        args.extend_from_slice(side);
+        let o = iwarp(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        // Why it is not there depends on the build (the `verbs` feature) and the host (rdma-core).
+        assert!(e.starts_with("rping: --device nosuch: no such device: "), "{e}");
+        assert!(e.contains("the devices here: iwarp"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(stdout(&o).is_empty());
+    }
+}
+
+/// What the seam does not carry is refused with --device, before anything is opened.
+#[test]
+fn device_refuses_the_flags_the_seam_does_not_carry() {
+    for (flag, extra) in [
+        ("--crc", &["--crc"][..]),
+        ("--markers", &["--markers"]),
+        ("--mpa-rev", &["--mpa-rev", "1"]),
+        ("--p2p", &["--p2p"]),
+        ("--first-fpdu-delay", &["--first-fpdu-delay", "5"]),
+        ("--pcap", &["--pcap", "/nonexistent/x.pcap"]),
+    ] {
+        let mut args = vec!["rping", "-c", "-a", "127.0.0.1", "--device", "iwarp"];
+        args.extend_from_slice(extra);
+        let o = iwarp(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), format!("rping: {flag} is not available with --device\n"));
+    }
+    let o = iwarp(&["rping", "-s", "-P", "--device", "iwarp"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "rping: -P is not available with --device\n");
+}
+
+/// `--device iwarp` drives the engine through the backend seam: a seam client against the
+/// engine server without the flag, and an engine client against a seam server, data
+/// checked (-V) and the same lines as without the flag.
+#[test]
+fn device_iwarp_pings_through_the_seam_both_ways() {
+    let server = Server::start(&["-v"]);
+    let o = client(server.port, &["--device", "iwarp", "-C", "10", "-V", "-v", "-S", "100"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.len(), 10, "{s}");
+    assert!(lines[0].starts_with("ping data: rdma-ping-0: ABCDEFGHIJ"), "{s}");
+    assert!(lines[9].starts_with("ping data: rdma-ping-9: JKLM"), "{s}");
+    assert!(lines.iter().all(|l| l.len() == "ping data: ".len() + 99), "{s}");
+    let (status, out, err) = server.wait_exit();
+    assert_eq!(status.code(), Some(0), "{err:?}");
+    assert_eq!(out.lines().count(), 10, "{out}");
+    assert!(err.iter().any(|l| l.contains("disconnected after 10 pings")), "{err:?}");
+
+    // The seam server grows its buffer to what the client advertises.
+    let server = Server::start(&["-v", "--device", "iwarp"]);
+    let o = client(server.port, &["-C", "3", "-V", "-v", "-S", "5000"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 3, "{}", stdout(&o));
+    let (status, out, err) = server.wait_exit();
+    assert_eq!(status.code(), Some(0), "{err:?}");
+    let server_lines: Vec<&str> = out.lines().collect();
+    assert_eq!(server_lines.len(), 3, "{out}");
+    assert_eq!(format!("server {}", stdout(&o).lines().next().unwrap()), server_lines[0]);
+    assert!(err.iter().any(|l| l.contains("disconnected after 3 pings")), "{err:?}");
+}
+
+/// A seam client with no server to connect to fails with status 1 and one line.
+#[test]
+fn device_client_without_listener_fails_clearly() {
+    let port = free_port();
+    let o = client(port, &["--device", "iwarp", "-C", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.starts_with(&format!("rping: cannot connect to 127.0.0.1:{port} through iwarp: ")), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
 }

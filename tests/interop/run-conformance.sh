@@ -8,6 +8,10 @@
 #   cross-a    the guest's verbs backend on siw0 listens; this host's userspace engine connects
 #   cross-b    this host's engine listens; the guest's verbs backend on siw0 connects
 #   rxe0       siw0 removed, rxe0 added on the same NIC, the suite on rxe0
+#   rping-siw0 `iwarp rping --device siw0` (the client, on the verbs backend) against rdmacm-utils'
+#              `rping -s` on siw0, both in the guest, ten pings checked (-V); runs when an
+#              `iwarp` built with the verbs feature is at hand (IWARP_VERBS_BIN, or the one
+#              scripts/conformance.sh built)
 #
 # cross-a and cross-b each move Write, Read and Send both ways (`cross_backend_peer`).
 # With CONFORMANCE_BENCH=1 the guest also runs `iwarp bench --device siw0` and `--device
@@ -47,9 +51,17 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/root/opt" "$work/img"
 strip -o "$work/root/opt/conformance" "$BIN"
 BENCH="${CONFORMANCE_BENCH:-0}"
+VERBS_IWARP="${IWARP_VERBS_BIN:-}"
+if [ -z "$VERBS_IWARP" ] && [ -s "$ROOT/target/conformance/iwarp-verbs.path" ]; then
+  VERBS_IWARP="$(cat "$ROOT/target/conformance/iwarp-verbs.path")"
+fi
 if [ "$BENCH" = 1 ]; then
-  [ -x "${IWARP_VERBS_BIN:-}" ] || iw_die "CONFORMANCE_BENCH=1 needs IWARP_VERBS_BIN (iwarp with --features verbs)"
-  strip -o "$work/root/opt/iwarp" "$IWARP_VERBS_BIN"
+  [ -x "$VERBS_IWARP" ] || iw_die "CONFORMANCE_BENCH=1 needs IWARP_VERBS_BIN (iwarp with --features verbs)"
+fi
+RPING=0
+if [ -x "$VERBS_IWARP" ]; then
+  strip -o "$work/root/opt/iwarp" "$VERBS_IWARP"
+  RPING=1
 fi
 G="$IW_GUEST_IP" H="$IW_HOST_IP"
 cat > "$work/root/opt/conformance.sh" <<GUEST
@@ -60,13 +72,23 @@ IWARP_CONFORMANCE_DEVICE=siw0 timeout 240 \$B --test-threads=1 --nocapture > /tm
 sed 's/^/[siw0] /' /tmp/siw0.log
 IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=listen:$G:7601 timeout 150 \$B --ignored cross_backend_peer --nocapture 2>&1
 IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=connect:$H:7602 timeout 150 \$B --ignored cross_backend_peer --nocapture 2>&1
-[ -x /opt/iwarp ] && timeout 600 /opt/iwarp bench --device siw0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-siw0] /'
+if [ -x /opt/iwarp ]; then
+  timeout 60 rping -s -a $G -p 7611 -S 1000 > /tmp/rping-s.log 2>&1 &
+  i=0; while ! grep -q ':1DBB 00000000:0000 0A' /proc/net/tcp; do i=\$((i + 1)); [ \$i -gt 100 ] && break; sleep 0.1; done
+  if timeout 60 /opt/iwarp rping -c -a $G -p 7611 --device siw0 -C 10 -S 1000 -V -v > /tmp/rping-c.log 2>&1 && wait \$! \
+      && [ "\$(grep -c '^ping data: rdma-ping-' /tmp/rping-c.log)" = 10 ]; then
+    echo "RPING-SIW0-PASS"
+  else
+    sed 's/^/[rping-siw0] /' /tmp/rping-c.log /tmp/rping-s.log
+  fi
+fi
+[ "$BENCH" = 1 ] && timeout 600 /opt/iwarp bench --device siw0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-siw0] /'
 rdma link delete siw0
 rdma link add rxe0 type rxe netdev eth0 || { echo "[rxe0] rdma link add failed"; lsmod | grep -E 'rxe|udp_tunnel|siw' | sed 's/^/[rxe0] lsmod /'; dmesg | tail -n 8 | sed 's/^/[rxe0] dmesg /'; }
 i=0; while ! ibv_devices 2>/dev/null | grep -q rxe0; do i=\$((i + 1)); [ \$i -gt 50 ] && break; sleep 0.1; done
 IWARP_CONFORMANCE_DEVICE=rxe0 timeout 240 \$B --test-threads=1 --nocapture > /tmp/rxe0.log 2>&1
 sed 's/^/[rxe0] /' /tmp/rxe0.log
-[ -x /opt/iwarp ] && timeout 600 /opt/iwarp bench --device rxe0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-rxe0] /'
+[ "$BENCH" = 1 ] && timeout 600 /opt/iwarp bench --device rxe0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-rxe0] /'
 true
 GUEST
 (cd "$work/root" && find opt | cpio -o -H newc --quiet | gzip -1) > "$work/extra.cpio.gz"
@@ -112,6 +134,13 @@ for leg in a b; do
     result FAIL "cross-$leg" "see $S and $OUT/cross-$leg.host"
   fi
 done
+if [ "$RPING" = 1 ]; then
+  if grep -aq "RPING-SIW0-PASS" "$S"; then
+    result PASS rping-siw0 "iwarp rping --device siw0 -> rping -s on siw0: 10 pings of 1000 bytes, data checked"
+  else
+    result FAIL rping-siw0 "see $S"
+  fi
+fi
 if [ "$BENCH" = 1 ]; then
   grep -aE '^\[bench-(siw0|rxe0)\]' "$S" || true
 fi
