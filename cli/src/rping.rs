@@ -6,11 +6,16 @@
 //! go-ahead. Advertisements are rping's 16-byte `struct rping_rdma_info` (address u64, STag
 //! u32, size u32, big-endian); go-aheads are 16 zero bytes.
 
+mod args;
+mod proto;
 mod seam;
+
+pub(crate) use args::Args;
+use args::Rtr;
+use proto::{BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, mismatch, pattern, usize_of};
 
 use crate::toolbox::{self, Capture, Fail, flush_stack_capture, open_capture, open_stack, register, resolve};
 use crate::toolbox::{cm_message, io_message};
-use std::fmt;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -22,139 +27,6 @@ use iwarp::{
     QpState, QueuePair, RecvWr, STag, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use iwarp::{ListenOptions, Listener};
-
-/// rping's TCP port.
-const DEFAULT_PORT: u16 = 7174;
-/// rping's smallest ping size (an artefact of its range check, kept for compatibility).
-const MIN_SIZE: u32 = 23;
-/// The largest ping size here (rping stops at 65535).
-const MAX_SIZE: u32 = 16 << 20;
-/// Length of rping's `struct rping_rdma_info` and of every Send.
-const INFO_LEN: usize = 16;
-/// The first character of the pattern's cycle.
-const FIRST_LETTER: u8 = b'A';
-/// The last character of the pattern's cycle (`'z'`); 58 characters from `'A'`.
-const LAST_LETTER: u8 = b'z';
-
-/// Ping another rping (rdmacm-utils' `rping -s`/`rping -c`) or this one, over iWARP.
-///
-/// The client connects (MPA revision 2, IRD/ORD 1/1 as rping), and per ping sends the
-/// advertisement of its start buffer (filled with rping's pattern `rdma-ping-N: ABC...`),
-/// waits for the server's go-ahead (the server has RDMA Read the buffer), sends the
-/// advertisement of its sink buffer and waits for the second go-ahead (the server has RDMA
-/// Written the data there). With -V it compares the sink with what it sent, with -v it prints
-/// `ping data: ...` per ping. The server does the server's half for one connection (with -P:
-/// for every connection, concurrently, until killed), printing `server ping data: ...` with
-/// -v; it never sends before the client's first Send.
-///
-/// Against Linux siw 6.1 no flag is needed: siw may leave a first Send that follows its MPA
-/// Reply at once unread, and the client nudges it (docs/siw-quirks.md).
-///
-/// Differences from rping: -S goes up to 16 MiB (rping: 65535), and the server grows its
-/// buffer to the size a client advertises (rping fails when the client's -S is larger); the
-/// client stops with status 1 when the server closes mid-ping (rping prints the state and
-/// exits 0); every wait has a time limit (--timeout), rping has none.
-///
-/// Exit status: 0 when every ping succeeded (the server: the connection ended with the
-/// client's close after whole pings), 1 on a failure (refused, rejected, Terminate from the
-/// peer, timeout, data mismatch; one line on stderr names the cause), 2 on bad flags.
-#[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("role").required(true).args(["server", "client"])))]
-pub(crate) struct Args {
-    /// Run the server: listen on ADDR:PORT and serve the pings.
-    #[arg(short = 's', long)]
-    server: bool,
-    /// Run the client: connect to ADDR:PORT and ping.
-    #[arg(short = 'c', long)]
-    client: bool,
-    /// The server's address (client), or the address to listen on (server; default 0.0.0.0).
-    #[arg(short = 'a', long = "addr", value_name = "ADDR")]
-    addr: Option<String>,
-    /// TCP port.
-    #[arg(short = 'p', long, value_name = "PORT", default_value_t = DEFAULT_PORT)]
-    port: u16,
-    /// Client: the number of pings (0 or absent: ping until killed, as rping). The server
-    /// ignores it and serves until the client closes.
-    #[arg(short = 'C', long, value_name = "COUNT")]
-    count: Option<u64>,
-    /// Ping size in bytes, 23 to 16777216 (the server's initial buffer size).
-    #[arg(short = 'S', long, value_name = "SIZE", default_value_t = 64,
-          value_parser = clap::value_parser!(u32).range(i64::from(MIN_SIZE)..=i64::from(MAX_SIZE)))]
-    size: u32,
-    /// Print the data of each ping.
-    #[arg(short = 'v', long)]
-    verbose: bool,
-    /// Client: check that the data that came back equals the data sent.
-    #[arg(short = 'V', long)]
-    validate: bool,
-    /// Server: keep serving connection after connection (concurrently) until killed.
-    #[arg(short = 'P', long)]
-    persistent: bool,
-    /// Print what happens (connection, advertisements) on stderr.
-    #[arg(short = 'd', long)]
-    debug: bool,
-    /// Client: milliseconds to wait between the MPA Reply and the first Send (not needed
-    /// against Linux siw 6.1: the client nudges a peer that leaves it unread).
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    first_fpdu_delay: u64,
-    /// Ask for MPA CRC32c (either side asking turns it on).
-    #[arg(long)]
-    crc: bool,
-    /// Ask the peer to insert MPA markers (Linux siw refuses: the connection is rejected).
-    #[arg(long)]
-    markers: bool,
-    /// MPA revision to speak: 2 (RFC 6581, with IRD/ORD; rping's default) or 1 (RFC 5044).
-    #[arg(long, value_name = "REV", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    mpa_rev: u8,
-    /// Client: offer peer-to-peer mode (RFC 6581 RTR: write and read), as siw's
-    /// `peer_to_peer=1`. A server always agrees when a client offers it.
-    #[arg(long)]
-    p2p: bool,
-    /// Client with --p2p: the RTR message types to offer, comma-separated (write, read,
-    /// send) [default: write,read].
-    #[arg(long, value_delimiter = ',', value_enum, requires = "p2p")]
-    rtr: Vec<Rtr>,
-    /// Record this end's connections into a pcap file (tshark / `iwarp dissect` decode it).
-    #[arg(long, value_name = "FILE")]
-    pcap: Option<std::path::PathBuf>,
-    /// Seconds any single wait (connect, a completion) may take before the run fails.
-    #[arg(long, value_name = "SECS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    timeout: u64,
-    /// Server: give up when no connection arrives within SECS (default: wait forever).
-    #[arg(long, value_name = "SECS")]
-    accept_timeout: Option<u64>,
-    /// Server: clients served at once, at most (-P); one more is rejected on the wire and the
-    /// server keeps serving.
-    #[arg(long, value_name = "N", default_value_t = 64,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
-    max_clients: u64,
-    /// Server: MiB of buffers all clients together may make it register (each client's
-    /// buffer grows to what it advertises, up to 16 MiB); a client beyond it is turned away.
-    #[arg(long, value_name = "MIB", default_value_t = 256,
-          value_parser = clap::value_parser!(u64).range(1..=65_536))]
-    max_memory: u64,
-    /// Ping over this device through the backend seam instead of the userspace engine: an
-    /// rdma-core device (siw0, rxe0, the verbs drop-in iwarp0; needs the `verbs` feature) or
-    /// `iwarp`, the engine itself (`iwarp devices` lists them). The protocol is the same;
-    /// --crc, --markers, --mpa-rev, --p2p, --first-fpdu-delay, --pcap, -P and --transport are
-    /// not available with it.
-    #[arg(long, value_name = "NAME")]
-    device: Option<String>,
-    #[command(flatten)]
-    transport: crate::transport::TransportArgs,
-}
-
-/// An RFC 6581 ready-to-receive message type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Rtr {
-    /// A zero-length RDMA Write.
-    Write,
-    /// A zero-length RDMA Read.
-    Read,
-    /// A zero-length Send.
-    Send,
-}
 
 /// The server's budget of buffer memory, shared by its connections.
 #[derive(Debug)]
@@ -189,94 +61,6 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         (None, false) => client(args),
     };
     toolbox::exit("rping", result)
-}
-
-/// Why a wait for a completion ended without it.
-#[derive(Debug)]
-enum Stop {
-    /// The peer closed the connection (or it was lost).
-    Closed,
-    /// A Terminate, an error completion, a timeout, a malformed message.
-    Failed(String),
-}
-
-impl fmt::Display for Stop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Stop::Closed => f.write_str("the peer closed the connection"),
-            Stop::Failed(m) => f.write_str(m),
-        }
-    }
-}
-
-/// rping's `struct rping_rdma_info`: a buffer advertisement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct BufInfo {
-    /// The buffer's address: the tagged offset to use.
-    addr: u64,
-    /// Its STag.
-    rkey: u32,
-    /// Its size (the ping size).
-    size: u32,
-}
-
-impl BufInfo {
-    fn of(mr: &MemoryRegion, size: u32) -> BufInfo {
-        BufInfo { addr: mr.addr(), rkey: mr.rkey().0, size }
-    }
-
-    fn to_bytes(self) -> [u8; INFO_LEN] {
-        let mut b = [0u8; INFO_LEN];
-        b[..8].copy_from_slice(&self.addr.to_be_bytes());
-        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
-        b[12..].copy_from_slice(&self.size.to_be_bytes());
-        b
-    }
-
-    fn parse(b: &[u8; INFO_LEN]) -> BufInfo {
-        let mut addr = [0u8; 8];
-        addr.copy_from_slice(&b[..8]);
-        let mut rkey = [0u8; 4];
-        rkey.copy_from_slice(&b[8..12]);
-        let mut size = [0u8; 4];
-        size.copy_from_slice(&b[12..]);
-        BufInfo {
-            addr: u64::from_be_bytes(addr),
-            rkey: u32::from_be_bytes(rkey),
-            size: u32::from_be_bytes(size),
-        }
-    }
-}
-
-impl fmt::Display for BufInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "addr {:#018x} rkey {:#010x} size {}", self.addr, self.rkey, self.size)
-    }
-}
-
-/// The data of ping `k`, as rping builds it: `rdma-ping-k: ` then characters counting up from
-/// `'A' + k mod 58` (wrapping from `'z'` to `'A'`), then one NUL as the last byte.
-fn pattern(k: u64, size: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; size];
-    if size == 0 {
-        return buf;
-    }
-    let prefix = format!("rdma-ping-{k}: ");
-    let n = prefix.len().min(size - 1);
-    buf[..n].copy_from_slice(&prefix.as_bytes()[..n]);
-    let cycle = u64::from(LAST_LETTER - FIRST_LETTER) + 1;
-    let mut c = FIRST_LETTER + u8::try_from(k % cycle).unwrap_or(0);
-    for b in &mut buf[n..size - 1] {
-        *b = c;
-        c = if c >= LAST_LETTER { FIRST_LETTER } else { c + 1 };
-    }
-    buf
-}
-
-/// The bytes up to the first NUL, as text (what rping's `printf("%s")` shows).
-fn c_string(data: &[u8]) -> String {
-    let end = data.iter().position(|&b| b == 0).unwrap_or(data.len());
-    String::from_utf8_lossy(&data[..end]).into_owned()
 }
 
 fn connect_options(args: &Args, capture: Option<&Capture>) -> ConnectOptions {
@@ -415,13 +199,6 @@ fn event_stop(ev: QpEvent, what: &str) -> Stop {
     }
 }
 
-/// rping's buffer rights: local write, remote read, remote write.
-const BUF_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_WRITE);
-
-fn usize_of(n: u32) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
 // --- client ---------------------------------------------------------------------------------
 
 fn client(args: &Args) -> Result<(), Fail> {
@@ -500,16 +277,6 @@ fn client_pings(
         k += 1;
     }
     Ok(())
-}
-
-/// The text of a data mismatch in ping `k`.
-fn mismatch(k: u64, data: &[u8], got: &[u8]) -> String {
-    let at = got.iter().zip(data).position(|(a, b)| a != b).unwrap_or(0);
-    format!(
-        "data mismatch in ping {k}: first difference at byte {at} (sent {:#04x}, got {:#04x})",
-        data.get(at).copied().unwrap_or(0),
-        got.get(at).copied().unwrap_or(0)
-    )
 }
 
 /// Ping `k` of a client (its receive for the first go-ahead posted): returns the data sent and

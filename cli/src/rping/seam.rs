@@ -14,7 +14,8 @@ use iwarp::backend::{
     Backend, BackendError, CompletionOp, Endpoint, EndpointOptions, Op, Region, Status, devices, open_backend,
 };
 
-use super::{Args, BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, mismatch, pattern, usize_of};
+use super::args::Args;
+use super::proto::{BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, mismatch, pattern, usize_of};
 use crate::toolbox::{Fail, resolve};
 
 /// rping's queue pair: 16 send work requests (the seam has one depth for both queues).
