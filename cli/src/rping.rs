@@ -12,7 +12,9 @@ mod seam;
 
 pub(crate) use args::Args;
 use args::Rtr;
-use proto::{BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, mismatch, pattern, usize_of};
+use proto::{
+    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, echo_len, mid_ping, mismatch, pattern, usize_of,
+};
 
 use crate::toolbox::{self, Capture, Fail, flush_stack_capture, open_capture, open_stack, register, resolve};
 use crate::toolbox::{cm_message, io_message};
@@ -621,10 +623,7 @@ fn serve_pings(
             }
         }
         let read = SendOp::Read { remote_stag: STag(a.rkey), remote_to: a.addr };
-        let err = |e: Stop| match e {
-            Stop::Closed => format!("ping {k}: the client closed the connection in the middle of a ping"),
-            Stop::Failed(m) => format!("ping {k}: {m}"),
-        };
+        let err = mid_ping(k);
         conn.post(read, rdma_mr, a.size).map_err(err)?;
         conn.wait(WcOpcode::Read, "the RDMA Read of the client's buffer (RDMA_READ_COMPLETE)")
             .map_err(err)?;
@@ -638,15 +637,7 @@ fn serve_pings(
         if s.debug {
             eprintln!("rping: {peer} ping {k}: client rdma buffer {b}");
         }
-        // rping echoes the string it read, NUL included (strlen + 1).
-        let echo = data.iter().position(|&x| x == 0).map_or(len, |i| i + 1);
-        let echo = u32::try_from(echo).unwrap_or(u32::MAX);
-        if echo > b.size {
-            return Err(format!(
-                "ping {k}: the client's rdma buffer ({} bytes) is smaller than the data ({echo})",
-                b.size
-            ));
-        }
+        let echo = echo_len(k, &data, &b)?;
         let write = SendOp::Write { remote_stag: STag(b.rkey), remote_to: b.addr };
         conn.post(write, rdma_mr, echo).map_err(err)?;
         conn.wait(WcOpcode::Write, "the RDMA Write to the client (RDMA_WRITE_COMPLETE)").map_err(err)?;

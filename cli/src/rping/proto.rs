@@ -119,3 +119,25 @@ pub(super) fn mismatch(k: u64, data: &[u8], got: &[u8]) -> String {
         got.get(at).copied().unwrap_or(0)
     )
 }
+
+/// How a server's wait in the middle of ping `k` failed, as text.
+pub(super) fn mid_ping(k: u64) -> impl Fn(Stop) -> String + Copy {
+    move |e| match e {
+        Stop::Closed => format!("ping {k}: the client closed the connection in the middle of a ping"),
+        Stop::Failed(m) => format!("ping {k}: {m}"),
+    }
+}
+
+/// How many bytes of ping `k`'s `data` the server writes back: rping echoes the string it
+/// read, NUL included (strlen + 1), which must fit the client's sink buffer `sink`.
+pub(super) fn echo_len(k: u64, data: &[u8], sink: &BufInfo) -> Result<u32, String> {
+    let echo = data.iter().position(|&x| x == 0).map_or(data.len(), |i| i + 1);
+    let echo = u32::try_from(echo).unwrap_or(u32::MAX);
+    if echo > sink.size {
+        return Err(format!(
+            "ping {k}: the client's rdma buffer ({} bytes) is smaller than the data ({echo})",
+            sink.size
+        ));
+    }
+    Ok(echo)
+}

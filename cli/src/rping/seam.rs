@@ -15,7 +15,9 @@ use iwarp::backend::{
 };
 
 use super::args::Args;
-use super::proto::{BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, mismatch, pattern, usize_of};
+use super::proto::{
+    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, echo_len, mid_ping, mismatch, pattern, usize_of,
+};
 use crate::toolbox::{Fail, resolve};
 
 /// rping's queue pair: 16 send work requests (the seam has one depth for both queues).
@@ -282,10 +284,7 @@ fn serve_pings(args: &Args, conn: &mut Conn) -> Result<u64, String> {
         if len > buf.len() {
             buf = conn.ep.register(len, BUF_ACCESS).map_err(|e| e.to_string())?;
         }
-        let err = |e: Stop| match e {
-            Stop::Closed => format!("ping {k}: the client closed the connection in the middle of a ping"),
-            Stop::Failed(m) => format!("ping {k}: {m}"),
-        };
+        let err = mid_ping(k);
         conn.post(Op::Read { rkey: a.rkey, addr: a.addr }, &*buf, a.size).map_err(err)?;
         conn.wait(CompletionOp::Read, "the RDMA Read of the client's buffer (RDMA_READ_COMPLETE)")
             .map_err(err)?;
@@ -299,15 +298,7 @@ fn serve_pings(args: &Args, conn: &mut Conn) -> Result<u64, String> {
         if args.debug {
             eprintln!("rping: ping {k}: client rdma buffer {b}");
         }
-        // rping echoes the string it read, NUL included.
-        let echo = data.iter().position(|&x| x == 0).map_or(len, |i| i + 1);
-        let echo = u32::try_from(echo).unwrap_or(u32::MAX);
-        if echo > b.size {
-            return Err(format!(
-                "ping {k}: the client's rdma buffer ({} bytes) is smaller than the data ({echo})",
-                b.size
-            ));
-        }
+        let echo = echo_len(k, &data, &b)?;
         conn.post(Op::Write { rkey: b.rkey, addr: b.addr }, &*buf, echo).map_err(err)?;
         conn.wait(CompletionOp::Write, "the RDMA Write to the client (RDMA_WRITE_COMPLETE)").map_err(err)?;
         conn.send_info(None).map_err(err)?;

@@ -1382,15 +1382,15 @@ fn iovecs(iov: *const libc::iovec, n: c_int) -> Result<Vec<libc::iovec>> {
     Ok(unsafe { std::slice::from_raw_parts(iov, n as usize) }.to_vec())
 }
 
-fn recvv(s: &RSocket, iov: &[libc::iovec], flags: c_int) -> Result<usize> {
+/// Runs `io` on each non-empty buffer of `iov` in turn (with the bytes moved so far) until one
+/// is only partly filled or fails: the bytes moved, or the error when nothing moved.
+fn each_iovec(
+    iov: &[libc::iovec],
+    mut io: impl FnMut(&libc::iovec, usize) -> Result<usize>,
+) -> Result<usize> {
     let mut total = 0;
-    for (i, v) in iov.iter().enumerate() {
-        if v.iov_len == 0 {
-            continue;
-        }
-        // Only the first buffer may wait; the rest take what is there.
-        let f = if i == 0 || total == 0 { flags } else { flags | libc::MSG_DONTWAIT };
-        match recv(s, v.iov_base.cast(), v.iov_len, f) {
+    for v in iov.iter().filter(|v| v.iov_len > 0) {
+        match io(v, total) {
             Ok(n) => {
                 total += n;
                 if n < v.iov_len {
@@ -1403,23 +1403,27 @@ fn recvv(s: &RSocket, iov: &[libc::iovec], flags: c_int) -> Result<usize> {
     Ok(total)
 }
 
+fn recvv(s: &RSocket, iov: &[libc::iovec], flags: c_int) -> Result<usize> {
+    // Only the first buffer that gets data may wait; the rest take what is there.
+    each_iovec(iov, |v, total| {
+        let f = if total == 0 { flags } else { flags | libc::MSG_DONTWAIT };
+        recv(s, v.iov_base.cast(), v.iov_len, f)
+    })
+}
+
 fn sendv(s: &RSocket, iov: &[libc::iovec], flags: c_int) -> Result<usize> {
-    let mut total = 0;
-    for v in iov {
-        if v.iov_len == 0 {
-            continue;
-        }
-        match send(s, v.iov_base.cast(), v.iov_len, flags) {
-            Ok(n) => {
-                total += n;
-                if n < v.iov_len {
-                    break;
-                }
-            }
-            Err(e) => return if total > 0 { Ok(total) } else { Err(e) },
-        }
+    each_iovec(iov, |v, _| send(s, v.iov_base.cast(), v.iov_len, flags))
+}
+
+/// The buffers of a `struct msghdr` (ancillary data is not looked at).
+fn msg_iovecs(msg: *const c_void) -> Result<Vec<libc::iovec>> {
+    let m = msg.cast::<libc::msghdr>();
+    if m.is_null() {
+        return Err(libc::EINVAL);
     }
-    Ok(total)
+    // SAFETY: the caller passes a readable msghdr (checked non-null).
+    let (iov, n) = unsafe { ((*m).msg_iov, ni((*m).msg_iovlen)) };
+    iovecs(iov, n)
 }
 
 /// `rrecvmsg` (no ancillary data).
@@ -1429,15 +1433,7 @@ fn sendv(s: &RSocket, iov: &[libc::iovec], flags: c_int) -> Result<usize> {
 /// `msg` points to a `struct msghdr` as for `recvmsg(2)`.
 #[unsafe(export_name = "iwarp_rrecvmsg")]
 pub unsafe extern "C" fn rrecvmsg(socket: c_int, msg: *mut c_void, flags: c_int) -> isize {
-    guarded("rrecvmsg", || {
-        let m = msg.cast::<libc::msghdr>();
-        if m.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the caller passes a readable msghdr (checked non-null).
-        let (iov, n) = unsafe { ((*m).msg_iov, ni((*m).msg_iovlen)) };
-        recvv(&*lookup(socket)?, &iovecs(iov, n)?, flags)
-    })
+    guarded("rrecvmsg", || recvv(&*lookup(socket)?, &msg_iovecs(msg)?, flags))
 }
 
 /// `rread`.
@@ -1501,15 +1497,7 @@ pub unsafe extern "C" fn rsendto(
 /// `msg` points to a `struct msghdr` as for `sendmsg(2)`.
 #[unsafe(export_name = "iwarp_rsendmsg")]
 pub unsafe extern "C" fn rsendmsg(socket: c_int, msg: *const c_void, flags: c_int) -> isize {
-    guarded("rsendmsg", || {
-        let m = msg.cast::<libc::msghdr>();
-        if m.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the caller passes a readable msghdr (checked non-null).
-        let (iov, n) = unsafe { ((*m).msg_iov, ni((*m).msg_iovlen)) };
-        sendv(&*lookup(socket)?, &iovecs(iov, n)?, flags)
-    })
+    guarded("rsendmsg", || sendv(&*lookup(socket)?, &msg_iovecs(msg)?, flags))
 }
 
 /// `rwrite`.
