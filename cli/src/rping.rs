@@ -13,7 +13,8 @@ mod seam;
 pub(crate) use args::Args;
 use args::Rtr;
 use proto::{
-    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, echo_len, mid_ping, mismatch, pattern, usize_of,
+    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, client_checks, echo_len, mid_ping, mismatch,
+    pattern, usize_of,
 };
 
 use crate::toolbox::{self, Capture, Fail, flush_stack_capture, open_capture, open_stack, register, resolve};
@@ -270,12 +271,7 @@ fn client_pings(
     let mut k = 0u64;
     while count == 0 || k < count {
         let (data, got) = one_ping(conn, k, start_mr, rdma_mr, size, args.debug)?;
-        if args.validate && got != data {
-            return Err(Fail::Run(mismatch(k, &data, &got)));
-        }
-        if args.verbose {
-            println!("ping data: {}", c_string(&got));
-        }
+        client_checks(k, &data, &got, args.validate, args.verbose)?;
         k += 1;
     }
     Ok(())

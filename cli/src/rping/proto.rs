@@ -5,6 +5,8 @@ use std::fmt;
 
 use iwarp::{Access, MemoryRegion};
 
+use crate::toolbox::Fail;
+
 /// The largest ping size here (rping stops at 65535).
 pub(super) const MAX_SIZE: u32 = 16 << 20;
 /// Length of rping's `struct rping_rdma_info` and of every Send.
@@ -140,4 +142,22 @@ pub(super) fn echo_len(k: u64, data: &[u8], sink: &BufInfo) -> Result<u32, Strin
         ));
     }
     Ok(echo)
+}
+
+/// A client's checks of ping `k` once its data came back: with `validate` the data must equal
+/// what was sent; with `verbose` it is printed as rping does.
+pub(super) fn client_checks(
+    k: u64,
+    sent: &[u8],
+    got: &[u8],
+    validate: bool,
+    verbose: bool,
+) -> Result<(), Fail> {
+    if validate && got != sent {
+        return Err(Fail::Run(mismatch(k, sent, got)));
+    }
+    if verbose {
+        println!("ping data: {}", c_string(got));
+    }
+    Ok(())
 }

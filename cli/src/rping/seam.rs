@@ -16,7 +16,8 @@ use iwarp::backend::{
 
 use super::args::Args;
 use super::proto::{
-    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, echo_len, mid_ping, mismatch, pattern, usize_of,
+    BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, client_checks, echo_len, mid_ping, pattern,
+    usize_of,
 };
 use crate::toolbox::{Fail, resolve};
 
@@ -220,12 +221,7 @@ fn client_pings(
         conn.recv_info("the server's go-ahead after its RDMA Write (RDMA_WRITE_COMPLETE)").map_err(fail)?;
         let mut got = vec![0u8; size];
         sink.read(0, &mut got).map_err(verbs("rdma buffer"))?;
-        if args.validate && got != data {
-            return Err(Fail::Run(mismatch(k, &data, &got)));
-        }
-        if args.verbose {
-            println!("ping data: {}", c_string(&got));
-        }
+        client_checks(k, &data, &got, args.validate, args.verbose)?;
         k += 1;
     }
     Ok(())
