@@ -75,8 +75,18 @@ IWARP_CONFORMANCE_DEVICE=siw0 IWARP_CROSS=connect:$H:7602 timeout 150 \$B --igno
 if [ -x /opt/iwarp ]; then
   timeout 60 rping -s -a $G -p 7611 -S 1000 > /tmp/rping-s.log 2>&1 &
   i=0; while ! grep -q ':1DBB 00000000:0000 0A' /proc/net/tcp; do i=\$((i + 1)); [ \$i -gt 100 ] && break; sleep 0.1; done
-  if timeout 60 /opt/iwarp rping -c -a $G -p 7611 --device siw0 -C 10 -S 1000 -V -v > /tmp/rping-c.log 2>&1 && wait \$! \
+  # rping 44's server may exit 255 after a clean end (its teardown race, docs/siw-quirks.md):
+  # accepted only with all 10 pings served and the race's two lines in its output.
+  src=1
+  if timeout 60 /opt/iwarp rping -c -a $G -p 7611 --device siw0 -C 10 -S 1000 -V -v > /tmp/rping-c.log 2>&1 \
       && [ "\$(grep -c '^ping data: rdma-ping-' /tmp/rping-c.log)" = 10 ]; then
+    wait \$!; src=\$?
+    if [ \$src = 255 ] && grep -q 'wait for RDMA_READ_ADV state 10' /tmp/rping-s.log \
+        && grep -q 'rdma_get_cm_event: Bad file descriptor' /tmp/rping-s.log; then
+      echo "RPING-SIW0-NOTE rping -s hit its teardown race after a clean end"; src=0
+    fi
+  fi
+  if [ \$src = 0 ]; then
     echo "RPING-SIW0-PASS"
   else
     sed 's/^/[rping-siw0] /' /tmp/rping-c.log /tmp/rping-s.log
@@ -136,7 +146,7 @@ for leg in a b; do
 done
 if [ "$RPING" = 1 ]; then
   if grep -aq "RPING-SIW0-PASS" "$S"; then
-    result PASS rping-siw0 "iwarp rping --device siw0 -> rping -s on siw0: 10 pings of 1000 bytes, data checked"
+    result PASS rping-siw0 "iwarp rping --device siw0 -> rping -s on siw0: 10 pings of 1000 bytes, data checked$(grep -aq RPING-SIW0-NOTE "$S" && echo " (rping -s hit its teardown race after a clean end)")"
   else
     result FAIL rping-siw0 "see $S"
   fi
