@@ -30,7 +30,8 @@ use crate::shared::WorkCompletion;
 
 pub use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
-    DeviceTransport, ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, Status,
+    DeviceTransport, ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region,
+    SharedRecvQueue, Status,
 };
 
 /// Every device this build can drive: the userspace engine first, then each rdma-core device
@@ -83,6 +84,7 @@ fn engine_info() -> DeviceInfo {
             private_data: true,
             reject: true,
             cq_notify: true,
+            srq: true,
         },
     }
 }
@@ -112,10 +114,11 @@ impl EngineBackend {
         &self.device
     }
 
-    fn options(&self, opts: &EndpointOptions, recv: Vec<RecvWr>) -> ConnectOptions {
+    fn options(&self, opts: &EndpointOptions, parts: &mut Parts) -> ConnectOptions {
         let depth = opts.queue_depth as usize;
         ConnectOptions {
-            recv,
+            recv: std::mem::take(&mut parts.recvs),
+            srq: parts.srq.clone(),
             private_data: opts.private_data.clone(),
             timeout: opts.timeout,
             max_send_wr: depth,
@@ -127,7 +130,20 @@ impl EngineBackend {
 
     /// The endpoint's domain and queue, and its early receives' region with the receives.
     fn parts(&self, opts: &EndpointOptions) -> Result<Parts, BackendError> {
-        let pd = self.device.alloc_pd();
+        let (pd, srq) = match &opts.srq {
+            Some(srq) => {
+                let srq = srq.as_any().downcast_ref::<EngineSrq>().ok_or(BackendError::Unsupported(
+                    "a shared receive queue of another backend (create it on this one)",
+                ))?;
+                if opts.early_recvs.0 > 0 {
+                    return Err(BackendError::Unsupported(
+                        "early receives on an endpoint with a shared receive queue (post them to the queue)",
+                    ));
+                }
+                (srq.pd.clone(), Some(srq.srq.clone()))
+            }
+            None => (self.device.alloc_pd(), None),
+        };
         let cq = self.device.create_cq(2 * opts.queue_depth as usize);
         let (count, len) = opts.early_recvs;
         let mut recvs = Vec::new();
@@ -143,7 +159,7 @@ impl EngineBackend {
         } else {
             None
         };
-        Ok(Parts { pd, cq, early, recvs })
+        Ok(Parts { pd, cq, early, recvs, srq })
     }
 }
 
@@ -161,10 +177,20 @@ impl Backend for EngineBackend {
     }
 
     fn connect(&self, addr: SocketAddr, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let Parts { pd, cq, early, recvs } = self.parts(opts)?;
-        let connected = self.device.connect(addr, &pd, &cq, &cq, &self.options(opts, recvs))?;
+        let mut parts = self.parts(opts)?;
+        let options = self.options(opts, &mut parts);
+        let connected = self.device.connect(addr, &parts.pd, &parts.cq, &parts.cq, &options)?;
         let peer = connected.private_data.clone();
+        let Parts { pd, cq, early, .. } = parts;
         Ok(Box::new(EngineEndpoint { _backend: self.clone(), pd, cq, qp: connected.qp, peer, early }))
+    }
+
+    fn create_srq(&self, depth: u32) -> Result<Arc<dyn SharedRecvQueue>, BackendError> {
+        Ok(Arc::new(EngineSrq {
+            _backend: self.clone(),
+            pd: self.device.alloc_pd(),
+            srq: self.device.create_srq(depth as usize),
+        }))
     }
 }
 
@@ -173,6 +199,37 @@ struct Parts {
     cq: CompletionQueue,
     early: Option<Arc<dyn Region>>,
     recvs: Vec<RecvWr>,
+    srq: Option<iwarp_rdmap::qp::SharedReceiveQueue>,
+}
+
+/// The engine's shared receive queue and the protection domain its endpoints share.
+#[derive(Debug)]
+struct EngineSrq {
+    // Keeps the device alive as long as the queue.
+    _backend: EngineBackend,
+    pd: ProtectionDomain,
+    srq: iwarp_rdmap::qp::SharedReceiveQueue,
+}
+
+impl SharedRecvQueue for EngineSrq {
+    fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
+        let mr = self
+            .pd
+            .register(len, access.union(Access::LOCAL_WRITE))
+            .map_err(|e| BackendError::Verbs(e.to_string()))?;
+        Ok(Arc::new(EngineRegion { mr }))
+    }
+
+    fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
+        let sge = iwarp_rdmap::memory::Sge { lkey: STag(local.lkey), addr: local.addr, len: local.len };
+        self.srq
+            .post_recv(RecvWr { wr_id, sgl: sge.into() })
+            .map_err(|e| BackendError::Verbs(format!("post to the shared receive queue: {e:?}")))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct EngineListener {
@@ -202,9 +259,11 @@ impl PendingRequest for EngineRequest {
     }
 
     fn accept(self: Box<Self>, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let Parts { pd, cq, early, recvs } = self.backend.parts(opts)?;
+        let mut parts = self.backend.parts(opts)?;
+        let options = self.backend.options(opts, &mut parts);
         let peer = self.request.private_data().to_vec();
-        let qp = self.request.accept(&pd, &cq, &cq, &self.backend.options(opts, recvs))?;
+        let qp = self.request.accept(&parts.pd, &parts.cq, &parts.cq, &options)?;
+        let Parts { pd, cq, early, .. } = parts;
         Ok(Box::new(EngineEndpoint { _backend: self.backend, pd, cq, qp, peer, early }))
     }
 
@@ -323,9 +382,10 @@ impl Endpoint for EngineEndpoint {
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
         let sge = iwarp_rdmap::memory::Sge { lkey: STag(local.lkey), addr: local.addr, len: local.len };
-        self.qp
-            .post_recv(RecvWr { wr_id, sgl: sge.into() })
-            .map_err(|e| BackendError::Verbs(format!("{e:?}")))
+        self.qp.post_recv(RecvWr { wr_id, sgl: sge.into() }).map_err(|e| match e {
+            crate::PostError::UsesSrq => BackendError::Unsupported(crate::seam::SRQ_POST_RECV),
+            e => BackendError::Verbs(format!("{e:?}")),
+        })
     }
 
     fn poll(&self, timeout: Duration) -> Option<Completion> {

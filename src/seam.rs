@@ -66,6 +66,8 @@ pub struct Capabilities {
     pub reject: bool,
     /// Completion notification (armed CQ, completion channel).
     pub cq_notify: bool,
+    /// Shared receive queues ([`Backend::create_srq`]).
+    pub srq: bool,
 }
 
 /// One device: its name, transport and capabilities.
@@ -131,6 +133,10 @@ impl From<CmError> for BackendError {
     }
 }
 
+/// What posting a receive to an endpoint made with a shared receive queue is refused with.
+pub(crate) const SRQ_POST_RECV: &str =
+    "a receive posted to an endpoint made with a shared receive queue (post it to the queue)";
+
 /// Settings for one endpoint, either side of the connection.
 #[derive(Debug, Clone)]
 pub struct EndpointOptions {
@@ -144,7 +150,14 @@ pub struct EndpointOptions {
     /// receiver-not-ready retry, so a peer's first Send may arrive before the application
     /// could post anything once connected. They are in one region
     /// ([`Endpoint::early_recv_region`]); receive `i` (its `wr_id`) is the `i`-th slice.
+    /// Not with [`EndpointOptions::srq`] (post to the shared queue before connecting instead).
     pub early_recvs: (u32, u32),
+    /// Take receive buffers from this shared receive queue (made by the same backend)
+    /// instead of the endpoint's own receive queue: [`Endpoint::post_recv`] is then refused,
+    /// the endpoint is in the queue's protection domain (a region either registers serves
+    /// both), and a receive completes on the completion queue of the endpoint whose peer's
+    /// message filled it, which is how the application tells the connections apart.
+    pub srq: Option<Arc<dyn SharedRecvQueue>>,
 }
 
 impl Default for EndpointOptions {
@@ -154,6 +167,7 @@ impl Default for EndpointOptions {
             queue_depth: 64,
             timeout: Duration::from_secs(10),
             early_recvs: (0, 0),
+            srq: None,
         }
     }
 }
@@ -285,6 +299,24 @@ pub trait Backend: Send + Sync {
     fn listen(&self, addr: SocketAddr) -> Result<Box<dyn BackendListener>, BackendError>;
     /// Connects to a listener at `addr`.
     fn connect(&self, addr: SocketAddr, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError>;
+    /// Creates a shared receive queue holding up to `depth` receives, in a protection domain
+    /// of its own, for endpoints made with it in [`EndpointOptions::srq`]
+    /// ([`BackendError::Unsupported`] where [`Capabilities::srq`] is false).
+    fn create_srq(&self, depth: u32) -> Result<Arc<dyn SharedRecvQueue>, BackendError>;
+}
+
+/// A shared receive queue: receive buffers that any endpoint made with it takes from, the
+/// next one for the next message that arrives on any of them. A receive taken stays with
+/// that endpoint (it completes there, or completes flushed there if that connection goes
+/// down first); the receives not taken stay posted when one of the connections goes down.
+pub trait SharedRecvQueue: Send + Sync + fmt::Debug {
+    /// Registers `len` zeroed bytes of application memory with `access`, in the queue's
+    /// protection domain (the endpoints made with the queue share it).
+    fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError>;
+    /// Posts a receive buffer.
+    fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError>;
+    /// The backend's own type, for the backend to find its queue again.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// A listening endpoint.
@@ -316,7 +348,7 @@ pub trait Endpoint: Send {
     fn early_recv_region(&self) -> Option<Arc<dyn Region>>;
     /// Posts a signaled send-queue work request with one local buffer (or none).
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError>;
-    /// Posts a receive buffer.
+    /// Posts a receive buffer (refused on an endpoint made with a shared receive queue).
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError>;
     /// Takes the next completion, waiting up to `timeout`.
     fn poll(&self, timeout: Duration) -> Option<Completion>;

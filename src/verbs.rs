@@ -13,7 +13,10 @@
 //! so that private data travels with the request, the reply and a reject; completion
 //! notification (`ibv_req_notify_cq`, `ibv_get_cq_event` with poll(2) on the channel for a
 //! bounded wait, `ibv_ack_cq_events`); and `ibv_poll_cq` itself, whose completions carry the
-//! `wc_flags` that say a receive has immediate data (a Send with immediate's value).
+//! `wc_flags` that say a receive has immediate data (a Send with immediate's value); and
+//! shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_destroy_srq`), with
+//! the queue pairs that take their receives from one made by `ibv_create_qp` itself
+//! (sideway's builder always passes no SRQ) and posted to with `ibv_post_send`.
 //!
 //! This is one of the workspace's fenced places for `unsafe`: registering application memory
 //! (the device writes it behind the compiler's back), the scatter/gather entries of work
@@ -38,13 +41,14 @@ use sideway::ibverbs::device_context::{AtomicCapability, DeviceContext, LinkLaye
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard as _, QueuePair as _, QueuePairAttribute, QueuePairState, QueuePairType,
+    BasicQueuePair, PostSendGuard as _, QueuePair as _, QueuePairState, QueuePairType,
     SetScatterGatherEntry as _, WorkRequestFlags,
 };
 
 use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
-    DeviceTransport, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, Status,
+    DeviceTransport, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, SRQ_POST_RECV,
+    SharedRecvQueue, Status,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,8 +83,10 @@ fn describe(name: String, transport: TransportType, ctx: &Arc<DeviceContext>) ->
         },
         _ => DeviceTransport::Other,
     };
-    let atomics =
-        ctx.query_device().map(|a| !matches!(a.atomic_capability(), AtomicCapability::None)).unwrap_or(false);
+    let attr = ctx.query_device().ok();
+    let atomics = attr.as_ref().is_some_and(|a| !matches!(a.atomic_capability(), AtomicCapability::None));
+    // The verbs drop-in reports no shared receive queues (max_srq 0).
+    let srq = attr.as_ref().is_some_and(|a| a.max_srq() > 0);
     DeviceInfo {
         name,
         transport,
@@ -93,6 +99,7 @@ fn describe(name: String, transport: TransportType, ctx: &Arc<DeviceContext>) ->
             private_data: true,
             reject: true,
             cq_notify: true,
+            srq,
         },
     }
 }
@@ -308,7 +315,11 @@ fn cm_result(what: &str, ret: i32) -> Result<(), BackendError> {
 
 /// Connection parameters: the queue pair and private data (empty: none), the defaults
 /// otherwise (one outstanding Read each way, retries as rdma_cm's examples set them).
-fn conn_param(qp_num: u32, private_data: &[u8]) -> Result<rdma_mummy_sys::rdma_conn_param, BackendError> {
+fn conn_param(
+    qp_num: u32,
+    srq: bool,
+    private_data: &[u8],
+) -> Result<rdma_mummy_sys::rdma_conn_param, BackendError> {
     let len = u8::try_from(private_data.len())
         .map_err(|_| BackendError::Unsupported("private data over 255 bytes (rdma_cm's limit)"))?;
     Ok(rdma_mummy_sys::rdma_conn_param {
@@ -319,7 +330,7 @@ fn conn_param(qp_num: u32, private_data: &[u8]) -> Result<rdma_mummy_sys::rdma_c
         flow_control: 0,
         retry_count: 7,
         rnr_retry_count: 7,
-        srq: 0,
+        srq: u8::from(srq),
         qp_num,
     })
 }
@@ -363,15 +374,15 @@ impl CmId {
         cm_result("rdma_resolve_route", unsafe { rdma_mummy_sys::rdma_resolve_route(self.ptr(), ms) })
     }
 
-    fn connect(&self, qp_num: u32, private_data: &[u8]) -> Result<(), BackendError> {
-        let mut param = conn_param(qp_num, private_data)?;
+    fn connect(&self, qp: &Qp, private_data: &[u8]) -> Result<(), BackendError> {
+        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), private_data)?;
         // SAFETY: the identifier is alive; `param` and the private data it points to live
         // through the call, which copies them.
         cm_result("rdma_connect", unsafe { rdma_mummy_sys::rdma_connect(self.ptr(), &mut param) })
     }
 
-    fn accept(&self, qp_num: u32, private_data: &[u8]) -> Result<(), BackendError> {
-        let mut param = conn_param(qp_num, private_data)?;
+    fn accept(&self, qp: &Qp, private_data: &[u8]) -> Result<(), BackendError> {
+        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), private_data)?;
         // SAFETY: as in `connect`.
         cm_result("rdma_accept", unsafe { rdma_mummy_sys::rdma_accept(self.ptr(), &mut param) })
     }
@@ -394,8 +405,8 @@ impl CmId {
         let _ = unsafe { rdma_mummy_sys::rdma_disconnect(self.ptr()) };
     }
 
-    /// The queue pair attributes rdma_cm gives for moving to `state`.
-    fn qp_attr(&self, state: QueuePairState) -> Result<QueuePairAttribute, BackendError> {
+    /// The queue pair attributes rdma_cm gives for moving to `state`, and their mask.
+    fn qp_attr(&self, state: QueuePairState) -> Result<(rdma_mummy_sys::ibv_qp_attr, i32), BackendError> {
         // SAFETY: all zero bytes are a valid `ibv_qp_attr` (integers, and structures and
         // unions of integers).
         let mut attr: rdma_mummy_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -405,7 +416,7 @@ impl CmId {
         cm_result("rdma_init_qp_attr", unsafe {
             rdma_mummy_sys::rdma_init_qp_attr(self.ptr(), &mut attr, &mut mask)
         })?;
-        Ok(QueuePairAttribute::from(&attr, mask))
+        Ok((attr, mask))
     }
 
     /// The device rdma_cm bound the identifier to, opened through sideway (one context per
@@ -425,20 +436,25 @@ impl CmId {
             }
             std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
         };
-        static CONTEXTS: Mutex<Vec<(String, Arc<DeviceContext>)>> = Mutex::new(Vec::new());
-        let mut contexts = lock(&CONTEXTS);
-        if let Some((_, ctx)) = contexts.iter().find(|(n, _)| *n == name) {
-            return Ok(ctx.clone());
-        }
-        let list = DeviceList::new().map_err(|e| verbs_error("ibv_get_device_list", e))?;
-        let dev = list
-            .iter()
-            .find(|d| d.name() == name)
-            .ok_or_else(|| BackendError::Verbs(format!("rdma_cm's device {name} is not listed")))?;
-        let ctx = dev.open().map_err(|e| verbs_error("ibv_open_device", e))?;
-        contexts.push((name, ctx.clone()));
-        Ok(ctx)
+        context_named(&name)
     }
+}
+
+/// The device `name`, opened through sideway once for the process.
+fn context_named(name: &str) -> Result<Arc<DeviceContext>, BackendError> {
+    static CONTEXTS: Mutex<Vec<(String, Arc<DeviceContext>)>> = Mutex::new(Vec::new());
+    let mut contexts = lock(&CONTEXTS);
+    if let Some((_, ctx)) = contexts.iter().find(|(n, _)| *n == name) {
+        return Ok(ctx.clone());
+    }
+    let list = DeviceList::new().map_err(|e| verbs_error("ibv_get_device_list", e))?;
+    let dev = list
+        .iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| BackendError::Verbs(format!("device {name} is not listed")))?;
+    let ctx = dev.open().map_err(|e| verbs_error("ibv_open_device", e))?;
+    contexts.push((name.to_owned(), ctx.clone()));
+    Ok(ctx)
 }
 
 /// Waits for an event of type `want` on `channel`.
@@ -457,7 +473,7 @@ fn expect_event(channel: &Arc<CmChannel>, want: EventType, deadline: Instant) ->
 /// A queue pair with its completion queue and protection domain, made on the identifier's
 /// device and moved to INIT (and to RTS, off iWARP, where rdma_cm's caller does that).
 struct Parts {
-    qp: BasicQueuePair,
+    qp: Qp,
     cq: Arc<BasicCompletionQueue>,
     cq_channel: Arc<CompletionChannel>,
     pd: Arc<ProtectionDomain>,
@@ -467,7 +483,30 @@ struct Parts {
 
 fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, BackendError> {
     let ctx = id.device_context()?;
-    let pd = ctx.alloc_pd().map_err(|e| verbs_error("ibv_alloc_pd", e))?;
+    let srq = match &opts.srq {
+        Some(srq) => {
+            let srq = srq.as_any().downcast_ref::<VerbsSrq>().ok_or(BackendError::Unsupported(
+                "a shared receive queue of another backend (create it on this one)",
+            ))?;
+            if !Arc::ptr_eq(&srq.inner.ctx, &ctx) {
+                return Err(BackendError::Verbs(format!(
+                    "the shared receive queue is on {}, the connection on another device",
+                    srq.inner.device
+                )));
+            }
+            if opts.early_recvs.0 > 0 {
+                return Err(BackendError::Unsupported(
+                    "early receives on an endpoint with a shared receive queue (post them to the queue)",
+                ));
+            }
+            Some(srq.inner.clone())
+        }
+        None => None,
+    };
+    let pd = match &srq {
+        Some(srq) => srq.pd.clone(),
+        None => ctx.alloc_pd().map_err(|e| verbs_error("ibv_alloc_pd", e))?,
+    };
     // Each completion queue has a completion channel of its own, for `wait_notification`;
     // non-blocking, so that a wait is bounded by poll(2) on its descriptor.
     let cq_channel = CompletionChannel::new(&ctx).map_err(|e| verbs_error("ibv_create_comp_channel", e))?;
@@ -478,24 +517,27 @@ fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, B
         .setup_comp_channel(&cq_channel, 0)
         .build()
         .map_err(|e| verbs_error("ibv_create_cq", e))?;
-    let mut qp = pd
-        .create_qp_builder()
-        .setup_qp_type(QueuePairType::ReliableConnection)
-        .setup_max_send_wr(opts.queue_depth)
-        .setup_max_recv_wr(opts.queue_depth)
-        .setup_max_send_sge(1)
-        .setup_max_recv_sge(1)
-        .setup_send_cq(cq.clone())
-        .setup_recv_cq(cq.clone())
-        .build()
-        .map_err(|e| verbs_error("ibv_create_qp", e))?;
-    let attr = id.qp_attr(QueuePairState::Init)?;
-    qp.modify(&attr).map_err(|e| verbs_error("ibv_modify_qp(INIT)", e))?;
+    let mut qp = match srq {
+        Some(srq) => Qp::Shared(SrqQp::new(&cq, srq, opts.queue_depth)?),
+        None => Qp::Own(
+            pd.create_qp_builder()
+                .setup_qp_type(QueuePairType::ReliableConnection)
+                .setup_max_send_wr(opts.queue_depth)
+                .setup_max_recv_wr(opts.queue_depth)
+                .setup_max_send_sge(1)
+                .setup_max_recv_sge(1)
+                .setup_send_cq(cq.clone())
+                .setup_recv_cq(cq.clone())
+                .build()
+                .map_err(|e| verbs_error("ibv_create_qp", e))?,
+        ),
+    };
+    qp.modify(id.qp_attr(QueuePairState::Init)?, "ibv_modify_qp(INIT)")?;
     let (count, len) = opts.early_recvs;
     let early = if count > 0 {
         let region = register_region(&pd, count as usize * len as usize, Access::NONE)?;
         for i in 0..count {
-            post_recv(&mut qp, u64::from(i), region.local(i as usize * len as usize, len))?;
+            qp.post_recv(u64::from(i), region.local(i as usize * len as usize, len))?;
         }
         Some(Arc::new(region) as Arc<dyn Region>)
     } else {
@@ -511,8 +553,7 @@ fn to_rts(id: &CmId, parts: &mut Parts) -> Result<(), BackendError> {
         return Ok(());
     }
     for state in [QueuePairState::ReadyToReceive, QueuePairState::ReadyToSend] {
-        let attr = id.qp_attr(state)?;
-        parts.qp.modify(&attr).map_err(|e| verbs_error("ibv_modify_qp", e))?;
+        parts.qp.modify(id.qp_attr(state)?, "ibv_modify_qp")?;
     }
     Ok(())
 }
@@ -556,7 +597,7 @@ impl Backend for VerbsBackend {
         id.resolve_route(opts.timeout)?;
         expect_event(&channel, EventType::RouteResolved, deadline)?;
         let mut parts = make_parts(&id, opts, self.info.transport == DeviceTransport::Iwarp)?;
-        id.connect(parts.qp.qp_number(), &opts.private_data)?;
+        id.connect(&parts.qp, &opts.private_data)?;
         // The reply's private data comes with the connect response (InfiniBand and RoCE,
         // where the caller moves its own queue pair on) or with the establishment (iWARP).
         let event = channel.next_event(deadline)?;
@@ -572,6 +613,26 @@ impl Backend for VerbsBackend {
             }
         }
         Ok(Box::new(VerbsEndpoint::new(parts, id, Events::Own(channel), event.private_data)))
+    }
+
+    fn create_srq(&self, depth: u32) -> Result<Arc<dyn SharedRecvQueue>, BackendError> {
+        if !self.info.caps.srq {
+            return Err(BackendError::Unsupported("shared receive queues (the device reports max_srq 0)"));
+        }
+        let ctx = context_named(&self.info.name)?;
+        let pd = ctx.alloc_pd().map_err(|e| verbs_error("ibv_alloc_pd", e))?;
+        let mut init = rdma_mummy_sys::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: rdma_mummy_sys::ibv_srq_attr { max_wr: depth, max_sge: 1, srq_limit: 0 },
+        };
+        // SAFETY: the domain is alive (the queue holds it, `SrqInner::pd`); the call reads
+        // `init` and writes its `attr`; a null result is handled.
+        let raw = unsafe { rdma_mummy_sys::ibv_create_srq(pd.pd().as_ptr(), &mut init) };
+        let raw = NonNull::new(raw)
+            .ok_or_else(|| verbs_error("ibv_create_srq", std::io::Error::last_os_error()))?;
+        Ok(Arc::new(VerbsSrq {
+            inner: Arc::new(SrqInner { raw, pd, ctx, device: self.info.name.clone(), post: Mutex::new(()) }),
+        }))
     }
 }
 
@@ -649,7 +710,7 @@ impl PendingRequest for VerbsRequest {
         let deadline = Instant::now() + opts.timeout;
         let mut parts = make_parts(&self.id, opts, self.shared.iwarp)?;
         to_rts(&self.id, &mut parts)?;
-        self.id.accept(parts.qp.qp_number(), &opts.private_data)?;
+        self.id.accept(&parts.qp, &opts.private_data)?;
         let own = self.id.ptr() as usize;
         loop {
             let event = self.shared.channel.next_event(deadline)?;
@@ -684,7 +745,7 @@ enum Events {
 struct VerbsEndpoint {
     // Dropped in this order: the queue pair before its completion queue and domain, the
     // identifier before its channel.
-    qp: Mutex<BasicQueuePair>,
+    qp: Mutex<Qp>,
     cq: Arc<BasicCompletionQueue>,
     // After the queue: a completion channel outlives the queues attached to it.
     cq_channel: Arc<CompletionChannel>,
@@ -732,9 +793,11 @@ impl VerbsEndpoint {
 
     fn to_error(&self) {
         self.down.store(true, Ordering::Relaxed);
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Error);
-        let _ = lock(&self.qp).modify(&attr);
+        // SAFETY: all zero bytes are a valid `ibv_qp_attr` (as in `CmId::qp_attr`).
+        let mut attr: rdma_mummy_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = rdma_mummy_sys::ibv_qp_state::IBV_QPS_ERR;
+        let mask = rdma_mummy_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32;
+        let _ = lock(&self.qp).modify((attr, mask), "ibv_modify_qp(ERR)");
     }
 
     fn new(parts: Parts, id: Arc<CmId>, events: Events, peer_data: Vec<u8>) -> VerbsEndpoint {
@@ -846,6 +909,10 @@ impl Endpoint for VerbsEndpoint {
 
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
         let mut qp = lock(&self.qp);
+        let qp = match &mut *qp {
+            Qp::Own(qp) => qp,
+            Qp::Shared(qp) => return qp.post_send(wr_id, op, local),
+        };
         let mut guard = qp.start_post_send();
         let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
         let handle = match op {
@@ -871,7 +938,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
-        post_recv(&mut lock(&self.qp), wr_id, local)
+        lock(&self.qp).post_recv(wr_id, local)
     }
 
     fn poll(&self, timeout: Duration) -> Option<Completion> {
@@ -938,12 +1005,228 @@ impl Endpoint for VerbsEndpoint {
     }
 }
 
-fn post_recv(qp: &mut BasicQueuePair, wr_id: u64, local: Local) -> Result<(), BackendError> {
-    let mut guard = qp.start_post_recv();
-    let wr = guard.construct_wr(wr_id);
-    // SAFETY: as in `post_send`: the device checks the buffer against the lkey's region.
-    unsafe { wr.setup_sge(local.lkey, local.addr, local.len) };
-    guard.post().map_err(|e| verbs_error("ibv_post_recv", e))
+/// A queue pair: sideway's, with a receive queue of its own, or one that takes its receives
+/// from a shared receive queue.
+enum Qp {
+    Own(BasicQueuePair),
+    Shared(SrqQp),
+}
+
+impl Qp {
+    fn raw(&self) -> *mut rdma_mummy_sys::ibv_qp {
+        match self {
+            // SAFETY: the pointer is only used while `self` (which owns the queue pair) lives.
+            Qp::Own(qp) => unsafe { qp.qp() }.as_ptr(),
+            Qp::Shared(qp) => qp.raw.as_ptr(),
+        }
+    }
+
+    fn qp_number(&self) -> u32 {
+        // SAFETY: the queue pair is alive (`self` owns it); `qp_num` is a plain field.
+        unsafe { (*self.raw()).qp_num }
+    }
+
+    fn uses_srq(&self) -> bool {
+        matches!(self, Qp::Shared(_))
+    }
+
+    /// `ibv_modify_qp` with attributes and their mask (from rdma_cm, or a state alone).
+    fn modify(
+        &mut self,
+        (mut attr, mask): (rdma_mummy_sys::ibv_qp_attr, i32),
+        what: &str,
+    ) -> Result<(), BackendError> {
+        // SAFETY: the queue pair is alive and ours (`&mut self`); the call reads `attr`, the
+        // fields `mask` names.
+        let ret = unsafe { rdma_mummy_sys::ibv_modify_qp(self.raw(), &mut attr, mask) };
+        if ret == 0 { Ok(()) } else { Err(verbs_error(what, std::io::Error::from_raw_os_error(ret))) }
+    }
+
+    fn post_recv(&mut self, wr_id: u64, local: Local) -> Result<(), BackendError> {
+        let Qp::Own(qp) = self else {
+            return Err(BackendError::Unsupported(SRQ_POST_RECV));
+        };
+        let mut guard = qp.start_post_recv();
+        let wr = guard.construct_wr(wr_id);
+        // SAFETY: as in `post_send`: the device checks the buffer against the lkey's region.
+        unsafe { wr.setup_sge(local.lkey, local.addr, local.len) };
+        guard.post().map_err(|e| verbs_error("ibv_post_recv", e))
+    }
+}
+
+/// A queue pair made by `ibv_create_qp` itself, with a shared receive queue (sideway's
+/// builder passes none). Destroyed before the queues and domain it holds.
+struct SrqQp {
+    raw: NonNull<rdma_mummy_sys::ibv_qp>,
+    _cq: Arc<BasicCompletionQueue>,
+    _srq: Arc<SrqInner>,
+}
+
+// SAFETY: libibverbs' calls on a queue pair are safe from any thread; the endpoint serializes
+// its posts (its `qp` lock) and the queue pair is destroyed once.
+unsafe impl Send for SrqQp {}
+
+impl Drop for SrqQp {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair is ours, destroyed once, before the completion queue and
+        // shared receive queue it names (held by this structure's fields, dropped after).
+        unsafe { rdma_mummy_sys::ibv_destroy_qp(self.raw.as_ptr()) };
+    }
+}
+
+impl SrqQp {
+    /// A reliable-connection queue pair in the shared receive queue's domain, sending and
+    /// receiving on `cq`, with `depth` send work requests and its receives from `srq`.
+    fn new(cq: &Arc<BasicCompletionQueue>, srq: Arc<SrqInner>, depth: u32) -> Result<SrqQp, BackendError> {
+        // SAFETY: the pointer is used while `cq` lives (the queue pair holds it).
+        let cq_raw = unsafe { cq.cq() }.as_ptr();
+        let mut init = rdma_mummy_sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq_raw,
+            recv_cq: cq_raw,
+            srq: srq.raw.as_ptr(),
+            cap: rdma_mummy_sys::ibv_qp_cap {
+                max_send_wr: depth,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            qp_type: rdma_mummy_sys::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the domain, completion queue and shared receive queue named are alive (the
+        // new queue pair holds the last two, and the shared receive queue its domain); the
+        // call reads `init` and writes its `cap` member; a null result is handled.
+        let raw = unsafe { rdma_mummy_sys::ibv_create_qp(srq.pd.pd().as_ptr(), &mut init) };
+        let raw =
+            NonNull::new(raw).ok_or_else(|| verbs_error("ibv_create_qp", std::io::Error::last_os_error()))?;
+        Ok(SrqQp { raw, _cq: cq.clone(), _srq: srq })
+    }
+
+    /// Posts a signaled work request through `ibv_post_send`.
+    fn post_send(&mut self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
+        use rdma_mummy_sys::ibv_wr_opcode as o;
+        let mut sge = local.map(|l| rdma_mummy_sys::ibv_sge { addr: l.addr, length: l.len, lkey: l.lkey });
+        // SAFETY: all zero bytes are a valid `ibv_send_wr` (integers, null pointers, and
+        // unions of those).
+        let mut wr: rdma_mummy_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.send_flags = rdma_mummy_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if let Some(sge) = &mut sge {
+            wr.sg_list = sge;
+            wr.num_sge = 1;
+        }
+        let rdma =
+            |rkey, addr| rdma_mummy_sys::wr_t { rdma: rdma_mummy_sys::rdma_t { remote_addr: addr, rkey } };
+        let imm = |imm: u32| rdma_mummy_sys::imm_data_invalidated_rkey_union_t { imm_data: imm.to_be() };
+        match op {
+            Op::Send => wr.opcode = o::IBV_WR_SEND,
+            Op::SendImm(value) => {
+                wr.opcode = o::IBV_WR_SEND_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union = imm(value);
+            }
+            Op::Write { rkey, addr } => {
+                wr.opcode = o::IBV_WR_RDMA_WRITE;
+                wr.wr = rdma(rkey, addr);
+            }
+            Op::WriteImm { rkey, addr, imm: value } => {
+                wr.opcode = o::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.wr = rdma(rkey, addr);
+                wr.imm_data_invalidated_rkey_union = imm(value);
+            }
+            Op::Read { rkey, addr } => {
+                wr.opcode = o::IBV_WR_RDMA_READ;
+                wr.wr = rdma(rkey, addr);
+            }
+            Op::FetchAdd { rkey, addr, add } => {
+                wr.opcode = o::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr = rdma_mummy_sys::wr_t {
+                    atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: add, swap: 0, rkey },
+                };
+            }
+            Op::CompareSwap { rkey, addr, compare, swap } => {
+                wr.opcode = o::IBV_WR_ATOMIC_CMP_AND_SWP;
+                wr.wr = rdma_mummy_sys::wr_t {
+                    atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: compare, swap, rkey },
+                };
+            }
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the queue pair is alive and ours (`&mut self`); `wr` and the entry it points
+        // to live through the call, which copies them. The entry names the application's
+        // buffer in one of its registered regions; the device checks it against the lkey's
+        // region, and a wrong one fails the work request, not memory safety.
+        let ret = unsafe { rdma_mummy_sys::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(verbs_error("ibv_post_send", std::io::Error::from_raw_os_error(ret)))
+        }
+    }
+}
+
+/// A shared receive queue made by `ibv_create_srq`, in a protection domain of its own.
+struct SrqInner {
+    raw: NonNull<rdma_mummy_sys::ibv_srq>,
+    pd: Arc<ProtectionDomain>,
+    ctx: Arc<DeviceContext>,
+    device: String,
+    // Posts are serialized (a provider's post_srq_recv may expect one caller at a time).
+    post: Mutex<()>,
+}
+
+// SAFETY: libibverbs' calls on a shared receive queue are safe from any thread (posts are
+// serialized by `post`); it is destroyed once, when the last holder drops it.
+unsafe impl Send for SrqInner {}
+// SAFETY: as above.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: the queue is ours and destroyed once; every queue pair made with it holds
+        // it (`SrqQp::_srq`), so none is left. Its domain (`pd`) is dropped after it.
+        unsafe { rdma_mummy_sys::ibv_destroy_srq(self.raw.as_ptr()) };
+    }
+}
+
+/// The verbs backend's shared receive queue.
+#[derive(Clone)]
+struct VerbsSrq {
+    inner: Arc<SrqInner>,
+}
+
+impl std::fmt::Debug for VerbsSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsSrq").field("device", &self.inner.device).finish_non_exhaustive()
+    }
+}
+
+impl SharedRecvQueue for VerbsSrq {
+    fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
+        Ok(Arc::new(register_region(&self.inner.pd, len, access)?))
+    }
+
+    fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
+        let _serial = lock(&self.inner.post);
+        let mut sge = rdma_mummy_sys::ibv_sge { addr: local.addr, length: local.len, lkey: local.lkey };
+        let mut wr =
+            rdma_mummy_sys::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the queue is alive (`self` holds it); `wr` and its entry live through the
+        // call, which copies them. As in `post_send`, the device checks the buffer against
+        // the lkey's region.
+        let ret = unsafe { rdma_mummy_sys::ibv_post_srq_recv(self.inner.raw.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(verbs_error("ibv_post_srq_recv", std::io::Error::from_raw_os_error(ret)))
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// Registers `len` zeroed bytes of memory the region owns.

@@ -26,6 +26,7 @@ fn caps_words(c: &Capabilities) -> String {
         (c.private_data, "private-data"),
         (c.reject, "reject"),
         (c.cq_notify, "cq-notify"),
+        (c.srq, "srq"),
     ] {
         if have {
             words.push(word);
@@ -49,6 +50,7 @@ pub(crate) fn run(args: &Args) -> ExitCode {
                     "private_data": d.caps.private_data,
                     "reject": d.caps.reject,
                     "cq_notify": d.caps.cq_notify,
+                    "srq": d.caps.srq,
                 })
             })
             .collect();

@@ -19,7 +19,7 @@ use std::time::Duration;
 use iwarp::Access;
 use iwarp::backend::{
     Backend, BackendError, Capabilities, CompletionOp, DeviceTransport, Endpoint, EndpointOptions, Op,
-    Region, Status, open_backend,
+    Region, SharedRecvQueue, Status, open_backend,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -268,6 +268,151 @@ fn disconnect_flushes_posted_receives_on_both_sides() {
             assert_eq!((wc.wr_id, wc.status), (base + i, Status::Flushed), "{side}: {wc:?}");
         }
     }
+}
+
+/// A shared receive queue on `b` with `depth` receives, or `None` (the test is skipped) where
+/// the device has none.
+fn srq_or_skip(b: &Arc<dyn Backend>, test: &str, depth: u32) -> Option<Arc<dyn SharedRecvQueue>> {
+    if skip(test, b.info().caps.srq, "shared receive queues") {
+        return None;
+    }
+    Some(b.create_srq(depth).unwrap_or_else(|e| panic!("create_srq: {e}")))
+}
+
+/// Two connections whose passive ends take their receives from `srq`: (client, server) each.
+fn srq_pairs(
+    b: &Arc<dyn Backend>,
+    srq: &Arc<dyn SharedRecvQueue>,
+) -> [(Box<dyn Endpoint>, Box<dyn Endpoint>); 2] {
+    let server = EndpointOptions { srq: Some(srq.clone()), ..EndpointOptions::default() };
+    let client = EndpointOptions::default();
+    [pair_with(b, &client, &server), pair_with(b, &client, &server)]
+}
+
+const SRQ_SLOT: usize = 128;
+
+#[test]
+fn srq_takes_sends_from_two_connections() {
+    let b = backend();
+    let Some(srq) = srq_or_skip(&b, "srq_takes_sends_from_two_connections", 16) else { return };
+    let pairs = srq_pairs(&b, &srq);
+    let sink = srq.register(6 * SRQ_SLOT, Access::NONE).unwrap_or_else(|e| panic!("register: {e}"));
+    for i in 0..6 {
+        srq.post_recv(i, sink.local(i as usize * SRQ_SLOT, SRQ_SLOT as u32))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // Three Sends of different lengths on each connection, interleaved.
+    let lens = [[5usize, 100, 17], [64, 1, 128]];
+    let mut sources = Vec::new();
+    for k in 0..3 {
+        for (p, (c, _)) in pairs.iter().enumerate() {
+            let len = lens[p][k];
+            let source = register(&**c, len, Access::NONE);
+            source.write(0, &pattern(len, (10 * p + k) as u8)).unwrap_or_else(|e| panic!("{e}"));
+            c.post_send(k as u64, Op::Send, Some(source.local(0, len as u32)))
+                .unwrap_or_else(|e| panic!("{e}"));
+            sources.push(source);
+        }
+    }
+    let mut taken = Vec::new();
+    for (p, (c, s)) in pairs.iter().enumerate() {
+        for k in 0..3 {
+            expect_ok(&**c, k as u64, CompletionOp::Send, "send");
+            // Each connection's Sends arrive in order, each in the next receive the shared
+            // queue gives that connection, and complete on that connection's endpoint.
+            let wc = wait(&**s, "srq receive");
+            assert_eq!((wc.status, wc.op), (Status::Success, CompletionOp::Recv), "connection {p}: {wc:?}");
+            let len = lens[p][k];
+            assert_eq!(wc.byte_len as usize, len, "connection {p}, send {k}: {wc:?}");
+            assert!(wc.wr_id < 6, "{wc:?}");
+            let got = contents(&*sink, wc.wr_id as usize * SRQ_SLOT, len);
+            assert_eq!(
+                got,
+                pattern(len, (10 * p + k) as u8),
+                "connection {p}, send {k}, receive {}",
+                wc.wr_id
+            );
+            taken.push(wc.wr_id);
+        }
+    }
+    taken.sort_unstable();
+    assert_eq!(taken, (0..6).collect::<Vec<_>>(), "every Send in exactly one receive");
+}
+
+#[test]
+fn srq_receive_too_small_completes_with_a_length_error() {
+    let b = backend();
+    let Some(srq) = srq_or_skip(&b, "srq_receive_too_small_completes_with_a_length_error", 4) else { return };
+    let [(c, s), _other] = srq_pairs(&b, &srq);
+    let sink = srq.register(16, Access::NONE).unwrap_or_else(|e| panic!("register: {e}"));
+    srq.post_recv(1, sink.local(0, 16)).unwrap_or_else(|e| panic!("{e}"));
+    let source = register(&*c, 64, Access::NONE);
+    c.post_send(2, Op::Send, Some(source.local(0, 64))).unwrap_or_else(|e| panic!("{e}"));
+    let wc = wait(&*s, "short srq receive");
+    if b.info().transport.speaks_iwarp() {
+        assert_eq!((wc.wr_id, wc.status), (1, Status::LocalLength), "{wc:?}");
+    } else {
+        eprintln!("srq_receive_too_small: receiver saw {:?} on {}", wc.status, device_name());
+        assert_eq!(wc.wr_id, 1, "{wc:?}");
+        assert!(matches!(wc.status, Status::LocalLength | Status::LocalQpOperation), "{wc:?}");
+    }
+    eprintln!("srq_receive_too_small: sender saw {:?}", c.poll(T).map(|w| w.status));
+}
+
+#[test]
+fn srq_receives_stay_posted_when_a_connection_goes_down() {
+    let b = backend();
+    let Some(srq) = srq_or_skip(&b, "srq_receives_stay_posted_when_a_connection_goes_down", 8) else {
+        return;
+    };
+    let [(c1, s1), (c2, s2)] = srq_pairs(&b, &srq);
+    let sink = srq.register(3 * SRQ_SLOT, Access::NONE).unwrap_or_else(|e| panic!("register: {e}"));
+    for i in 0..3 {
+        srq.post_recv(i, sink.local(i as usize * SRQ_SLOT, SRQ_SLOT as u32))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // An endpoint of a shared receive queue has no receive queue of its own to post to.
+    let own = register(&*s1, 8, Access::NONE);
+    match s1.post_recv(9, own.local(0, 8)) {
+        Err(BackendError::Unsupported(_)) => {}
+        other => panic!("post_recv on an endpoint with a shared receive queue: {other:?}"),
+    }
+    // One connection goes down. Its end of the shared queue sees it: Sends posted there
+    // complete, successfully until it does (a Send completes once handed to the transport),
+    // then flushed or refused. None of the shared receives completes there.
+    c1.disconnect();
+    let note = register(&*s1, 8, Access::NONE);
+    let mut down = false;
+    for i in 0..100 {
+        if s1.post_send(50 + i, Op::Send, Some(note.local(0, 8))).is_err() {
+            down = true;
+            break;
+        }
+        let wc = wait(&*s1, "send on the connection that went down");
+        assert_eq!(wc.wr_id, 50 + i, "only the Sends complete there, no shared receive: {wc:?}");
+        if wc.status != Status::Success {
+            down = true;
+            break;
+        }
+    }
+    assert!(down, "the end of the connection that went down never saw it");
+    drop((c1, s1));
+    // The three receives are all still posted: the other connection's three Sends take them.
+    for k in 0..3u64 {
+        let source = register(&*c2, 32, Access::NONE);
+        source.write(0, &pattern(32, k as u8)).unwrap_or_else(|e| panic!("{e}"));
+        c2.post_send(k, Op::Send, Some(source.local(0, 32))).unwrap_or_else(|e| panic!("{e}"));
+        expect_ok(&*c2, k, CompletionOp::Send, "send on the connection still up");
+    }
+    let mut taken = Vec::new();
+    for k in 0..3u8 {
+        let wc = wait(&*s2, "srq receive");
+        assert_eq!((wc.status, wc.op, wc.byte_len), (Status::Success, CompletionOp::Recv, 32), "{wc:?}");
+        assert_eq!(contents(&*sink, wc.wr_id as usize * SRQ_SLOT, 32), pattern(32, k), "{wc:?}");
+        taken.push(wc.wr_id);
+    }
+    taken.sort_unstable();
+    assert_eq!(taken, vec![0, 1, 2], "no shared receive was flushed with the connection that went down");
 }
 
 /// Checks private data that arrived: the bytes sent, and on InfiniBand and RoCE, whose
