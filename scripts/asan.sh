@@ -9,6 +9,12 @@
 #    and the C programs of verbs-abi/tests/c/ on the instrumented library, with LLVM's shared
 #    ASan runtime preloaded into those uninstrumented programs (IWARP_VERBS_ABI_PRELOAD; from
 #    libclang-rt-14-dev); a canary checks that a bad access inside the library is reported,
+#  - the verbs backend (src/verbs.rs, the `iwarp` package's only module with unsafe code: raw
+#    rdma_cm, completion polling and notification, shared receive queues, registered memory):
+#    the conformance suite built with `--features verbs` and instrumented, run on the verbs
+#    drop-in (IWARP_CONFORMANCE_DEVICE=iwarp0, LD_LIBRARY_PATH at the libraries
+#    scripts/verbs-abi.sh stages). The drop-in library itself is not instrumented in this step
+#    (the step before covers it); its allocations still go through ASan's allocator,
 #  - netdev's frame-I/O module (netdev/src/frame_io.rs, its only module with unsafe code: the
 #    packet socket's receive ring, the TAP ioctls) and the devices over it, in private network
 #    namespaces (those tests skip without root),
@@ -45,6 +51,15 @@ if [ -z "$runtime" ]; then
 fi
 IWARP_VERBS_ABI_PRELOAD="$runtime" asan_test -p iwarp-verbs-abi
 
+step "the verbs backend (src/verbs.rs): the conformance suite on the verbs drop-in"
+# The drop-in's libraries, built normally (cmake and a C compiler: rdma-mummy-sys).
+dropin="$(timeout 1800 bash scripts/verbs-abi.sh | tail -1)"
+asan_test -p iwarp-tests --features verbs --test conformance --no-run
+# Built above: only the run sees the drop-in's libraries, and the run is bounded.
+IWARP_CONFORMANCE_DEVICE=iwarp0 LD_LIBRARY_PATH="$dropin" \
+  timeout 600 env RUSTFLAGS="-Zsanitizer=address" cargo test --locked --target "$target" \
+  --target-dir target/asan -p iwarp-tests --features verbs --test conformance -- --test-threads=2
+
 step "frame I/O: packet sockets, the receive ring, TAP devices (iwarp-netdev unit tests)"
 asan_test -p iwarp-netdev --lib -- frame_io:: smol_device::
 
@@ -61,4 +76,4 @@ for t in ddp_placement qp_receive; do
   st=${PIPESTATUS[0]}
   if [ "$st" -ne 0 ]; then echo "fuzz target $t failed under ASan (status $st)" >&2; exit 1; fi
 done
-echo "asan: DMA tests, memory tests, deregistration race, the verbs drop-in, frame I/O and fuzz targets ran clean"
+echo "asan: DMA tests, memory tests, deregistration race, the verbs drop-in, the verbs backend, frame I/O and fuzz targets ran clean"
