@@ -224,6 +224,9 @@ fn device_attr() -> ibv_device_attr {
     a.max_sge_rd = 1;
     a.max_cq = 65536;
     a.max_cqe = MAX_CQE as c_int;
+    a.max_srq = 65536;
+    a.max_srq_wr = MAX_QP_WR as c_int;
+    a.max_srq_sge = MAX_SGE as c_int;
     a.max_mr = MAX_MR as c_int;
     a.max_pd = 65536;
     a.max_qp_rd_atom = MAX_RD_ATOM as c_int;

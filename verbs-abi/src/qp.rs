@@ -9,18 +9,30 @@
 //! its opcode, its number of scatter/gather elements, and every element's lkey, protection
 //! domain and bounds; a failure returns the error number with `*bad_wr` at the request that
 //! failed, the requests before it posted.
+//!
+//! Shared receive queues (`ibv_create_srq`, `ops.post_srq_recv`) are the engine's
+//! ([`iwarp::SharedReceiveQueue`]): a queue pair created with one hands it to the connection
+//! manager, and the engine takes the next buffer from it for each Send that arrives. The
+//! engine checks a receive's buffer against the queue pair's protection domain, so a queue
+//! pair's shared receive queue must be in its domain (`EINVAL` otherwise).
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use iwarp::{Access, MemoryRegion, PostError, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, Sge, Sgl};
+use iwarp::{
+    Access, MemoryRegion, PostError, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, Sge, Sgl,
+    SharedReceiveQueue,
+};
 
 use crate::context::{MAX_QP_WR, MAX_SGE};
 use crate::cq::{CQS, Cq};
 use crate::ffi::{CStruct, Registry, Result, ZeroedC, errno_call, ptr_call, set_errno, zeroed};
 use crate::sys::*;
 use crate::verbs::{PDS, Pd, lookup_lkey};
+
+// SAFETY: as for `ibv_qp` below: integers, raw pointers and pthread objects.
+unsafe impl ZeroedC for ibv_srq {}
 
 // SAFETY: repr(C) structures of integers, raw pointers and pthread objects (zero is their
 // static initializer).
@@ -52,6 +64,77 @@ pub struct Qp {
     /// entry, reused round robin (a slot is free again once `max_send_wr` later requests
     /// have been posted, since the send queue holds no more).
     inline: Option<(MemoryRegion, AtomicUsize)>,
+    /// The shared receive queue its receives come from, if any.
+    pub(crate) srq: Option<Arc<Srq>>,
+}
+
+/// A shared receive queue.
+pub struct Srq {
+    c: CStruct<ibv_srq>,
+    pd: Arc<Pd>,
+    /// The engine's queue, handed to the connections of the queue pairs made with it.
+    pub(crate) queue: SharedReceiveQueue,
+    attr: ibv_srq_attr,
+    /// Queue pairs using it (`ibv_destroy_srq` refuses while any do).
+    users: AtomicUsize,
+}
+
+static SRQS: Registry<Srq> = Registry::new();
+static NEXT_SRQ: AtomicU32 = AtomicU32::new(1);
+
+/// Creates a shared receive queue in `pd`, its granted size written back to `attr`.
+pub(crate) fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq> {
+    let pd_obj = PDS.get(pd)?;
+    if init.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller passes a readable structure (checked non-null).
+    let wanted = unsafe { *init };
+    if wanted.attr.max_wr > MAX_QP_WR || wanted.attr.max_sge > MAX_SGE {
+        return Err(libc::EINVAL);
+    }
+    let attr =
+        ibv_srq_attr { max_wr: wanted.attr.max_wr.max(1), max_sge: wanted.attr.max_sge.max(1), srq_limit: 0 };
+    // SAFETY: the caller's structure is writable: verbs returns the granted sizes in it.
+    unsafe { (*init).attr = attr };
+    let mut c: ibv_srq = zeroed();
+    // SAFETY: reading a field of the live PD structure.
+    c.context = unsafe { (*pd).context };
+    c.srq_context = wanted.srq_context;
+    c.pd = pd;
+    c.handle = NEXT_SRQ.fetch_add(1, Ordering::Relaxed);
+    pd_obj.users.fetch_add(1, Ordering::AcqRel);
+    let srq = Arc::new(Srq {
+        c: CStruct::new(c),
+        pd: pd_obj,
+        queue: SharedReceiveQueue::new(attr.max_wr as usize),
+        attr,
+        users: AtomicUsize::new(0),
+    });
+    SRQS.insert(srq.c.ptr(), srq.clone());
+    Ok(srq.c.ptr())
+}
+
+/// The shared receive queue's sizes.
+pub(crate) fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> Result<()> {
+    let obj = SRQS.get(srq)?;
+    if attr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller passes a writable structure (checked non-null).
+    unsafe { attr.write(obj.attr) };
+    Ok(())
+}
+
+/// Destroys a shared receive queue no queue pair uses (`EBUSY` otherwise).
+pub(crate) fn destroy_srq(srq: *mut ibv_srq) -> Result<()> {
+    let obj = SRQS.get(srq)?;
+    if obj.users.load(Ordering::Acquire) > 0 {
+        return Err(libc::EBUSY);
+    }
+    SRQS.remove(srq);
+    obj.pd.users.fetch_sub(1, Ordering::AcqRel);
+    Ok(())
 }
 
 pub(crate) static QPS: Registry<Qp> = Registry::new();
@@ -157,9 +240,15 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
     if attr.qp_type != IBV_QPT_RC {
         return Err(libc::EOPNOTSUPP);
     }
-    if !attr.srq.is_null() {
-        return Err(libc::EOPNOTSUPP);
-    }
+    let srq = if attr.srq.is_null() {
+        None
+    } else {
+        let srq = SRQS.get(attr.srq)?;
+        if !Arc::ptr_eq(&srq.pd, &pd_obj) {
+            return Err(libc::EINVAL);
+        }
+        Some(srq)
+    };
     let send_cq = CQS.get(attr.send_cq)?;
     let recv_cq = CQS.get(attr.recv_cq)?;
     let cap = attr.cap;
@@ -171,11 +260,13 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
     {
         return Err(libc::EINVAL);
     }
+    // With a shared receive queue, the queue pair has no receive queue of its own.
+    let own_recv = u32::from(srq.is_none());
     let caps = ibv_qp_cap {
         max_send_wr: cap.max_send_wr.max(1),
-        max_recv_wr: cap.max_recv_wr.max(1),
+        max_recv_wr: cap.max_recv_wr.max(1) * own_recv,
         max_send_sge: cap.max_send_sge.max(1),
-        max_recv_sge: cap.max_recv_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1) * own_recv,
         max_inline_data: cap.max_inline_data,
     };
     let inline = if caps.max_inline_data > 0 {
@@ -195,6 +286,7 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
     c.pd = pd;
     c.send_cq = attr.send_cq;
     c.recv_cq = attr.recv_cq;
+    c.srq = attr.srq;
     c.handle = qp_num;
     c.qp_num = qp_num;
     c.state = IBV_QPS_RESET;
@@ -202,6 +294,9 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
     pd_obj.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(srq) = &srq {
+        srq.users.fetch_add(1, Ordering::AcqRel);
+    }
     let qp = Arc::new(Qp {
         c: CStruct::new(c),
         qp_num,
@@ -213,6 +308,7 @@ pub(crate) fn create(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> Re
         live: OnceLock::new(),
         pending: Mutex::new(Vec::new()),
         inline,
+        srq,
     });
     QPS.insert(qp.ibv(), qp.clone());
     QP_NUMS.insert_key(qp_num as usize, qp.clone());
@@ -291,7 +387,7 @@ pub unsafe extern "C" fn ibv_query_qp(
                 qp_context: c.qp_context,
                 send_cq: c.send_cq,
                 recv_cq: c.recv_cq,
-                srq: std::ptr::null_mut(),
+                srq: c.srq,
                 cap: obj.caps,
                 qp_type: IBV_QPT_RC,
                 sq_sig_all: c_int::from(obj.sq_sig_all),
@@ -324,6 +420,9 @@ pub(crate) fn destroy(qp: *mut ibv_qp) -> Result<()> {
     obj.pd.users.fetch_sub(1, Ordering::AcqRel);
     obj.send_cq.users.fetch_sub(1, Ordering::AcqRel);
     obj.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+    if let Some(srq) = &obj.srq {
+        srq.users.fetch_sub(1, Ordering::AcqRel);
+    }
     Ok(())
 }
 
@@ -352,7 +451,7 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(
 }
 
 /// Checks a list of `n` elements against the queue pair's protection domain; the list.
-fn sgl(qp: &Qp, list: *const ibv_sge, n: c_int, max: u32, local_write: bool) -> Result<Sgl> {
+fn sgl(pd: &Pd, list: *const ibv_sge, n: c_int, max: u32, local_write: bool) -> Result<Sgl> {
     let n = u32::try_from(n).map_err(|_| libc::EINVAL)?;
     if n > max || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
@@ -366,7 +465,7 @@ fn sgl(qp: &Qp, list: *const ibv_sge, n: c_int, max: u32, local_write: bool) -> 
         }
         let key = lookup_lkey(e.lkey).ok_or(libc::EINVAL)?;
         let end = e.addr.checked_add(u64::from(e.length)).ok_or(libc::EINVAL)?;
-        if key.pd != qp.pd.ibv() as usize || e.addr < key.base || end > key.base + key.len {
+        if key.pd != pd.ibv() as usize || e.addr < key.base || end > key.base + key.len {
             return Err(libc::EINVAL);
         }
         if local_write && !key.local_write {
@@ -439,7 +538,7 @@ fn send_wr(qp: &Qp, wr: &ibv_send_wr) -> Result<SendWr> {
     } else if matches!(op, SendOp::LocalInvalidate { .. }) {
         Sgl::new()
     } else {
-        sgl(qp, wr.sg_list, wr.num_sge, qp.caps.max_send_sge, is_read)?
+        sgl(&qp.pd, wr.sg_list, wr.num_sge, qp.caps.max_send_sge, is_read)?
     };
     if is_read && sgl.len() != 1 {
         return Err(libc::EINVAL);
@@ -514,12 +613,16 @@ pub(crate) unsafe extern "C" fn post_recv(
     let mut bad = wr;
     let rc = errno_call("ibv_post_recv", || {
         let obj = QPS.get(qp)?;
+        if obj.srq.is_some() {
+            // Its receives come from its shared receive queue.
+            return Err(libc::EINVAL);
+        }
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: the caller passes a valid NULL-terminated list of work requests.
             let w = unsafe { &*cur };
             bad = cur;
-            let sgl = sgl(&obj, w.sg_list, w.num_sge, obj.caps.max_recv_sge, true)?;
+            let sgl = sgl(&obj.pd, w.sg_list, w.num_sge, obj.caps.max_recv_sge, true)?;
             let r = RecvWr { wr_id: w.wr_id, sgl };
             match obj.connection() {
                 Some(q) => q.post_recv(r).map_err(post_errno)?,
@@ -548,18 +651,31 @@ pub(crate) unsafe extern "C" fn post_recv(
     rc
 }
 
-/// `ops.post_srq_recv`: there are no shared receive queues.
+/// `ops.post_srq_recv`: posts a list of receive work requests to a shared receive queue.
 unsafe extern "C" fn post_srq_recv(
-    _srq: *mut ibv_srq,
+    srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if !bad_wr.is_null() {
+    let mut bad = wr;
+    let rc = errno_call("ibv_post_srq_recv", || {
+        let obj = SRQS.get(srq)?;
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: the caller passes a valid NULL-terminated list of work requests.
+            let w = unsafe { &*cur };
+            bad = cur;
+            let sgl = sgl(&obj.pd, w.sg_list, w.num_sge, obj.attr.max_sge, true)?;
+            obj.queue.post_recv(RecvWr { wr_id: w.wr_id, sgl }).map_err(post_errno)?;
+            cur = w.next;
+        }
+        Ok(())
+    });
+    if rc != 0 && !bad_wr.is_null() {
         // SAFETY: the caller passes a writable pointer (checked non-null).
-        unsafe { *bad_wr = wr };
+        unsafe { *bad_wr = bad };
     }
-    set_errno(libc::EOPNOTSUPP);
-    libc::EOPNOTSUPP
+    rc
 }
 
 /// `ops.alloc_mw`: memory windows are not offered.

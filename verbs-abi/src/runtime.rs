@@ -141,6 +141,7 @@ impl Runtime {
             max_send_wr: c.max_send_wr.max(1),
             max_recv_wr: c.max_recv_wr.max(1),
             recv: c.recv,
+            srq: c.srq,
             capture: self.capture.clone(),
             ..ConnectOptions::default()
         }
@@ -168,4 +169,6 @@ pub(crate) struct ConnSettings {
     pub(crate) max_send_wr: usize,
     pub(crate) max_recv_wr: usize,
     pub(crate) recv: Vec<RecvWr>,
+    /// The queue pair's shared receive queue, if it has one.
+    pub(crate) srq: Option<iwarp::SharedReceiveQueue>,
 }

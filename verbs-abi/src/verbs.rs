@@ -1,6 +1,6 @@
-//! Protection domains and memory regions (`ibv_alloc_pd`, `ibv_reg_mr`, ...), and the verbs
-//! this device does not offer (shared receive queues, address handles, multicast, imports),
-//! which fail the documented way.
+//! Protection domains and memory regions (`ibv_alloc_pd`, `ibv_reg_mr`, ...), the entry points
+//! of shared receive queues (made in `qp.rs`), and the verbs this device does not offer
+//! (address handles, multicast, imports), which fail the documented way.
 //!
 //! A region is registered over the application's own memory, in place, with the buffer's
 //! address (or the `iova` of `ibv_reg_mr_iova2`) as the tagged offset peers use, through
@@ -299,48 +299,47 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     -1
 }
 
-/// Shared receive queues are not offered: NULL, `EOPNOTSUPP` (max_srq is 0).
+/// Creates a shared receive queue (the engine's; see `qp.rs`). `attr.attr` gets the sizes
+/// granted; its `srq_limit` is not supported (0: no limit event).
 ///
 /// # Safety
 ///
-/// None.
+/// `attr` points to a `struct ibv_srq_init_attr`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_create_srq(_pd: *mut ibv_pd, _attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    set_errno(libc::EOPNOTSUPP);
-    std::ptr::null_mut()
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    ptr_call("ibv_create_srq", || crate::qp::create_srq(pd, attr))
 }
 
-/// No shared receive queue exists: `EINVAL`.
+/// Resizing a shared receive queue and its limit event are not offered: `EOPNOTSUPP`
+/// (`IBV_DEVICE_SRQ_RESIZE` is not among the device's flags).
 ///
 /// # Safety
 ///
 /// None.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_modify_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr, _mask: c_int) -> c_int {
-    set_errno(libc::EINVAL);
-    libc::EINVAL
+    set_errno(libc::EOPNOTSUPP);
+    libc::EOPNOTSUPP
 }
 
-/// No shared receive queue exists: `EINVAL`.
+/// Describes a shared receive queue: its sizes, limit 0.
 ///
 /// # Safety
 ///
-/// None.
+/// `attr` points to a writable `struct ibv_srq_attr`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
-    set_errno(libc::EINVAL);
-    libc::EINVAL
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    errno_call("ibv_query_srq", || crate::qp::query_srq(srq, attr))
 }
 
-/// No shared receive queue exists: `EINVAL`.
+/// Destroys a shared receive queue; `EBUSY` while a queue pair uses it.
 ///
 /// # Safety
 ///
-/// None.
+/// None beyond the C API's.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
-    set_errno(libc::EINVAL);
-    libc::EINVAL
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    errno_call("ibv_destroy_srq", || crate::qp::destroy_srq(srq))
 }
 
 /// Address handles are for unreliable datagrams, which iWARP does not have: NULL,

@@ -732,6 +732,7 @@ fn settings(qp: &Qp, ird: u16, ord: u16, private_data: Vec<u8>) -> ConnSettings 
         max_send_wr: qp.caps.max_send_wr as usize,
         max_recv_wr: qp.caps.max_recv_wr as usize,
         recv: qp.take_pending(),
+        srq: qp.srq.as_ref().map(|s| s.queue.clone()),
     }
 }
 
