@@ -271,6 +271,48 @@ int main(void)
 		CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0, "destroy the queue pair, then the queue");
 		CHECK(ibv_destroy_qp(qp) == EINVAL, "ibv_destroy_qp twice: EINVAL");
 	}
+	{
+		/* Shared receive queues: sizes granted, a queue pair that takes its receives from
+		   one, and the refusals around them. */
+		struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+		struct ibv_srq_init_attr big = { .attr = { .max_wr = 1 << 30, .max_sge = 1 } };
+		struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+		struct ibv_srq_attr q;
+		struct ibv_srq *srq;
+		struct ibv_pd *other = ibv_alloc_pd(ctx);
+		struct ibv_qp_init_attr rc_ = { .send_cq = cq, .recv_cq = cq, .cap = { 1, 0, 1, 0, 0 },
+						.qp_type = IBV_QPT_RC };
+		struct ibv_qp *qp, *stranger;
+		struct ibv_recv_wr rwr = { .wr_id = 1 }, *bad;
+		char rbuf[16];
+		struct ibv_mr *rmr = ibv_reg_mr(pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE);
+		struct ibv_sge sge = { .addr = (uintptr_t)rbuf, .length = sizeof rbuf, .lkey = rmr ? rmr->lkey : 0 };
+
+		CHECK(ibv_query_device(ctx, &dattr) == 0 && dattr.max_srq > 0 && dattr.max_srq_wr > 0,
+		      "ibv_query_device reports shared receive queues");
+		errno = 0;
+		CHECK(ibv_create_srq(pd, &big) == NULL && errno == EINVAL, "ibv_create_srq(2^30 entries): EINVAL");
+		srq = ibv_create_srq(pd, &sa);
+		CHECK(srq && srq->pd == pd && srq->context == ctx, "ibv_create_srq");
+		CHECK(ibv_query_srq(srq, &q) == 0 && q.max_wr >= 4 && q.max_sge >= 1, "ibv_query_srq: the sizes granted");
+		CHECK(ibv_modify_srq(srq, &q, IBV_SRQ_MAX_WR) == EOPNOTSUPP, "ibv_modify_srq: EOPNOTSUPP");
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		CHECK(ibv_post_srq_recv(srq, &rwr, &bad) == 0, "ibv_post_srq_recv");
+		rc_.srq = srq;
+		errno = 0;
+		stranger = ibv_create_qp(other, &rc_);
+		CHECK(stranger == NULL && errno == EINVAL, "ibv_create_qp with another domain's SRQ: EINVAL");
+		qp = ibv_create_qp(pd, &rc_);
+		CHECK(qp && qp->srq == srq, "ibv_create_qp with an SRQ");
+		CHECK(qp && ibv_post_recv(qp, &rwr, &bad) == EINVAL && bad == &rwr,
+		      "ibv_post_recv on a queue pair with an SRQ: EINVAL");
+		CHECK(ibv_destroy_srq(srq) == EBUSY, "ibv_destroy_srq with a queue pair: EBUSY");
+		CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_srq(srq) == 0, "destroy the queue pair, then the SRQ");
+		CHECK(ibv_destroy_srq(srq) == EINVAL, "ibv_destroy_srq twice: EINVAL");
+		CHECK(ibv_dereg_mr(rmr) == 0 && ibv_dealloc_pd(other) == 0 && ibv_destroy_cq(cq) == 0,
+		      "free the region, the other domain and the queue");
+	}
 	errno = 0;
 	CHECK(rdma_bind_addr(NULL, NULL) == -1 && errno == EINVAL, "rdma_bind_addr(NULL): -1, EINVAL");
 	errno = 0;
