@@ -14,7 +14,7 @@
 //! - `ffi`: the boundary: errno, panics caught at every exported function, the registries
 //!   that turn a C pointer back into an object (a pointer this library did not hand out is
 //!   refused with an error, never dereferenced), symbol versions.
-//! - `device`, `verbs`, `cq`, `qp`: the libibverbs functions (IBVERBS_1.0 .. 1.14), the data
+//! - `device`, `verbs`, `cq`, `qp`, `srq`: the libibverbs functions (IBVERBS_1.0 .. 1.14), the data
 //!   path reached through `ibv_context::ops` (`ibv_post_send`, `ibv_poll_cq` and the others
 //!   are inline functions in the headers).
 //! - `cm`: the librdmacm functions, exported here as `iwarp_<name>@IWARP_PRIVATE_1` and
@@ -38,6 +38,7 @@ mod events;
 pub mod qp;
 pub mod rsocket;
 mod runtime;
+pub mod srq;
 #[allow(
     non_camel_case_types,
     non_upper_case_globals,

@@ -10,29 +10,24 @@
 //! domain and bounds; a failure returns the error number with `*bad_wr` at the request that
 //! failed, the requests before it posted.
 //!
-//! Shared receive queues (`ibv_create_srq`, `ops.post_srq_recv`) are the engine's
-//! ([`iwarp::SharedReceiveQueue`]): a queue pair created with one hands it to the connection
-//! manager, and the engine takes the next buffer from it for each Send that arrives. The
-//! engine checks a receive's buffer against the queue pair's protection domain, so a queue
-//! pair's shared receive queue must be in its domain (`EINVAL` otherwise).
+//! A queue pair created with a shared receive queue (`srq.rs`) hands it to the connection
+//! manager, and the engine takes the next buffer from it for each Send that arrives
+//! (`ops.post_srq_recv` posts to it here, checked as `ibv_post_recv` checks). The engine
+//! checks a receive's buffer against the queue pair's protection domain, so a queue pair's
+//! shared receive queue must be in its domain (`EINVAL` otherwise).
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use iwarp::{
-    Access, MemoryRegion, PostError, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, Sge, Sgl,
-    SharedReceiveQueue,
-};
+use iwarp::{Access, MemoryRegion, PostError, QpState, QueuePair, RecvWr, STag, SendOp, SendWr, Sge, Sgl};
 
 use crate::context::{MAX_QP_WR, MAX_SGE};
 use crate::cq::{CQS, Cq};
 use crate::ffi::{CStruct, Registry, Result, ZeroedC, errno_call, ptr_call, set_errno, zeroed};
+use crate::srq::{SRQS, Srq};
 use crate::sys::*;
 use crate::verbs::{PDS, Pd, lookup_lkey};
-
-// SAFETY: as for `ibv_qp` below: integers, raw pointers and pthread objects.
-unsafe impl ZeroedC for ibv_srq {}
 
 // SAFETY: repr(C) structures of integers, raw pointers and pthread objects (zero is their
 // static initializer).
@@ -66,75 +61,6 @@ pub struct Qp {
     inline: Option<(MemoryRegion, AtomicUsize)>,
     /// The shared receive queue its receives come from, if any.
     pub(crate) srq: Option<Arc<Srq>>,
-}
-
-/// A shared receive queue.
-pub struct Srq {
-    c: CStruct<ibv_srq>,
-    pd: Arc<Pd>,
-    /// The engine's queue, handed to the connections of the queue pairs made with it.
-    pub(crate) queue: SharedReceiveQueue,
-    attr: ibv_srq_attr,
-    /// Queue pairs using it (`ibv_destroy_srq` refuses while any do).
-    users: AtomicUsize,
-}
-
-static SRQS: Registry<Srq> = Registry::new();
-static NEXT_SRQ: AtomicU32 = AtomicU32::new(1);
-
-/// Creates a shared receive queue in `pd`, its granted size written back to `attr`.
-pub(crate) fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq> {
-    let pd_obj = PDS.get(pd)?;
-    if init.is_null() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the caller passes a readable structure (checked non-null).
-    let wanted = unsafe { *init };
-    if wanted.attr.max_wr > MAX_QP_WR || wanted.attr.max_sge > MAX_SGE {
-        return Err(libc::EINVAL);
-    }
-    let attr =
-        ibv_srq_attr { max_wr: wanted.attr.max_wr.max(1), max_sge: wanted.attr.max_sge.max(1), srq_limit: 0 };
-    // SAFETY: the caller's structure is writable: verbs returns the granted sizes in it.
-    unsafe { (*init).attr = attr };
-    let mut c: ibv_srq = zeroed();
-    // SAFETY: reading a field of the live PD structure.
-    c.context = unsafe { (*pd).context };
-    c.srq_context = wanted.srq_context;
-    c.pd = pd;
-    c.handle = NEXT_SRQ.fetch_add(1, Ordering::Relaxed);
-    pd_obj.users.fetch_add(1, Ordering::AcqRel);
-    let srq = Arc::new(Srq {
-        c: CStruct::new(c),
-        pd: pd_obj,
-        queue: SharedReceiveQueue::new(attr.max_wr as usize),
-        attr,
-        users: AtomicUsize::new(0),
-    });
-    SRQS.insert(srq.c.ptr(), srq.clone());
-    Ok(srq.c.ptr())
-}
-
-/// The shared receive queue's sizes.
-pub(crate) fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> Result<()> {
-    let obj = SRQS.get(srq)?;
-    if attr.is_null() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the caller passes a writable structure (checked non-null).
-    unsafe { attr.write(obj.attr) };
-    Ok(())
-}
-
-/// Destroys a shared receive queue no queue pair uses (`EBUSY` otherwise).
-pub(crate) fn destroy_srq(srq: *mut ibv_srq) -> Result<()> {
-    let obj = SRQS.get(srq)?;
-    if obj.users.load(Ordering::Acquire) > 0 {
-        return Err(libc::EBUSY);
-    }
-    SRQS.remove(srq);
-    obj.pd.users.fetch_sub(1, Ordering::AcqRel);
-    Ok(())
 }
 
 pub(crate) static QPS: Registry<Qp> = Registry::new();

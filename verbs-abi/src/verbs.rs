@@ -1,6 +1,6 @@
-//! Protection domains and memory regions (`ibv_alloc_pd`, `ibv_reg_mr`, ...), the entry points
-//! of shared receive queues (made in `qp.rs`), and the verbs this device does not offer
-//! (address handles, multicast, imports), which fail the documented way.
+//! Protection domains and memory regions (`ibv_alloc_pd`, `ibv_reg_mr`, ...), and the verbs
+//! this device does not offer (address handles, multicast, imports), which fail the
+//! documented way.
 //!
 //! A region is registered over the application's own memory, in place, with the buffer's
 //! address (or the `iova` of `ibv_reg_mr_iova2`) as the tagged offset peers use, through
@@ -299,49 +299,6 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     -1
 }
 
-/// Creates a shared receive queue (the engine's; see `qp.rs`). `attr.attr` gets the sizes
-/// granted; its `srq_limit` is not supported (0: no limit event).
-///
-/// # Safety
-///
-/// `attr` points to a `struct ibv_srq_init_attr`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    ptr_call("ibv_create_srq", || crate::qp::create_srq(pd, attr))
-}
-
-/// Resizing a shared receive queue and its limit event are not offered: `EOPNOTSUPP`
-/// (`IBV_DEVICE_SRQ_RESIZE` is not among the device's flags).
-///
-/// # Safety
-///
-/// None.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_modify_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr, _mask: c_int) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    libc::EOPNOTSUPP
-}
-
-/// Describes a shared receive queue: its sizes, limit 0.
-///
-/// # Safety
-///
-/// `attr` points to a writable `struct ibv_srq_attr`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
-    errno_call("ibv_query_srq", || crate::qp::query_srq(srq, attr))
-}
-
-/// Destroys a shared receive queue; `EBUSY` while a queue pair uses it.
-///
-/// # Safety
-///
-/// None beyond the C API's.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    errno_call("ibv_destroy_srq", || crate::qp::destroy_srq(srq))
-}
-
 /// Address handles are for unreliable datagrams, which iWARP does not have: NULL,
 /// `EOPNOTSUPP`.
 ///
@@ -511,8 +468,7 @@ pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_
 }
 
 symver!("IBVERBS_1.1":
-    ibv_alloc_pd, ibv_dealloc_pd, ibv_reg_mr, ibv_dereg_mr, ibv_rereg_mr, ibv_create_srq,
-    ibv_modify_srq, ibv_query_srq, ibv_destroy_srq, ibv_create_ah, ibv_create_ah_from_wc,
+    ibv_alloc_pd, ibv_dealloc_pd, ibv_reg_mr, ibv_dereg_mr, ibv_rereg_mr, ibv_create_ah, ibv_create_ah_from_wc,
     ibv_init_ah_from_wc, ibv_destroy_ah, ibv_attach_mcast, ibv_detach_mcast,
 );
 symver!("IBVERBS_1.7": ibv_reg_mr_iova);
