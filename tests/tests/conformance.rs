@@ -305,8 +305,8 @@ fn srq_takes_sends_from_two_connections() {
     let lens = [[5usize, 100, 17], [64, 1, 128]];
     let mut sources = Vec::new();
     for k in 0..3 {
-        for (p, (c, _)) in pairs.iter().enumerate() {
-            let len = lens[p][k];
+        for (p, ((c, _), lens)) in pairs.iter().zip(lens).enumerate() {
+            let len = lens.get(k).copied().unwrap_or_default();
             let source = register(&**c, len, Access::NONE);
             source.write(0, &pattern(len, (10 * p + k) as u8)).unwrap_or_else(|e| panic!("{e}"));
             c.post_send(k as u64, Op::Send, Some(source.local(0, len as u32)))
@@ -315,14 +315,13 @@ fn srq_takes_sends_from_two_connections() {
         }
     }
     let mut taken = Vec::new();
-    for (p, (c, s)) in pairs.iter().enumerate() {
-        for k in 0..3 {
+    for (p, ((c, s), lens)) in pairs.iter().zip(lens).enumerate() {
+        for (k, &len) in lens.iter().enumerate() {
             expect_ok(&**c, k as u64, CompletionOp::Send, "send");
             // Each connection's Sends arrive in order, each in the next receive the shared
             // queue gives that connection, and complete on that connection's endpoint.
             let wc = wait(&**s, "srq receive");
             assert_eq!((wc.status, wc.op), (Status::Success, CompletionOp::Recv), "connection {p}: {wc:?}");
-            let len = lens[p][k];
             assert_eq!(wc.byte_len as usize, len, "connection {p}, send {k}: {wc:?}");
             assert!(wc.wr_id < 6, "{wc:?}");
             let got = contents(&*sink, wc.wr_id as usize * SRQ_SLOT, len);
