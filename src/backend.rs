@@ -24,14 +24,14 @@ use crate::cm::{ConnectOptions, ConnectRequest, Listener};
 use crate::cq::CompletionQueue;
 use crate::device::Device;
 use crate::engine::DeviceConfig;
-use crate::mr::{MemoryRegion, ProtectionDomain};
+use crate::mr::{MemoryRegion, MemoryWindow, ProtectionDomain};
 use crate::qp::QueuePair;
 use crate::shared::WorkCompletion;
 
 pub use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
     DeviceTransport, ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region,
-    SharedRecvQueue, Status,
+    SharedRecvQueue, Status, Window,
 };
 
 /// Every device this build can drive: the userspace engine first, then each rdma-core device
@@ -85,6 +85,7 @@ fn engine_info() -> DeviceInfo {
             reject: true,
             cq_notify: true,
             srq: true,
+            memory_windows: true,
         },
     }
 }
@@ -312,6 +313,8 @@ fn engine_completion(wc: WorkCompletion) -> Completion {
         WcOpcode::Atomic => CompletionOp::Atomic,
         WcOpcode::Recv => CompletionOp::Recv,
         WcOpcode::RecvImmediate => CompletionOp::RecvImm,
+        WcOpcode::BindWindow => CompletionOp::Bind,
+        WcOpcode::LocalInvalidate => CompletionOp::LocalInvalidate,
         _ => CompletionOp::Other,
     };
     Completion {
@@ -370,6 +373,7 @@ impl Endpoint for EngineEndpoint {
                 compare,
                 compare_mask: !0,
             },
+            Op::LocalInvalidate { rkey } => SendOp::LocalInvalidate { stag: STag(rkey) },
         };
         let sgl = match local {
             Some(l) => iwarp_rdmap::memory::Sge { lkey: STag(l.lkey), addr: l.addr, len: l.len }.into(),
@@ -401,6 +405,54 @@ impl Endpoint for EngineEndpoint {
     fn disconnect(&self) {
         self.qp.disconnect();
     }
+
+    fn alloc_mw(&self) -> Result<Arc<dyn Window>, BackendError> {
+        let mw = self.pd.alloc_mw().map_err(|e| BackendError::Verbs(format!("alloc_mw: {e}")))?;
+        Ok(Arc::new(EngineWindow { mw }))
+    }
+
+    fn post_bind(
+        &self,
+        wr_id: u64,
+        window: &dyn Window,
+        region: &dyn Region,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32, BackendError> {
+        let window = window
+            .as_any()
+            .downcast_ref::<EngineWindow>()
+            .ok_or(BackendError::Unsupported("a memory window of another backend"))?;
+        let region = region
+            .as_any()
+            .downcast_ref::<EngineRegion>()
+            .ok_or(BackendError::Unsupported("a region of another backend"))?;
+        let offset = usize::try_from(offset).map_err(|_| BackendError::OutOfBounds)?;
+        // The next key, as verbs' ibv_inc_rkey picks it.
+        let key = window.mw.rkey().key().wrapping_add(1);
+        let op = window.mw.bind_op(key, &region.mr, offset, len, access);
+        let rkey = window.mw.rkey().0;
+        self.qp
+            .post_send(SendWr { wr_id, op, sgl: iwarp_rdmap::memory::Sgl::default(), signaled: true })
+            .map_err(|e| BackendError::Verbs(format!("{e:?}")))?;
+        Ok(rkey)
+    }
+}
+
+#[derive(Debug)]
+struct EngineWindow {
+    mw: MemoryWindow,
+}
+
+impl Window for EngineWindow {
+    fn rkey(&self) -> u32 {
+        self.mw.rkey().0
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct EngineRegion {
@@ -430,5 +482,9 @@ impl Region for EngineRegion {
 
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         self.mr.read(offset, out).map_err(|_| BackendError::OutOfBounds)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

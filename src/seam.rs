@@ -68,6 +68,9 @@ pub struct Capabilities {
     pub cq_notify: bool,
     /// Shared receive queues ([`Backend::create_srq`]).
     pub srq: bool,
+    /// Memory windows, type 2 ([`Endpoint::alloc_mw`], [`Endpoint::post_bind`]), and their
+    /// invalidation ([`Op::LocalInvalidate`]).
+    pub memory_windows: bool,
 }
 
 /// One device: its name, transport and capabilities.
@@ -223,6 +226,12 @@ pub enum Op {
         /// The value written when it matched.
         swap: u64,
     },
+    /// Invalidates a memory window of this endpoint by its current key (no local buffer): a
+    /// peer's access through the key fails from then on.
+    LocalInvalidate {
+        /// The window's key ([`Window::rkey`]).
+        rkey: u32,
+    },
 }
 
 /// A local buffer: `len` bytes at `offset` of a region of the same endpoint.
@@ -272,6 +281,10 @@ pub enum CompletionOp {
     Recv,
     /// Immediate data arrived (a Write with immediate, or an Immediate Data message).
     RecvImm,
+    /// A memory window was bound ([`Endpoint::post_bind`]).
+    Bind,
+    /// A key was invalidated ([`Op::LocalInvalidate`]).
+    LocalInvalidate,
     /// Something else.
     Other,
 }
@@ -357,6 +370,30 @@ pub trait Endpoint: Send {
     fn wait_notification(&self, timeout: Duration) -> Result<bool, BackendError>;
     /// Disconnects: outstanding work requests complete flushed, on both sides.
     fn disconnect(&self);
+    /// Allocates a type 2 memory window in the endpoint's protection domain, unbound
+    /// ([`BackendError::Unsupported`] where [`Capabilities::memory_windows`] is false).
+    fn alloc_mw(&self) -> Result<Arc<dyn Window>, BackendError>;
+    /// Posts a signaled bind of `window` to `len` bytes of `region` (one of this endpoint's)
+    /// from byte `offset`, granting peers `access` (within the region's own rights), under a
+    /// new key: returned, and the window's [`Window::rkey`] from now on. The window must be
+    /// unbound (new, or invalidated). The bind completes as [`CompletionOp::Bind`].
+    fn post_bind(
+        &self,
+        wr_id: u64,
+        window: &dyn Window,
+        region: &dyn Region,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32, BackendError>;
+}
+
+/// A memory window: a peer's view, under a key of its own, of part of a region.
+pub trait Window: Send + Sync + fmt::Debug {
+    /// The key peers use, as of the last bind.
+    fn rkey(&self) -> u32;
+    /// The backend's own type, for the backend to find its window again.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Registered application memory.
@@ -377,6 +414,8 @@ pub trait Region: Send + Sync {
     fn write(&self, offset: usize, data: &[u8]) -> Result<(), BackendError>;
     /// Copies `out.len()` bytes out from `offset`.
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
+    /// The backend's own type, for the backend to find its region again (a bind names one).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// The local buffer `len` bytes at `offset`.
     fn local(&self, offset: usize, len: u32) -> Local {
         Local { lkey: self.lkey(), addr: self.addr() + offset as u64, len }

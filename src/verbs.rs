@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd as _, BorrowedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,7 @@ use sideway::ibverbs::queue_pair::{
 use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
     DeviceTransport, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, SRQ_POST_RECV,
-    SharedRecvQueue, Status,
+    SharedRecvQueue, Status, Window,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,8 +85,9 @@ fn describe(name: String, transport: TransportType, ctx: &Arc<DeviceContext>) ->
     };
     let attr = ctx.query_device().ok();
     let atomics = attr.as_ref().is_some_and(|a| !matches!(a.atomic_capability(), AtomicCapability::None));
-    // The verbs drop-in reports no shared receive queues (max_srq 0).
     let srq = attr.as_ref().is_some_and(|a| a.max_srq() > 0);
+    // siw and the verbs drop-in have none (max_mw 0); rxe has them.
+    let memory_windows = attr.as_ref().is_some_and(|a| a.max_mw() > 0);
     DeviceInfo {
         name,
         transport,
@@ -100,6 +101,7 @@ fn describe(name: String, transport: TransportType, ctx: &Arc<DeviceContext>) ->
             reject: true,
             cq_notify: true,
             srq,
+            memory_windows,
         },
     }
 }
@@ -478,10 +480,12 @@ struct Parts {
     cq_channel: Arc<CompletionChannel>,
     pd: Arc<ProtectionDomain>,
     iwarp: bool,
+    // The device has memory windows: regions are registered with the right to bind them.
+    mw: bool,
     early: Option<Arc<dyn Region>>,
 }
 
-fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, BackendError> {
+fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool, mw: bool) -> Result<Parts, BackendError> {
     let ctx = id.device_context()?;
     let srq = match &opts.srq {
         Some(srq) => {
@@ -535,7 +539,7 @@ fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, B
     qp.modify(id.qp_attr(QueuePairState::Init)?, "ibv_modify_qp(INIT)")?;
     let (count, len) = opts.early_recvs;
     let early = if count > 0 {
-        let region = register_region(&pd, count as usize * len as usize, Access::NONE)?;
+        let region = register_region(&pd, count as usize * len as usize, Access::NONE, false)?;
         for i in 0..count {
             qp.post_recv(u64::from(i), region.local(i as usize * len as usize, len))?;
         }
@@ -543,7 +547,7 @@ fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool) -> Result<Parts, B
     } else {
         None
     };
-    Ok(Parts { qp, cq, cq_channel, pd, iwarp, early })
+    Ok(Parts { qp, cq, cq_channel, pd, iwarp, mw, early })
 }
 
 /// Off iWARP, the application moves its own queue pair to RTR and RTS (on iWARP the kernel's
@@ -583,6 +587,7 @@ impl Backend for VerbsBackend {
                 _id: id,
                 down: Mutex::default(),
                 iwarp: self.info.transport == DeviceTransport::Iwarp,
+                mw: self.info.caps.memory_windows,
                 queued: Mutex::default(),
             }),
         }))
@@ -596,7 +601,12 @@ impl Backend for VerbsBackend {
         expect_event(&channel, EventType::AddressResolved, deadline)?;
         id.resolve_route(opts.timeout)?;
         expect_event(&channel, EventType::RouteResolved, deadline)?;
-        let mut parts = make_parts(&id, opts, self.info.transport == DeviceTransport::Iwarp)?;
+        let mut parts = make_parts(
+            &id,
+            opts,
+            self.info.transport == DeviceTransport::Iwarp,
+            self.info.caps.memory_windows,
+        )?;
         id.connect(&parts.qp, &opts.private_data)?;
         // The reply's private data comes with the connect response (InfiniBand and RoCE,
         // where the caller moves its own queue pair on) or with the establishment (iWARP).
@@ -641,6 +651,7 @@ struct ListenShared {
     channel: Arc<CmChannel>,
     _id: Arc<CmId>,
     iwarp: bool,
+    mw: bool,
     // Requests (with their private data) that arrived while an accept waited for its
     // connection to come up.
     queued: Mutex<VecDeque<(Arc<CmId>, Vec<u8>)>>,
@@ -708,7 +719,7 @@ impl PendingRequest for VerbsRequest {
 
     fn accept(self: Box<Self>, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
         let deadline = Instant::now() + opts.timeout;
-        let mut parts = make_parts(&self.id, opts, self.shared.iwarp)?;
+        let mut parts = make_parts(&self.id, opts, self.shared.iwarp, self.shared.mw)?;
         to_rts(&self.id, &mut parts)?;
         self.id.accept(&parts.qp, &opts.private_data)?;
         let own = self.id.ptr() as usize;
@@ -758,6 +769,8 @@ struct VerbsEndpoint {
     down: AtomicBool,
     pending: Mutex<VecDeque<Completion>>,
     early: Option<Arc<dyn Region>>,
+    // The device has memory windows (regions get the right to bind them).
+    mw: bool,
 }
 
 impl VerbsEndpoint {
@@ -812,6 +825,7 @@ impl VerbsEndpoint {
             down: AtomicBool::new(false),
             pending: Mutex::default(),
             early: parts.early,
+            mw: parts.mw,
         }
     }
 }
@@ -852,6 +866,8 @@ fn completion_op(opcode: u32) -> CompletionOp {
         3 | 4 => CompletionOp::Atomic,
         128 => CompletionOp::Recv,
         129 => CompletionOp::RecvImm,
+        5 => CompletionOp::Bind,
+        6 => CompletionOp::LocalInvalidate,
         _ => CompletionOp::Other,
     }
 }
@@ -896,7 +912,7 @@ impl VerbsEndpoint {
 
 impl Endpoint for VerbsEndpoint {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
-        Ok(Arc::new(register_region(&self.pd, len, access)?))
+        Ok(Arc::new(register_region(&self.pd, len, access, self.mw)?))
     }
 
     fn peer_private_data(&self) -> Vec<u8> {
@@ -910,8 +926,13 @@ impl Endpoint for VerbsEndpoint {
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
         let mut qp = lock(&self.qp);
         let qp = match &mut *qp {
+            // sideway's posting has no local invalidate: such a request goes through
+            // `ibv_post_send` itself, as every request of a queue pair with an SRQ does.
+            own @ Qp::Own(_) if matches!(op, Op::LocalInvalidate { .. }) => {
+                return raw_post_send(own, wr_id, op, local);
+            }
             Qp::Own(qp) => qp,
-            Qp::Shared(qp) => return qp.post_send(wr_id, op, local),
+            shared @ Qp::Shared(_) => return raw_post_send(shared, wr_id, op, local),
         };
         let mut guard = qp.start_post_send();
         let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
@@ -925,6 +946,7 @@ impl Endpoint for VerbsEndpoint {
             Op::CompareSwap { rkey, addr, compare, swap } => {
                 wr.setup_atomic_compare_swap(rkey, addr, compare, swap)
             }
+            Op::LocalInvalidate { .. } => unreachable!("posted through ibv_post_send above"),
         };
         match local {
             // SAFETY: the address and length are the application's description of a buffer
@@ -1002,6 +1024,116 @@ impl Endpoint for VerbsEndpoint {
         // Without rdma_create_qp, rdma_disconnect leaves the queue pair alone: move it to
         // the error state so that what is outstanding completes flushed.
         self.to_error();
+    }
+
+    fn alloc_mw(&self) -> Result<Arc<dyn Window>, BackendError> {
+        if !self.mw {
+            return Err(BackendError::Unsupported("memory windows (the device reports max_mw 0)"));
+        }
+        // SAFETY: the domain is alive (the window holds it); `ibv_alloc_mw` calls the
+        // provider through the domain's context, and a null result is handled.
+        let raw = unsafe {
+            rdma_mummy_sys::ibv_alloc_mw(self.pd.pd().as_ptr(), rdma_mummy_sys::ibv_mw_type::IBV_MW_TYPE_2)
+        };
+        let raw =
+            NonNull::new(raw).ok_or_else(|| verbs_error("ibv_alloc_mw", std::io::Error::last_os_error()))?;
+        // SAFETY: the window was just made; `rkey` is a plain field the provider set.
+        let rkey = unsafe { (*raw.as_ptr()).rkey };
+        Ok(Arc::new(VerbsWindow { raw, rkey: AtomicU32::new(rkey), _pd: self.pd.clone() }))
+    }
+
+    fn post_bind(
+        &self,
+        wr_id: u64,
+        window: &dyn Window,
+        region: &dyn Region,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32, BackendError> {
+        let window = window
+            .as_any()
+            .downcast_ref::<VerbsWindow>()
+            .ok_or(BackendError::Unsupported("a memory window of another backend"))?;
+        let region = region
+            .as_any()
+            .downcast_ref::<VerbsRegion>()
+            .ok_or(BackendError::Unsupported("a region of another backend"))?;
+        let mr = region.mr.as_ref().ok_or(BackendError::Verbs("the region is not registered".into()))?;
+        if offset.checked_add(len).is_none_or(|end| end > region.len as u64) {
+            return Err(BackendError::OutOfBounds);
+        }
+        // The next key, as `ibv_inc_rkey` picks it (its low 8 bits, wrapping).
+        let old = window.rkey();
+        let rkey = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+        // SAFETY: all zero bytes are a valid `ibv_send_wr` (as in `raw_post_send`).
+        let mut wr: rdma_mummy_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = rdma_mummy_sys::ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = rdma_mummy_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.bind_mw_tso_union = rdma_mummy_sys::bind_mw_tso_union_t {
+            bind_mw: rdma_mummy_sys::bind_mw_t {
+                mw: window.raw.as_ptr(),
+                rkey,
+                bind_info: rdma_mummy_sys::ibv_mw_bind_info {
+                    // SAFETY: the pointer is used for this call only, while `region` (which
+                    // holds the registration) is borrowed.
+                    mr: unsafe { mr.mr() }.as_ptr(),
+                    addr: region.addr() + offset,
+                    length: len,
+                    mw_access_flags: access_flags(access).bits() as u32,
+                },
+            },
+        };
+        let qp = lock(&self.qp);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the queue pair, window and region are alive (held by `self`, `window` and
+        // `region`) and the queue pair is ours (its lock); `wr` lives through the call, which
+        // copies it. The device checks the range and rights against the region.
+        let ret = unsafe { rdma_mummy_sys::ibv_post_send(qp.raw(), &mut wr, &mut bad) };
+        drop(qp);
+        if ret != 0 {
+            return Err(verbs_error("ibv_post_send(BIND_MW)", std::io::Error::from_raw_os_error(ret)));
+        }
+        window.rkey.store(rkey, Ordering::Relaxed);
+        Ok(rkey)
+    }
+}
+
+/// A type 2 memory window made by `ibv_alloc_mw` (sideway has none).
+struct VerbsWindow {
+    raw: NonNull<rdma_mummy_sys::ibv_mw>,
+    // Its key as of the last bind posted (the application tracks a type 2 window's key).
+    rkey: AtomicU32,
+    // Deallocated before its domain.
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: libibverbs' calls on a window are safe from any thread; it is deallocated once.
+unsafe impl Send for VerbsWindow {}
+// SAFETY: as above.
+unsafe impl Sync for VerbsWindow {}
+
+impl Drop for VerbsWindow {
+    fn drop(&mut self) {
+        // SAFETY: the window is ours and deallocated once, before its domain (`_pd`).
+        unsafe { rdma_mummy_sys::ibv_dealloc_mw(self.raw.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for VerbsWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsWindow").field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl Window for VerbsWindow {
+    fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Relaxed)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -1103,67 +1235,67 @@ impl SrqQp {
             NonNull::new(raw).ok_or_else(|| verbs_error("ibv_create_qp", std::io::Error::last_os_error()))?;
         Ok(SrqQp { raw, _cq: cq.clone(), _srq: srq })
     }
+}
 
-    /// Posts a signaled work request through `ibv_post_send`.
-    fn post_send(&mut self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
-        use rdma_mummy_sys::ibv_wr_opcode as o;
-        let mut sge = local.map(|l| rdma_mummy_sys::ibv_sge { addr: l.addr, length: l.len, lkey: l.lkey });
-        // SAFETY: all zero bytes are a valid `ibv_send_wr` (integers, null pointers, and
-        // unions of those).
-        let mut wr: rdma_mummy_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.send_flags = rdma_mummy_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        if let Some(sge) = &mut sge {
-            wr.sg_list = sge;
-            wr.num_sge = 1;
+/// Posts a signaled work request through `ibv_post_send` itself.
+fn raw_post_send(qp: &mut Qp, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
+    use rdma_mummy_sys::ibv_wr_opcode as o;
+    let mut sge = local.map(|l| rdma_mummy_sys::ibv_sge { addr: l.addr, length: l.len, lkey: l.lkey });
+    // SAFETY: all zero bytes are a valid `ibv_send_wr` (integers, null pointers, and
+    // unions of those).
+    let mut wr: rdma_mummy_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = wr_id;
+    wr.send_flags = rdma_mummy_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    if let Some(sge) = &mut sge {
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+    }
+    let rdma = |rkey, addr| rdma_mummy_sys::wr_t { rdma: rdma_mummy_sys::rdma_t { remote_addr: addr, rkey } };
+    let imm = |imm: u32| rdma_mummy_sys::imm_data_invalidated_rkey_union_t { imm_data: imm.to_be() };
+    match op {
+        Op::Send => wr.opcode = o::IBV_WR_SEND,
+        Op::SendImm(value) => {
+            wr.opcode = o::IBV_WR_SEND_WITH_IMM;
+            wr.imm_data_invalidated_rkey_union = imm(value);
         }
-        let rdma =
-            |rkey, addr| rdma_mummy_sys::wr_t { rdma: rdma_mummy_sys::rdma_t { remote_addr: addr, rkey } };
-        let imm = |imm: u32| rdma_mummy_sys::imm_data_invalidated_rkey_union_t { imm_data: imm.to_be() };
-        match op {
-            Op::Send => wr.opcode = o::IBV_WR_SEND,
-            Op::SendImm(value) => {
-                wr.opcode = o::IBV_WR_SEND_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union = imm(value);
-            }
-            Op::Write { rkey, addr } => {
-                wr.opcode = o::IBV_WR_RDMA_WRITE;
-                wr.wr = rdma(rkey, addr);
-            }
-            Op::WriteImm { rkey, addr, imm: value } => {
-                wr.opcode = o::IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.wr = rdma(rkey, addr);
-                wr.imm_data_invalidated_rkey_union = imm(value);
-            }
-            Op::Read { rkey, addr } => {
-                wr.opcode = o::IBV_WR_RDMA_READ;
-                wr.wr = rdma(rkey, addr);
-            }
-            Op::FetchAdd { rkey, addr, add } => {
-                wr.opcode = o::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                wr.wr = rdma_mummy_sys::wr_t {
-                    atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: add, swap: 0, rkey },
-                };
-            }
-            Op::CompareSwap { rkey, addr, compare, swap } => {
-                wr.opcode = o::IBV_WR_ATOMIC_CMP_AND_SWP;
-                wr.wr = rdma_mummy_sys::wr_t {
-                    atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: compare, swap, rkey },
-                };
-            }
+        Op::Write { rkey, addr } => {
+            wr.opcode = o::IBV_WR_RDMA_WRITE;
+            wr.wr = rdma(rkey, addr);
         }
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the queue pair is alive and ours (`&mut self`); `wr` and the entry it points
-        // to live through the call, which copies them. The entry names the application's
-        // buffer in one of its registered regions; the device checks it against the lkey's
-        // region, and a wrong one fails the work request, not memory safety.
-        let ret = unsafe { rdma_mummy_sys::ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(verbs_error("ibv_post_send", std::io::Error::from_raw_os_error(ret)))
+        Op::WriteImm { rkey, addr, imm: value } => {
+            wr.opcode = o::IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.wr = rdma(rkey, addr);
+            wr.imm_data_invalidated_rkey_union = imm(value);
+        }
+        Op::Read { rkey, addr } => {
+            wr.opcode = o::IBV_WR_RDMA_READ;
+            wr.wr = rdma(rkey, addr);
+        }
+        Op::FetchAdd { rkey, addr, add } => {
+            wr.opcode = o::IBV_WR_ATOMIC_FETCH_AND_ADD;
+            wr.wr = rdma_mummy_sys::wr_t {
+                atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: add, swap: 0, rkey },
+            };
+        }
+        Op::CompareSwap { rkey, addr, compare, swap } => {
+            wr.opcode = o::IBV_WR_ATOMIC_CMP_AND_SWP;
+            wr.wr = rdma_mummy_sys::wr_t {
+                atomic: rdma_mummy_sys::atomic_t { remote_addr: addr, compare_add: compare, swap, rkey },
+            };
+        }
+        Op::LocalInvalidate { rkey } => {
+            wr.opcode = o::IBV_WR_LOCAL_INV;
+            wr.imm_data_invalidated_rkey_union =
+                rdma_mummy_sys::imm_data_invalidated_rkey_union_t { invalidated_rkey: rkey };
         }
     }
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the queue pair is alive and ours (`&mut Qp`); `wr` and the entry it points
+    // to live through the call, which copies them. The entry names the application's
+    // buffer in one of its registered regions; the device checks it against the lkey's
+    // region, and a wrong one fails the work request, not memory safety.
+    let ret = unsafe { rdma_mummy_sys::ibv_post_send(qp.raw(), &mut wr, &mut bad) };
+    if ret == 0 { Ok(()) } else { Err(verbs_error("ibv_post_send", std::io::Error::from_raw_os_error(ret))) }
 }
 
 /// A shared receive queue made by `ibv_create_srq`, in a protection domain of its own.
@@ -1204,7 +1336,7 @@ impl std::fmt::Debug for VerbsSrq {
 
 impl SharedRecvQueue for VerbsSrq {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
-        Ok(Arc::new(register_region(&self.inner.pd, len, access)?))
+        Ok(Arc::new(register_region(&self.inner.pd, len, access, false)?))
     }
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
@@ -1229,11 +1361,13 @@ impl SharedRecvQueue for VerbsSrq {
     }
 }
 
-/// Registers `len` zeroed bytes of memory the region owns.
+/// Registers `len` zeroed bytes of memory the region owns, with the right to bind memory
+/// windows to it when `mw_bind`.
 fn register_region(
     pd: &Arc<ProtectionDomain>,
     len: usize,
     access: Access,
+    mw_bind: bool,
 ) -> Result<VerbsRegion, BackendError> {
     let buffer = vec![0u8; len.max(1)].into_boxed_slice();
     let ptr = Box::into_raw(buffer);
@@ -1242,7 +1376,12 @@ fn register_region(
     // frees only after it has deregistered it (`VerbsRegion::drop`), and every access of
     // ours to it goes through raw copies, never through references the device's writes
     // could invalidate.
-    let mr = unsafe { pd.reg_mr(region.ptr as usize, len.max(1), access_flags(access)) }
+    let mut flags = access_flags(access);
+    if mw_bind {
+        flags |= AccessFlags::MemoryWindowBind;
+    }
+    // SAFETY: as above.
+    let mr = unsafe { pd.reg_mr(region.ptr as usize, len.max(1), flags) }
         .map_err(|e| verbs_error("ibv_reg_mr", e))?;
     region.mr = Some(mr);
     Ok(region)
@@ -1303,5 +1442,9 @@ impl Region for VerbsRegion {
         // SAFETY: as in `write`.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

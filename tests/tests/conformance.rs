@@ -406,6 +406,83 @@ fn srq_receives_stay_posted_when_a_connection_goes_down() {
     assert_eq!(taken, vec![0, 1, 2], "no shared receive was flushed with the connection that went down");
 }
 
+/// A connected pair, a region of the passive end with remote read and write rights, and a
+/// memory window bound to `WINDOW_LEN` bytes of it at `WINDOW_AT`, granting both; or `None`
+/// (the test is skipped) where the device has no memory windows.
+#[allow(clippy::type_complexity, reason = "one test helper's tuple")]
+fn bound_window(
+    test: &str,
+) -> Option<(Box<dyn Endpoint>, Box<dyn Endpoint>, Arc<dyn Region>, Arc<dyn iwarp::backend::Window>, u32)> {
+    let b = backend();
+    if skip(test, b.info().caps.memory_windows, "memory windows") {
+        return None;
+    }
+    let (c, s) = pair(&b);
+    let rw = Access::REMOTE_READ.union(Access::REMOTE_WRITE);
+    let region = register(&*s, 256, rw);
+    let window = s.alloc_mw().unwrap_or_else(|e| panic!("alloc_mw: {e}"));
+    let rkey = s
+        .post_bind(1, &*window, &*region, WINDOW_AT as u64, WINDOW_LEN as u64, rw)
+        .unwrap_or_else(|e| panic!("post_bind: {e}"));
+    expect_ok(&*s, 1, CompletionOp::Bind, "bind");
+    assert_eq!(window.rkey(), rkey, "the window's key is the bind's");
+    assert_ne!(rkey, region.rkey(), "the window has a key of its own");
+    Some((c, s, region, window, rkey))
+}
+
+const WINDOW_AT: usize = 128;
+const WINDOW_LEN: usize = 64;
+
+#[test]
+fn memory_window_grants_remote_access_to_its_range_only() {
+    let Some((c, _s, region, _window, rkey)) =
+        bound_window("memory_window_grants_remote_access_to_its_range_only")
+    else {
+        return;
+    };
+    let base = region.addr() + WINDOW_AT as u64;
+    // A Write and a Read through the window's key, inside it.
+    let data = pattern(WINDOW_LEN, 3);
+    let source = register(&*c, WINDOW_LEN, Access::NONE);
+    source.write(0, &data).unwrap_or_else(|e| panic!("{e}"));
+    c.post_send(2, Op::Write { rkey, addr: base }, Some(source.local(0, WINDOW_LEN as u32)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 2, CompletionOp::Write, "write through the window");
+    let sink = register(&*c, WINDOW_LEN, Access::NONE);
+    c.post_send(3, Op::Read { rkey, addr: base }, Some(sink.local(0, WINDOW_LEN as u32)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 3, CompletionOp::Read, "read through the window");
+    assert_eq!(contents(&*sink, 0, WINDOW_LEN), data, "read back through the window");
+    // The Read's response came after the Write's bytes were placed.
+    assert_eq!(contents(&*region, WINDOW_AT, WINDOW_LEN), data, "the bytes landed in the region");
+    assert_eq!(contents(&*region, 0, WINDOW_AT), vec![0; WINDOW_AT], "bytes before the window untouched");
+    // A Read that runs past the window's end (still inside the region) fails.
+    let past = register(&*c, WINDOW_LEN, Access::NONE);
+    let op = Op::Read { rkey, addr: base + (WINDOW_LEN / 2) as u64 };
+    c.post_send(4, op, Some(past.local(0, WINDOW_LEN as u32))).unwrap_or_else(|e| panic!("{e}"));
+    let wc = wait(&*c, "read past the window");
+    assert_eq!(wc.wr_id, 4, "{wc:?}");
+    assert_remote_failure(wc.status, "read past the window's end");
+    assert_eq!(contents(&*past, 0, WINDOW_LEN), vec![0; WINDOW_LEN], "nothing placed");
+}
+
+#[test]
+fn invalidated_memory_window_refuses_remote_access() {
+    let Some((c, s, region, _window, rkey)) = bound_window("invalidated_memory_window_refuses_remote_access")
+    else {
+        return;
+    };
+    s.post_send(5, Op::LocalInvalidate { rkey }, None).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*s, 5, CompletionOp::LocalInvalidate, "invalidate");
+    let sink = register(&*c, WINDOW_LEN, Access::NONE);
+    let op = Op::Read { rkey, addr: region.addr() + WINDOW_AT as u64 };
+    c.post_send(6, op, Some(sink.local(0, WINDOW_LEN as u32))).unwrap_or_else(|e| panic!("{e}"));
+    let wc = wait(&*c, "read through the invalidated window");
+    assert_eq!(wc.wr_id, 6, "{wc:?}");
+    assert_remote_failure(wc.status, "read through an invalidated window");
+    assert_eq!(contents(&*sink, 0, WINDOW_LEN), vec![0; WINDOW_LEN], "nothing placed");
+}
+
 /// Checks private data that arrived: the bytes sent, and on InfiniBand and RoCE, whose
 /// connection manager carries private data in fields of a fixed size, nothing but zeros after
 /// them (the receiver cannot tell the length sent).
