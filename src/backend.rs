@@ -5,9 +5,10 @@
 //! it through [`Backend`], [`BackendListener`], [`Endpoint`] and [`Region`].
 //!
 //! The engine's own API ([`crate::Device`] and its handles) is unchanged and stays the richer
-//! one (memory windows, fast registration, smoltcp transports, MPA policy); the seam covers
-//! what every backend has: connections made by address with private data, registered
-//! memory, the one-sided and two-sided operations and a completion queue per endpoint. What a
+//! one (fast registration, smoltcp transports, MPA policy); the seam covers what every backend
+//! has: connections made by address with private data, registered memory, the one-sided and
+//! two-sided operations and a completion queue per endpoint, and, where the device has them,
+//! shared receive queues and type 2 memory windows. What a
 //! device lacks is in its [`Capabilities`], and a backend refuses such a work request with
 //! [`BackendError::Unsupported`] instead of sending something the peer cannot take.
 

@@ -462,6 +462,22 @@ fn memory_window_grants_remote_access_to_its_range_only() {
     c.post_send(4, op, Some(past.local(0, WINDOW_LEN as u32))).unwrap_or_else(|e| panic!("{e}"));
     let wc = wait(&*c, "read past the window");
     assert_eq!(wc.wr_id, 4, "{wc:?}");
+    if device_name().starts_with("rxe") {
+        // A known deviation (docs/conformance.md): rxe 6.1 checks a window's access against
+        // the bounds of the region under it, not the window's own, so it serves the Read:
+        // half the window, then the region's bytes after it. Checked, so that an rxe that
+        // starts refusing it shows up here.
+        eprintln!(
+            "DEVIATION read past a memory window's end on {}: {:?} (rxe serves it)",
+            device_name(),
+            wc.status
+        );
+        assert_eq!(wc.status, Status::Success, "{wc:?}");
+        let mut want = data[WINDOW_LEN / 2..].to_vec();
+        want.resize(WINDOW_LEN, 0);
+        assert_eq!(contents(&*past, 0, WINDOW_LEN), want);
+        return;
+    }
     assert_remote_failure(wc.status, "read past the window's end");
     assert_eq!(contents(&*past, 0, WINDOW_LEN), vec![0; WINDOW_LEN], "nothing placed");
 }
