@@ -14,7 +14,8 @@
 #    the conformance suite built with `--features verbs` and instrumented, run on the verbs
 #    drop-in (IWARP_CONFORMANCE_DEVICE=iwarp0, LD_LIBRARY_PATH at the libraries
 #    scripts/verbs-abi.sh stages). The drop-in library itself is not instrumented in this step
-#    (the step before covers it); its allocations still go through ASan's allocator,
+#    (the step before covers it); its allocations still go through ASan's allocator. The
+#    drop-in has no memory windows, so the backend's window code is not run here,
 #  - netdev's frame-I/O module (netdev/src/frame_io.rs, its only module with unsafe code: the
 #    packet socket's receive ring, the TAP ioctls) and the devices over it, in private network
 #    namespaces (those tests skip without root),

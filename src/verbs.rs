@@ -16,7 +16,9 @@
 //! `wc_flags` that say a receive has immediate data (a Send with immediate's value); and
 //! shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`, `ibv_destroy_srq`), with
 //! the queue pairs that take their receives from one made by `ibv_create_qp` itself
-//! (sideway's builder always passes no SRQ) and posted to with `ibv_post_send`.
+//! (sideway's builder always passes no SRQ) and posted to with `ibv_post_send`; and type 2
+//! memory windows (`ibv_alloc_mw`, `ibv_dealloc_mw`, binds and local invalidations posted with
+//! `ibv_post_send`).
 //!
 //! This is one of the workspace's fenced places for `unsafe`: registering application memory
 //! (the device writes it behind the compiler's back), the scatter/gather entries of work
