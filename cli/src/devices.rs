@@ -27,6 +27,7 @@ fn caps_words(c: &Capabilities) -> String {
         (c.reject, "reject"),
         (c.cq_notify, "cq-notify"),
         (c.srq, "srq"),
+        (c.memory_windows, "memory-windows"),
     ] {
         if have {
             words.push(word);
@@ -51,6 +52,7 @@ pub(crate) fn run(args: &Args) -> ExitCode {
                     "reject": d.caps.reject,
                     "cq_notify": d.caps.cq_notify,
                     "srq": d.caps.srq,
+                    "memory_windows": d.caps.memory_windows,
                 })
             })
             .collect();

@@ -14,7 +14,7 @@ fn devices_lists_the_engine_first_with_every_capability() {
     let first = &v.as_array().unwrap()[0];
     assert_eq!(first["name"], "iwarp", "{v}");
     assert_eq!(first["iwarp"], true, "{v}");
-    for cap in ["immediate", "atomics", "private_data", "reject", "cq_notify"] {
+    for cap in ["immediate", "atomics", "private_data", "reject", "cq_notify", "srq", "memory_windows"] {
         assert_eq!(first[cap], true, "{cap}: {v}");
     }
     // Every other row is an rdma-core device; without any, stderr says why.
