@@ -121,6 +121,11 @@ impl EngineBackend {
             max_send_wr: depth,
             max_recv_wr: depth,
             rfc7306: self.rfc7306,
+            policy: iwarp_mpa::Policy {
+                ird: opts.rd_atomic.into(),
+                ord: opts.rd_atomic.into(),
+                ..iwarp_mpa::Policy::default()
+            },
             ..ConnectOptions::default()
         }
     }

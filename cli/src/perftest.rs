@@ -11,6 +11,7 @@ mod conn;
 mod ctrl;
 mod data;
 mod report;
+mod seam;
 mod wire;
 
 pub(crate) use args::Args;
@@ -36,19 +37,35 @@ use wire::Report;
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    let result = match args.address.as_deref() {
-        Some(host) => client(args, host),
-        None => server(args),
+    let result = match (args.address.as_deref(), args.device.as_deref()) {
+        (Some(host), None) => client(args, host),
+        (None, None) => server(args),
+        (Some(host), Some(name)) => seam::client(args, host, name),
+        (None, Some(name)) => seam::server(args, name),
     };
     toolbox::exit("perftest", result)
+}
+
+/// The client's flags that only a server takes.
+fn check_client_flags(args: &Args) -> Result<(), Fail> {
+    if args.bind.is_some() || args.accept_timeout.is_some() {
+        return Err(Fail::Usage("--bind and --accept-timeout are server options (no ADDRESS)".into()));
+    }
+    Ok(())
+}
+
+/// What the server prints while it waits for a client.
+fn print_waiting() {
+    println!();
+    println!("************************************");
+    println!("* Waiting for client to connect... *");
+    println!("************************************");
 }
 
 // --- client -----------------------------------------------------------------------------------
 
 fn client(args: &Args, host: &str) -> Result<(), Fail> {
-    if args.bind.is_some() || args.accept_timeout.is_some() {
-        return Err(Fail::Usage("--bind and --accept-timeout are server options (no ADDRESS)".into()));
-    }
+    check_client_flags(args)?;
     let p = Params::new(args);
     let addr = resolve(host, args.port)?;
     let stack = open_stack(&args.transport, args.pcap.as_deref())?;
@@ -122,13 +139,18 @@ fn client_session(
         }
     };
     let data = bufs.into_data(qp.qp);
-    print_banner(p, &agreed, &args.ib_dev, false);
+    print_banner(p, &agreed, args.shown_device(), false);
     let result = client_data(p, &agreed, ctrl, &data);
     close(&data.qp);
     result
 }
 
-fn client_data(p: &Params, agreed: &Agreed, ctrl: &mut Ctrl, data: &Data) -> Result<(), Fail> {
+fn client_data(
+    p: &Params,
+    agreed: &Agreed,
+    ctrl: &mut impl Lockstep,
+    data: &impl DataPath,
+) -> Result<(), Fail> {
     let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
     let mine = data.record(p, psn);
     let peer = ctrl.keys(&mine)?;
@@ -174,10 +196,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     let listener = device
         .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
-    println!();
-    println!("************************************");
-    println!("* Waiting for client to connect... *");
-    println!("************************************");
+    print_waiting();
     let result = server_run(args, &p, &device, &listener, capture.as_ref());
     flush_capture("perftest", capture.as_ref());
     flush_stack_capture("perftest", stack.as_ref());
@@ -228,7 +247,7 @@ fn server_session(
     }
     let agreed = ctrl.part_a()?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
-    print_banner(p, &agreed, &args.ib_dev, true);
+    print_banner(p, &agreed, args.shown_device(), true);
     // The data connection comes from the control connection's peer; anyone else is turned
     // away while we wait for it.
     let deadline = Instant::now() + p.timeout;
@@ -268,8 +287,8 @@ fn server_session(
 
 fn server_data(
     p: &Params,
-    ctrl: &mut Ctrl,
-    data: &Data,
+    ctrl: &mut impl Lockstep,
+    data: &impl DataPath,
     posted: u64,
     run_timeout: Duration,
 ) -> Result<(), Fail> {
