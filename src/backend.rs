@@ -114,20 +114,19 @@ impl EngineBackend {
 
     fn options(&self, opts: &EndpointOptions, recv: Vec<RecvWr>) -> ConnectOptions {
         let depth = opts.queue_depth as usize;
-        ConnectOptions {
+        let mut options = ConnectOptions {
             recv,
             private_data: opts.private_data.clone(),
             timeout: opts.timeout,
             max_send_wr: depth,
             max_recv_wr: depth,
             rfc7306: self.rfc7306,
-            policy: iwarp_mpa::Policy {
-                ird: opts.rd_atomic.into(),
-                ord: opts.rd_atomic.into(),
-                ..iwarp_mpa::Policy::default()
-            },
             ..ConnectOptions::default()
+        };
+        if let Some(n) = opts.rd_atomic {
+            (options.policy.ird, options.policy.ord) = (n.into(), n.into());
         }
+        options
     }
 
     /// The endpoint's domain and queue, and its early receives' region with the receives.

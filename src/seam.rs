@@ -146,8 +146,9 @@ pub struct EndpointOptions {
     /// ([`Endpoint::early_recv_region`]); receive `i` (its `wr_id`) is the `i`-th slice.
     pub early_recvs: (u32, u32),
     /// RDMA Reads (and atomics) outstanding each way: the IRD and ORD this side offers (the
-    /// MPA IRD/ORD word of the engine, rdma_cm's responder resources and initiator depth).
-    pub rd_atomic: u8,
+    /// engine's MPA IRD/ORD word, rdma_cm's responder resources and initiator depth). None:
+    /// the backend's default (the engine's 16, the verbs backend's 1).
+    pub rd_atomic: Option<u8>,
 }
 
 impl Default for EndpointOptions {
@@ -157,7 +158,7 @@ impl Default for EndpointOptions {
             queue_depth: 64,
             timeout: Duration::from_secs(10),
             early_recvs: (0, 0),
-            rd_atomic: 1,
+            rd_atomic: None,
         }
     }
 }

@@ -368,14 +368,14 @@ impl CmId {
     }
 
     fn connect(&self, qp_num: u32, opts: &EndpointOptions) -> Result<(), BackendError> {
-        let mut param = conn_param(qp_num, &opts.private_data, opts.rd_atomic)?;
+        let mut param = conn_param(qp_num, &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
         // SAFETY: the identifier is alive; `param` and the private data it points to live
         // through the call, which copies them.
         cm_result("rdma_connect", unsafe { rdma_mummy_sys::rdma_connect(self.ptr(), &mut param) })
     }
 
     fn accept(&self, qp_num: u32, opts: &EndpointOptions) -> Result<(), BackendError> {
-        let mut param = conn_param(qp_num, &opts.private_data, opts.rd_atomic)?;
+        let mut param = conn_param(qp_num, &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
         // SAFETY: as in `connect`.
         cm_result("rdma_accept", unsafe { rdma_mummy_sys::rdma_accept(self.ptr(), &mut param) })
     }

@@ -12,6 +12,7 @@ mod ctrl;
 mod data;
 mod report;
 mod seam;
+mod session;
 mod wire;
 
 pub(crate) use args::Args;
@@ -20,6 +21,7 @@ use conn::*;
 use ctrl::*;
 use data::*;
 use report::*;
+use session::*;
 
 use crate::toolbox::cm_message;
 use crate::toolbox::{
@@ -33,8 +35,6 @@ use iwarp::netdev::SmolStack;
 use iwarp::{CmError, Device, DeviceConfig, ProtectionDomain, RecvWr};
 use iwarp::{ListenOptions, Listener};
 
-use wire::Report;
-
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
     let result = match (args.address.as_deref(), args.device.as_deref()) {
@@ -44,22 +44,6 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         (None, Some(name)) => seam::server(args, name),
     };
     toolbox::exit("perftest", result)
-}
-
-/// The client's flags that only a server takes.
-fn check_client_flags(args: &Args) -> Result<(), Fail> {
-    if args.bind.is_some() || args.accept_timeout.is_some() {
-        return Err(Fail::Usage("--bind and --accept-timeout are server options (no ADDRESS)".into()));
-    }
-    Ok(())
-}
-
-/// What the server prints while it waits for a client.
-fn print_waiting() {
-    println!();
-    println!("************************************");
-    println!("* Waiting for client to connect... *");
-    println!("************************************");
 }
 
 // --- client -----------------------------------------------------------------------------------
@@ -143,36 +127,6 @@ fn client_session(
     let result = client_data(p, &agreed, ctrl, &data);
     close(&data.qp);
     result
-}
-
-fn client_data(
-    p: &Params,
-    agreed: &Agreed,
-    ctrl: &mut impl Lockstep,
-    data: &impl DataPath,
-) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
-    let t = Some(p.timeout);
-    let report = match p.test {
-        Test::Write | Test::Read => {
-            let report = run_rdma_client(p, agreed, data, &peer)?;
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            for (i, m) in report.to_msgs().iter().enumerate() {
-                ctrl.exchange(m, &format!("report field {}", i + 1), t)?;
-            }
-            report
-        }
-        Test::Send => {
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            run_send_client(p, data)?
-        }
-    };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", t)?;
-    print_result(&report, p.gbits);
-    Ok(())
 }
 
 // --- server -----------------------------------------------------------------------------------
@@ -285,44 +239,9 @@ fn server_session(
     result
 }
 
-fn server_data(
-    p: &Params,
-    ctrl: &mut impl Lockstep,
-    data: &impl DataPath,
-    posted: u64,
-    run_timeout: Duration,
-) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
-    let t = Some(p.timeout);
-    // How long the client's run may take: --run-timeout, or its duration and a margin.
-    let run = Some(run_timeout.max(p.duration.map_or(Duration::ZERO, |d| d + p.timeout)));
-    let report = match p.test {
-        Test::Write | Test::Read => {
-            // The client runs; we wait for its K4 as long as a run may last.
-            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", run)?;
-            let mut fields: [Vec<u8>; 5] = Default::default();
-            for (i, f) in fields.iter_mut().enumerate() {
-                // perftest's server answers with uninitialised memory; zeros here.
-                *f = ctrl.exchange(&[0u8; wire::REPORT_FIELD_LEN], &format!("report field {}", i + 1), t)?;
-            }
-            Report::from_msgs(&fields)
-        }
-        Test::Send => {
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            let peer_data = peer;
-            run_send_server(p, data, &peer_data, posted)?
-        }
-    };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { run } else { t })?;
-    print_result(&report, p.gbits);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::wire::Report;
     use super::*;
 
     #[test]

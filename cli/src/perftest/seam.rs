@@ -23,8 +23,8 @@ use super::conn::{DATA_ACCESS, random_bytes};
 use super::ctrl::Lockstep;
 use super::data::{DataPath, Done, Post, send_depth};
 use super::report::print_banner;
+use super::session::{check_client_flags, client_data, print_waiting, server_data};
 use super::wire;
-use super::{check_client_flags, client_data, print_waiting, server_data};
 use crate::toolbox::{Fail, close_endpoint, open_device, refuse_with_device, resolve};
 
 /// [`wire::MAX_MSG`] as work requests count bytes.
@@ -62,7 +62,7 @@ fn ctrl_options(p: &Params) -> EndpointOptions {
         queue_depth: 4,
         timeout: p.timeout,
         early_recvs: (1, MAX_MSG32),
-        rd_atomic: 0,
+        rd_atomic: Some(0),
         ..Default::default()
     }
 }
@@ -73,7 +73,7 @@ fn data_options(p: &Params) -> EndpointOptions {
     EndpointOptions {
         queue_depth: u32::try_from(send_depth(p)).unwrap_or(u32::MAX),
         timeout: p.timeout,
-        rd_atomic: if p.test == Test::Read { u8::try_from(p.out_reads).unwrap_or(u8::MAX) } else { 0 },
+        rd_atomic: Some(if p.test == Test::Read { u8::try_from(p.out_reads).unwrap_or(u8::MAX) } else { 0 }),
         ..Default::default()
     }
 }
