@@ -80,17 +80,7 @@ impl Ctrl {
             if let Some(ev) = self.qp.poll_event() {
                 return Err(toolbox::event_text(ev, Some(what)));
             }
-            let slice = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(format!("timed out waiting for {what}"));
-                    }
-                    left.min(Duration::from_millis(50))
-                }
-                None => Duration::from_millis(50),
-            };
-            let Some(wc) = self.cq.wait(slice) else { continue };
+            let Some(wc) = self.cq.wait(wait_slice(deadline, what)?) else { continue };
             if wc.status != WcStatus::Success {
                 return Err(wc_failure(&self.qp, &wc, what));
             }
@@ -137,6 +127,17 @@ impl Lockstep for Ctrl {
         self.qp.post_recv(wr).map_err(|e| format!("cannot post a control receive: {e:?}"))?;
         Ok(b)
     }
+}
+
+/// The next slice (at most 50 ms) of a wait until `deadline` (None: without end), or the
+/// timeout as text once it has passed.
+pub(super) fn wait_slice(deadline: Option<Instant>, what: &str) -> Result<Duration, String> {
+    let Some(d) = deadline else { return Ok(Duration::from_millis(50)) };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(format!("timed out waiting for {what}"));
+    }
+    Ok(left.min(Duration::from_millis(50)))
 }
 
 /// perftest's lockstep control messages over a connection that sends one message and receives

@@ -20,7 +20,7 @@ use iwarp::backend::{
 
 use super::args::*;
 use super::conn::{DATA_ACCESS, random_bytes};
-use super::ctrl::Lockstep;
+use super::ctrl::{Lockstep, wait_slice};
 use super::data::{DataPath, Done, Post, send_depth};
 use super::report::print_banner;
 use super::session::{check_client_flags, client_data, print_waiting, server_data};
@@ -108,17 +108,7 @@ impl SeamCtrl {
         }
         let deadline = limit.map(|l| Instant::now() + l);
         loop {
-            let slice = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(format!("timed out waiting for {what}"));
-                    }
-                    left.min(Duration::from_millis(50))
-                }
-                None => Duration::from_millis(50),
-            };
-            let Some(wc) = self.ep.poll(slice) else { continue };
+            let Some(wc) = self.ep.poll(wait_slice(deadline, what)?) else { continue };
             if wc.status != Status::Success {
                 return Err(completion_failure(&wc, what));
             }
