@@ -97,11 +97,7 @@ fn client_session(
     capture: Option<&Capture>,
     stack: Option<&SmolStack>,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        // ib_write_bw sleeps a second once the control connection is up.
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
     // perftest's server opens the data listener only after sending "pre"; a slow server (siw
@@ -196,10 +192,7 @@ fn server_session(
     capture: Option<&Capture>,
     peer_ip: std::net::IpAddr,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     print_banner(p, &agreed, args.shown_device(), true);
     // The data connection comes from the control connection's peer; anyone else is turned

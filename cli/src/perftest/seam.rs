@@ -23,7 +23,7 @@ use super::conn::{DATA_ACCESS, random_bytes};
 use super::ctrl::{Lockstep, wait_slice};
 use super::data::{DataPath, Done, Post, send_depth};
 use super::report::print_banner;
-use super::session::{check_client_flags, client_data, print_waiting, server_data};
+use super::session::{check_client_flags, client_data, part_a, print_waiting, server_data};
 use super::wire;
 use crate::toolbox::{Fail, close_endpoint, open_device, refuse_with_device, resolve};
 
@@ -281,11 +281,7 @@ fn client_session(
     backend: &dyn Backend,
     ctrl: &mut SeamCtrl,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        // ib_write_bw sleeps a second once the control connection is up.
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     // perftest's server opens the data listener only after sending "pre": retry a refused
     // connect for up to --timeout.
     let started = Instant::now();
@@ -334,10 +330,7 @@ fn server_session(
     listener: &dyn BackendListener,
     ctrl: &mut SeamCtrl,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     print_banner(p, &agreed, args.shown_device(), true);
     let req = listener.next_request(p.timeout).map_err(|e| Fail::Run(format!("no data connection: {e}")))?;
     let ep = req

@@ -7,7 +7,7 @@ use super::conn::random_u64;
 use super::ctrl::Lockstep;
 use super::data::*;
 use super::report::*;
-use super::wire::{self, Report};
+use super::wire::{self, KeyRecord, Report};
 use crate::toolbox::Fail;
 use std::time::Duration;
 
@@ -27,6 +27,25 @@ pub(super) fn print_waiting() {
     println!("************************************");
 }
 
+/// Part A of the control exchange once the control connection is up (ib_write_bw sleeps a
+/// second first, on both sides).
+pub(super) fn part_a(p: &Params, ctrl: &mut impl Lockstep) -> Result<Agreed, Fail> {
+    if p.test == Test::Write {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Ok(ctrl.part_a()?)
+}
+
+/// This side's key record (a random PSN) and the peer's, after the "post" handshake and K1-K3;
+/// prints both.
+fn keys(p: &Params, ctrl: &mut impl Lockstep, data: &impl DataPath) -> Result<(KeyRecord, KeyRecord), Fail> {
+    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
+    let mine = data.record(p, psn);
+    let peer = ctrl.keys(&mine)?;
+    print_addresses(&mine, &peer);
+    Ok((mine, peer))
+}
+
 /// The client once both connections are up: the key records, the run, the report and K5.
 pub(super) fn client_data(
     p: &Params,
@@ -34,10 +53,7 @@ pub(super) fn client_data(
     ctrl: &mut impl Lockstep,
     data: &impl DataPath,
 ) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
+    let (mine, peer) = keys(p, ctrl, data)?;
     let t = Some(p.timeout);
     let report = match p.test {
         Test::Write | Test::Read => {
@@ -67,10 +83,7 @@ pub(super) fn server_data(
     posted: u64,
     run_timeout: Duration,
 ) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
+    let (mine, peer) = keys(p, ctrl, data)?;
     let t = Some(p.timeout);
     // How long the client's run may take: --run-timeout, or its duration and a margin.
     let run = Some(run_timeout.max(p.duration.map_or(Duration::ZERO, |d| d + p.timeout)));
