@@ -67,8 +67,9 @@ for line in sys.stdin:
 # tests/interop/run-conformance.sh takes this `iwarp` into the guest (rping --device siw0).
 echo "$IWARP" > "$OUT/iwarp-verbs.path"
 export IWARP LIBS
-rping_leg() { # NAME SERVER CLIENT (shell commands; the server listens on 127.0.0.1:$PORT)
-  local name="$1" server="$2" client="$3" pid
+pair_leg() { # NAME CHECK SERVER CLIENT (shell commands; the server listens on 127.0.0.1:$PORT)
+  # CHECK: a function that reads the client's log and prints what passed, or fails.
+  local name="$1" check="$2" server="$3" client="$4" pid passed
   PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   export PORT
   log "$name"
@@ -79,14 +80,20 @@ rping_leg() { # NAME SERVER CLIENT (shell commands; the server listens on 127.0.
     sleep 0.1
   done
   if timeout 60 bash -c "$client" > "$OUT/$name.log" 2>&1 && wait "$pid" \
-      && [ "$(grep -c '^ping data: rdma-ping-' "$OUT/$name.log")" = 10 ]; then
-    log "$name: 10 pings, data checked"
+      && passed="$("$check" "$OUT/$name.log")"; then
+    log "$name: $passed"
   else
     kill "$pid" 2> /dev/null || true
     cat "$OUT/$name.log" "$OUT/$name.server.log" >&2
     log "$name: FAILED"
     fails=$((fails + 1))
   fi
+}
+pings_checked() { # LOG: ten pings, data checked by the client (-V)
+  [ "$(grep -c '^ping data: rdma-ping-' "$1")" = 10 ] && echo "10 pings, data checked"
+}
+rping_leg() { # NAME SERVER CLIENT
+  pair_leg "$1" pings_checked "$2" "$3"
 }
 # shellcheck disable=SC2016 # the variables expand in the commands' shells
 {
@@ -99,5 +106,25 @@ rping_leg() { # NAME SERVER CLIENT (shell commands; the server listens on 127.0.
     'LD_LIBRARY_PATH="$LIBS" exec "$IWARP" rping -s -a 127.0.0.1 -p "$PORT" --device iwarp0 -v --accept-timeout 50' \
     'LD_LIBRARY_PATH="$LIBS" rping -c -a 127.0.0.1 -p "$PORT" -C 10 -S 1000 -V -v'
 }
+# `iwarp perftest --device iwarp0`: this stack's perftest on the verbs backend over the
+# drop-in, against Debian's ib_write_bw, ib_read_bw and ib_send_bw -R on the drop-in, as client
+# and as server: 500 messages of 64 KiB, the client's result line checked.
+perftest_result() { # LOG: the client's result line counts 500 messages of 65536 bytes
+  local row
+  row="$(grep -a -A1 '^ #bytes' "$1" | tail -1)"
+  # shellcheck disable=SC2086 # the row's fields
+  set -- $row
+  [ "${1:-}" = 65536 ] && [ "${2:-}" = 500 ] && echo "500 x 64 KiB, ${4:-?} MB/s average"
+}
+# shellcheck disable=SC2016 # the variables expand in the commands' shells
+for t in write read send; do
+  export T="$t"
+  pair_leg "perftest-$t-device-client-debian-server" perftest_result \
+    'LD_LIBRARY_PATH="$LIBS" exec ib_${T}_bw -R -F -d iwarp0 -p "$PORT" -s 65536 -n 500' \
+    'LD_LIBRARY_PATH="$LIBS" "$IWARP" perftest "$T" 127.0.0.1 -p "$PORT" --device iwarp0 -s 65536 -n 500'
+  pair_leg "perftest-$t-device-server-debian-client" perftest_result \
+    'LD_LIBRARY_PATH="$LIBS" exec "$IWARP" perftest "$T" -p "$PORT" --device iwarp0 -s 65536 -n 500 --accept-timeout 50' \
+    'LD_LIBRARY_PATH="$LIBS" ib_${T}_bw -R -F -d iwarp0 -p "$PORT" -s 65536 -n 500 127.0.0.1'
+done
 [ "$fails" = 0 ] || exit 1
 echo "$BIN"

@@ -118,7 +118,7 @@ impl EngineBackend {
 
     fn options(&self, opts: &EndpointOptions, parts: &mut Parts) -> ConnectOptions {
         let depth = opts.queue_depth as usize;
-        ConnectOptions {
+        let mut options = ConnectOptions {
             recv: std::mem::take(&mut parts.recvs),
             srq: parts.srq.clone(),
             private_data: opts.private_data.clone(),
@@ -127,7 +127,11 @@ impl EngineBackend {
             max_recv_wr: depth,
             rfc7306: self.rfc7306,
             ..ConnectOptions::default()
+        };
+        if let Some(n) = opts.rd_atomic {
+            (options.policy.ird, options.policy.ord) = (n.into(), n.into());
         }
+        options
     }
 
     /// The endpoint's domain and queue, and its early receives' region with the receives.

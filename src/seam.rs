@@ -161,6 +161,10 @@ pub struct EndpointOptions {
     /// both), and a receive completes on the completion queue of the endpoint whose peer's
     /// message filled it, which is how the application tells the connections apart.
     pub srq: Option<Arc<dyn SharedRecvQueue>>,
+    /// RDMA Reads (and atomics) outstanding each way: the IRD and ORD this side offers (the
+    /// engine's MPA IRD/ORD word, rdma_cm's responder resources and initiator depth). None:
+    /// the backend's default (the engine's 16, the verbs backend's 1).
+    pub rd_atomic: Option<u8>,
 }
 
 impl Default for EndpointOptions {
@@ -171,6 +175,7 @@ impl Default for EndpointOptions {
             timeout: Duration::from_secs(10),
             early_recvs: (0, 0),
             srq: None,
+            rd_atomic: None,
         }
     }
 }

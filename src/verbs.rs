@@ -317,20 +317,22 @@ fn cm_result(what: &str, ret: i32) -> Result<(), BackendError> {
     }
 }
 
-/// Connection parameters: the queue pair and private data (empty: none), the defaults
-/// otherwise (one outstanding Read each way, retries as rdma_cm's examples set them).
+/// Connection parameters: the queue pair (and whether it takes its receives from a shared
+/// receive queue) and private data (empty: none), `rd_atomic` Reads outstanding each way,
+/// retries as rdma_cm's examples set them.
 fn conn_param(
     qp_num: u32,
     srq: bool,
     private_data: &[u8],
+    rd_atomic: u8,
 ) -> Result<rdma_mummy_sys::rdma_conn_param, BackendError> {
     let len = u8::try_from(private_data.len())
         .map_err(|_| BackendError::Unsupported("private data over 255 bytes (rdma_cm's limit)"))?;
     Ok(rdma_mummy_sys::rdma_conn_param {
         private_data: if len == 0 { std::ptr::null() } else { private_data.as_ptr().cast() },
         private_data_len: len,
-        responder_resources: 1,
-        initiator_depth: 1,
+        responder_resources: rd_atomic,
+        initiator_depth: rd_atomic,
         flow_control: 0,
         retry_count: 7,
         rnr_retry_count: 7,
@@ -378,15 +380,17 @@ impl CmId {
         cm_result("rdma_resolve_route", unsafe { rdma_mummy_sys::rdma_resolve_route(self.ptr(), ms) })
     }
 
-    fn connect(&self, qp: &Qp, private_data: &[u8]) -> Result<(), BackendError> {
-        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), private_data)?;
+    fn connect(&self, qp: &Qp, opts: &EndpointOptions) -> Result<(), BackendError> {
+        let mut param =
+            conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
         // SAFETY: the identifier is alive; `param` and the private data it points to live
         // through the call, which copies them.
         cm_result("rdma_connect", unsafe { rdma_mummy_sys::rdma_connect(self.ptr(), &mut param) })
     }
 
-    fn accept(&self, qp: &Qp, private_data: &[u8]) -> Result<(), BackendError> {
-        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), private_data)?;
+    fn accept(&self, qp: &Qp, opts: &EndpointOptions) -> Result<(), BackendError> {
+        let mut param =
+            conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
         // SAFETY: as in `connect`.
         cm_result("rdma_accept", unsafe { rdma_mummy_sys::rdma_accept(self.ptr(), &mut param) })
     }
@@ -609,7 +613,7 @@ impl Backend for VerbsBackend {
             self.info.transport == DeviceTransport::Iwarp,
             self.info.caps.memory_windows,
         )?;
-        id.connect(&parts.qp, &opts.private_data)?;
+        id.connect(&parts.qp, opts)?;
         // The reply's private data comes with the connect response (InfiniBand and RoCE,
         // where the caller moves its own queue pair on) or with the establishment (iWARP).
         let event = channel.next_event(deadline)?;
@@ -723,7 +727,7 @@ impl PendingRequest for VerbsRequest {
         let deadline = Instant::now() + opts.timeout;
         let mut parts = make_parts(&self.id, opts, self.shared.iwarp, self.shared.mw)?;
         to_rts(&self.id, &mut parts)?;
-        self.id.accept(&parts.qp, &opts.private_data)?;
+        self.id.accept(&parts.qp, opts)?;
         let own = self.id.ptr() as usize;
         loop {
             let event = self.shared.channel.next_event(deadline)?;

@@ -11,6 +11,8 @@ mod conn;
 mod ctrl;
 mod data;
 mod report;
+mod seam;
+mod session;
 mod wire;
 
 pub(crate) use args::Args;
@@ -19,6 +21,7 @@ use conn::*;
 use ctrl::*;
 use data::*;
 use report::*;
+use session::*;
 
 use crate::toolbox::cm_message;
 use crate::toolbox::{
@@ -32,13 +35,13 @@ use iwarp::netdev::SmolStack;
 use iwarp::{CmError, Device, DeviceConfig, ProtectionDomain, RecvWr};
 use iwarp::{ListenOptions, Listener};
 
-use wire::Report;
-
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
-    let result = match args.address.as_deref() {
-        Some(host) => client(args, host),
-        None => server(args),
+    let result = match (args.address.as_deref(), args.device.as_deref()) {
+        (Some(host), None) => client(args, host),
+        (None, None) => server(args),
+        (Some(host), Some(name)) => seam::client(args, host, name),
+        (None, Some(name)) => seam::server(args, name),
     };
     toolbox::exit("perftest", result)
 }
@@ -46,9 +49,7 @@ pub(crate) fn run(args: &Args) -> ExitCode {
 // --- client -----------------------------------------------------------------------------------
 
 fn client(args: &Args, host: &str) -> Result<(), Fail> {
-    if args.bind.is_some() || args.accept_timeout.is_some() {
-        return Err(Fail::Usage("--bind and --accept-timeout are server options (no ADDRESS)".into()));
-    }
+    check_client_flags(args)?;
     let p = Params::new(args);
     let addr = resolve(host, args.port)?;
     let stack = open_stack(&args.transport, args.pcap.as_deref())?;
@@ -96,11 +97,7 @@ fn client_session(
     capture: Option<&Capture>,
     stack: Option<&SmolStack>,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        // ib_write_bw sleeps a second once the control connection is up.
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
     // perftest's server opens the data listener only after sending "pre"; a slow server (siw
@@ -122,35 +119,10 @@ fn client_session(
         }
     };
     let data = bufs.into_data(qp.qp);
-    print_banner(p, &agreed, &args.ib_dev, false);
+    print_banner(p, &agreed, args.shown_device(), false);
     let result = client_data(p, &agreed, ctrl, &data);
     close(&data.qp);
     result
-}
-
-fn client_data(p: &Params, agreed: &Agreed, ctrl: &mut Ctrl, data: &Data) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
-    let t = Some(p.timeout);
-    let report = match p.test {
-        Test::Write | Test::Read => {
-            let report = run_rdma_client(p, agreed, data, &peer)?;
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            for (i, m) in report.to_msgs().iter().enumerate() {
-                ctrl.exchange(m, &format!("report field {}", i + 1), t)?;
-            }
-            report
-        }
-        Test::Send => {
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            run_send_client(p, data)?
-        }
-    };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", t)?;
-    print_result(&report, p.gbits);
-    Ok(())
 }
 
 // --- server -----------------------------------------------------------------------------------
@@ -174,10 +146,7 @@ fn server(args: &Args) -> Result<(), Fail> {
     let listener = device
         .listen_with(bind, &lopts)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind}: {}", cm_message(&e))))?;
-    println!();
-    println!("************************************");
-    println!("* Waiting for client to connect... *");
-    println!("************************************");
+    print_waiting();
     let result = server_run(args, &p, &device, &listener, capture.as_ref());
     flush_capture("perftest", capture.as_ref());
     flush_stack_capture("perftest", stack.as_ref());
@@ -223,12 +192,9 @@ fn server_session(
     capture: Option<&Capture>,
     peer_ip: std::net::IpAddr,
 ) -> Result<(), Fail> {
-    if p.test == Test::Write {
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let agreed = ctrl.part_a()?;
+    let agreed = part_a(p, ctrl)?;
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
-    print_banner(p, &agreed, &args.ib_dev, true);
+    print_banner(p, &agreed, args.shown_device(), true);
     // The data connection comes from the control connection's peer; anyone else is turned
     // away while we wait for it.
     let deadline = Instant::now() + p.timeout;
@@ -266,44 +232,9 @@ fn server_session(
     result
 }
 
-fn server_data(
-    p: &Params,
-    ctrl: &mut Ctrl,
-    data: &Data,
-    posted: u64,
-    run_timeout: Duration,
-) -> Result<(), Fail> {
-    let psn = u32::try_from(random_u64() & 0x00ff_ffff).unwrap_or(0);
-    let mine = data.record(p, psn);
-    let peer = ctrl.keys(&mine)?;
-    print_addresses(&mine, &peer);
-    let t = Some(p.timeout);
-    // How long the client's run may take: --run-timeout, or its duration and a margin.
-    let run = Some(run_timeout.max(p.duration.map_or(Duration::ZERO, |d| d + p.timeout)));
-    let report = match p.test {
-        Test::Write | Test::Read => {
-            // The client runs; we wait for its K4 as long as a run may last.
-            ctrl.exchange(&mine.to_bytes(), "key record K4 (end of the client's run)", run)?;
-            let mut fields: [Vec<u8>; 5] = Default::default();
-            for (i, f) in fields.iter_mut().enumerate() {
-                // perftest's server answers with uninitialised memory; zeros here.
-                *f = ctrl.exchange(&[0u8; wire::REPORT_FIELD_LEN], &format!("report field {}", i + 1), t)?;
-            }
-            Report::from_msgs(&fields)
-        }
-        Test::Send => {
-            ctrl.exchange(&mine.to_bytes(), "key record K4", t)?;
-            let peer_data = peer;
-            run_send_server(p, data, &peer_data, posted)?
-        }
-    };
-    ctrl.exchange(&mine.to_bytes(), "key record K5", if p.test == Test::Send { run } else { t })?;
-    print_result(&report, p.gbits);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::wire::Report;
     use super::*;
 
     #[test]

@@ -1,12 +1,15 @@
 //! What the commands that run connections share: the failure type and exit statuses, name
 //! resolution, registration, the smoltcp stack and capture setup, waiting for a connection
-//! request, and the text of a queue pair's events.
+//! request, the text of a queue pair's events, and opening and closing what `--device` drives
+//! through the backend seam.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use iwarp::backend::{Backend, Endpoint, Status, devices, open_backend};
 use iwarp::netdev::{PcapWriter, SmolStack};
 use iwarp::{Access, CmError, ConnectRequest, Listener, MemoryRegion, ProtectionDomain, QpEvent};
 
@@ -168,5 +171,41 @@ pub(crate) fn cm_message(e: &iwarp::CmError) -> String {
     match e {
         iwarp::CmError::Io(io) => io_message(io),
         e => e.to_string(),
+    }
+}
+
+/// Opens `--device NAME`, or a usage error that names it and lists the devices there are.
+pub(crate) fn open_device(name: &str) -> Result<Arc<dyn Backend>, Fail> {
+    open_backend(name).map_err(|e| {
+        let (list, why) = devices();
+        let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
+        let e = e.to_string();
+        let mut m = format!("--device {name}: {e}; the devices here: {}", names.join(", "));
+        if let Some(why) = why.filter(|w| !e.contains(w.as_str())) {
+            m.push_str(&format!(" (no rdma-core devices: {why})"));
+        }
+        Fail::Usage(m)
+    })
+}
+
+/// The first of `refused` (a flag given, and its name) as the usage error of a flag the
+/// backend seam cannot carry.
+pub(crate) fn refuse_with_device(refused: &[(bool, &str)]) -> Result<(), Fail> {
+    match refused.iter().find(|(on, _)| *on) {
+        Some((_, flag)) => Err(Fail::Usage(format!("{flag} is not available with --device"))),
+        None => Ok(()),
+    }
+}
+
+/// Disconnects a seam endpoint and drains what comes back flushed (briefly).
+pub(crate) fn close_endpoint(ep: &dyn Endpoint) {
+    ep.disconnect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match ep.poll(Duration::from_millis(50)) {
+            Some(wc) if wc.status == Status::Flushed => break,
+            Some(_) => {}
+            None => break,
+        }
     }
 }

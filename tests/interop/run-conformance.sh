@@ -12,6 +12,9 @@
 #              `rping -s` on siw0, both in the guest, ten pings checked (-V); runs when an
 #              `iwarp` built with the verbs feature is at hand (IWARP_VERBS_BIN, or the one
 #              scripts/conformance.sh built)
+#   perftest-siw0 `iwarp perftest write --device siw0` (the client) against perftest's
+#              `ib_write_bw -R` on siw0, both in the guest, 500 messages of 64 KiB; runs with
+#              rping-siw0
 #
 # cross-a and cross-b each move Write, Read and Send both ways (`cross_backend_peer`).
 # With CONFORMANCE_BENCH=1 the guest also runs `iwarp bench --device siw0` and `--device
@@ -91,6 +94,14 @@ if [ -x /opt/iwarp ]; then
   else
     sed 's/^/[rping-siw0] /' /tmp/rping-c.log /tmp/rping-s.log
   fi
+  timeout 60 ib_write_bw -R -F -d siw0 -p 7612 -s 65536 -n 500 > /tmp/perftest-s.log 2>&1 &
+  i=0; while ! grep -q ':1DBC 00000000:0000 0A' /proc/net/tcp; do i=\$((i + 1)); [ \$i -gt 100 ] && break; sleep 0.1; done
+  if timeout 60 /opt/iwarp perftest write $G -p 7612 --device siw0 -s 65536 -n 500 > /tmp/perftest-c.log 2>&1 \
+      && wait \$! && [ "\$(grep -A1 '^ #bytes' /tmp/perftest-c.log | tail -1 | awk '{print \$1 "x" \$2}')" = 65536x500 ]; then
+    echo "PERFTEST-SIW0-PASS \$(grep -A1 '^ #bytes' /tmp/perftest-c.log | tail -1 | awk '{print \$4}') MB/s"
+  else
+    sed 's/^/[perftest-siw0] /' /tmp/perftest-c.log /tmp/perftest-s.log
+  fi
 fi
 [ "$BENCH" = 1 ] && timeout 600 /opt/iwarp bench --device siw0 --device-addr $G --sizes 4k,64k --duration 2 --quiet 2>&1 | sed 's/^/[bench-siw0] /'
 rdma link delete siw0
@@ -149,6 +160,12 @@ if [ "$RPING" = 1 ]; then
     result PASS rping-siw0 "iwarp rping --device siw0 -> rping -s on siw0: 10 pings of 1000 bytes, data checked$(grep -aq RPING-SIW0-NOTE "$S" && echo " (rping -s hit its teardown race after a clean end)")"
   else
     result FAIL rping-siw0 "see $S"
+  fi
+  pass="$(grep -a "PERFTEST-SIW0-PASS" "$S" | tail -1 | tr -d '\r')"
+  if [ -n "$pass" ]; then
+    result PASS perftest-siw0 "iwarp perftest write --device siw0 -> ib_write_bw -R on siw0: 500 x 64 KiB, ${pass#*PASS }"
+  else
+    result FAIL perftest-siw0 "see $S"
   fi
 fi
 if [ "$BENCH" = 1 ]; then

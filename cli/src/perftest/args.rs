@@ -95,9 +95,9 @@ pub(crate) struct Args {
     /// Do not fail on CPU frequency warnings (accepted, no effect).
     #[arg(short = 'F', long = "CPU-freq")]
     pub(super) cpu_freq: bool,
-    /// Device name shown in the table (perftest's -d).
-    #[arg(short = 'd', long = "ib-dev", value_name = "NAME", default_value = "iwarp0")]
-    pub(super) ib_dev: String,
+    /// Device name shown in the table (perftest's -d) [default: --device's, else iwarp0].
+    #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
+    pub(super) ib_dev: Option<String>,
     /// Report bandwidth in Gb/sec instead of MB/sec (both sides need the same flag).
     #[arg(long = "report_gbits", alias = "report-gbits")]
     pub(super) report_gbits: bool,
@@ -128,8 +128,22 @@ pub(crate) struct Args {
     /// Record both connections into this pcap file (readable by tshark and `iwarp dissect`).
     #[arg(long, value_name = "FILE")]
     pub(super) pcap: Option<PathBuf>,
+    /// Run over this device through the backend seam instead of the userspace engine: an
+    /// rdma-core device (siw0, rxe0, the verbs drop-in iwarp0; needs the `verbs` feature) or
+    /// `iwarp`, the engine itself (`iwarp devices` lists them). The messages are the same;
+    /// --crc, --first-fpdu-delay, --pcap and --transport are not available with it. The table
+    /// shows its name unless -d is given.
+    #[arg(long, value_name = "NAME")]
+    pub(super) device: Option<String>,
     #[command(flatten)]
     pub(super) transport: crate::transport::TransportArgs,
+}
+
+impl Args {
+    /// The device name shown in the table.
+    pub(super) fn shown_device(&self) -> &str {
+        self.ib_dev.as_deref().or(self.device.as_deref()).unwrap_or("iwarp0")
+    }
 }
 
 /// The largest cycle buffer a peer may make this side use (perftest sends its page size).

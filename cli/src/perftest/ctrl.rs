@@ -80,17 +80,7 @@ impl Ctrl {
             if let Some(ev) = self.qp.poll_event() {
                 return Err(toolbox::event_text(ev, Some(what)));
             }
-            let slice = match deadline {
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(format!("timed out waiting for {what}"));
-                    }
-                    left.min(Duration::from_millis(50))
-                }
-                None => Duration::from_millis(50),
-            };
-            let Some(wc) = self.cq.wait(slice) else { continue };
+            let Some(wc) = self.cq.wait(wait_slice(deadline, what)?) else { continue };
             if wc.status != WcStatus::Success {
                 return Err(wc_failure(&self.qp, &wc, what));
             }
@@ -100,9 +90,19 @@ impl Ctrl {
             self.stash.push(wc);
         }
     }
+}
+
+impl Lockstep for Ctrl {
+    fn server(&self) -> bool {
+        self.server
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
 
     /// Sends one control message and waits for its completion.
-    pub(super) fn send(&mut self, msg: &[u8], what: &str) -> Result<(), String> {
+    fn send(&mut self, msg: &[u8], what: &str) -> Result<(), String> {
         self.send_mr.write(0, msg).map_err(|e| format!("control send buffer: {e:?}"))?;
         self.next_wr += 1;
         let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
@@ -118,12 +118,7 @@ impl Ctrl {
     }
 
     /// Receives one control message (the `expect` bytes perftest copies out), then reposts.
-    pub(super) fn recv(
-        &mut self,
-        expect: usize,
-        what: &str,
-        limit: Option<Duration>,
-    ) -> Result<Vec<u8>, String> {
+    fn recv(&mut self, expect: usize, what: &str, limit: Option<Duration>) -> Result<Vec<u8>, String> {
         self.wait(WcOpcode::Recv, &format!("the peer's {what}"), limit)?;
         let mut b = vec![0u8; expect.min(wire::MAX_MSG)];
         self.recv_mr.read(0, &mut b).map_err(|e| format!("control receive buffer: {e:?}"))?;
@@ -132,16 +127,36 @@ impl Ctrl {
         self.qp.post_recv(wr).map_err(|e| format!("cannot post a control receive: {e:?}"))?;
         Ok(b)
     }
+}
+
+/// The next slice (at most 50 ms) of a wait until `deadline` (None: without end), or the
+/// timeout as text once it has passed.
+pub(super) fn wait_slice(deadline: Option<Instant>, what: &str) -> Result<Duration, String> {
+    let Some(d) = deadline else { return Ok(Duration::from_millis(50)) };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(format!("timed out waiting for {what}"));
+    }
+    Ok(left.min(Duration::from_millis(50)))
+}
+
+/// perftest's lockstep control messages over a connection that sends one message and receives
+/// the next (the engine's queue pair here, the seam's endpoint in seam.rs).
+pub(super) trait Lockstep {
+    /// Whether this side is the server (answers second).
+    fn server(&self) -> bool;
+    /// How long one message may take.
+    fn timeout(&self) -> Duration;
+    /// Sends one control message and waits for its completion.
+    fn send(&mut self, msg: &[u8], what: &str) -> Result<(), String>;
+    /// Receives one control message (the `expect` bytes perftest copies out), then reposts;
+    /// `limit` None waits as long as the connection lives.
+    fn recv(&mut self, expect: usize, what: &str, limit: Option<Duration>) -> Result<Vec<u8>, String>;
 
     /// One lockstep exchange: the client sends first and waits for the answer; the server
     /// receives, reposts, then answers. Returns the peer's message.
-    pub(super) fn exchange(
-        &mut self,
-        msg: &[u8],
-        what: &str,
-        limit: Option<Duration>,
-    ) -> Result<Vec<u8>, String> {
-        if self.server {
+    fn exchange(&mut self, msg: &[u8], what: &str, limit: Option<Duration>) -> Result<Vec<u8>, String> {
+        if self.server() {
             let got = self.recv(msg.len(), what, limit)?;
             self.send(msg, what)?;
             Ok(got)
@@ -152,8 +167,8 @@ impl Ctrl {
     }
 
     /// Part A: version, cycle buffer, cache line, MTU, then the "pre" handshake.
-    pub(super) fn part_a(&mut self) -> Result<Agreed, String> {
-        let t = Some(self.timeout);
+    fn part_a(&mut self) -> Result<Agreed, String> {
+        let t = Some(self.timeout());
         let v = self.exchange(&wire::version_msg(wire::VERSION), "version", t)?;
         match wire::parse_version(&v) {
             Some(peer) if peer >= wire::MIN_PEER_VERSION => {}
@@ -180,8 +195,8 @@ impl Ctrl {
     }
 
     /// The "post" handshake and K1-K3; returns the peer's record (the last one).
-    pub(super) fn keys(&mut self, mine: &KeyRecord) -> Result<KeyRecord, String> {
-        let t = Some(self.timeout);
+    fn keys(&mut self, mine: &KeyRecord) -> Result<KeyRecord, String> {
+        let t = Some(self.timeout());
         self.exchange(&[0u8; wire::KEY_RECORD_LEN], "\"post\" handshake", t)?;
         let mut peer = KeyRecord::default();
         for k in 1..=3 {

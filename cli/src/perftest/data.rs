@@ -20,23 +20,130 @@ pub(super) struct Data {
     pub(super) bufs: DataBufs,
 }
 
-impl Data {
+/// What a data connection posts: an RDMA Write or Read of `size` bytes at `local` in the first
+/// half of the buffer, a Send of its first `size` bytes, or a credit Write of source word
+/// `slot`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Post {
+    Rdma { read: bool, rkey: u32, addr: u64, local: u64 },
+    Send,
+    Credit { slot: usize, rkey: u32, addr: u64 },
+}
+
+/// A successful completion: its work request and whether it was a receive.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Done {
+    pub(super) wr_id: u64,
+    pub(super) recv: bool,
+}
+
+/// A data connection and its buffers, as the test loops drive them: the engine's queue pair
+/// here, the seam's endpoint in seam.rs.
+pub(super) trait DataPath {
+    /// The number shown as the queue pair's in the key record.
+    fn qpn(&self) -> u32;
+    /// The key and address this side advertises: the second half of the buffer, or for send
+    /// the credit word the peer writes.
+    fn advertised(&self, p: &Params) -> (u32, u64);
+    /// Posts one work request with `size` bytes; false when the send queue is full.
+    fn post(&self, wr_id: u64, post: Post, size: u32, signaled: bool) -> Result<bool, String>;
+    /// Posts one `size`-byte receive into the second half of the buffer.
+    fn post_recv(&self, wr_id: u64, size: u32) -> Result<(), String>;
+    /// The next completion within `t`; a failed one as text, `what` naming what was awaited.
+    fn wait(&self, t: Duration, what: &dyn Fn() -> String) -> Result<Option<Done>, String>;
+    /// A connection event (the peer closed, a Terminate) as text, if one came.
+    fn event(&self) -> Option<String>;
+    /// The count the send server last wrote into our credit word.
+    fn credit(&self) -> Result<u64, String>;
+    /// Source words of the send server's credit Writes.
+    fn credit_slots(&self) -> u64;
+    /// Writes credit source word `slot`.
+    fn set_credit(&self, slot: usize, count: u32) -> Result<(), String>;
+
     /// This side's key record.
-    pub(super) fn record(&self, p: &Params, psn: u32) -> KeyRecord {
-        let (rkey, vaddr) = if p.test == Test::Send {
-            (self.bufs.credit.rkey().0, self.bufs.credit.addr() + 4)
-        } else {
-            (self.bufs.buf.rkey().0, self.bufs.buf.addr() + self.bufs.half as u64)
-        };
+    fn record(&self, p: &Params, psn: u32) -> KeyRecord {
+        let (rkey, vaddr) = self.advertised(p);
         KeyRecord {
             out_reads: u32::from(p.out_reads),
-            qpn: self.qp.qp_num(),
+            qpn: self.qpn(),
             psn,
             rkey,
             vaddr,
             gid: local_gid(),
             ..KeyRecord::default()
         }
+    }
+}
+
+impl DataPath for Data {
+    fn qpn(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    fn advertised(&self, p: &Params) -> (u32, u64) {
+        if p.test == Test::Send {
+            (self.bufs.credit.rkey().0, self.bufs.credit.addr() + 4)
+        } else {
+            (self.bufs.buf.rkey().0, self.bufs.buf.addr() + self.bufs.half as u64)
+        }
+    }
+
+    fn post(&self, wr_id: u64, post: Post, size: u32, signaled: bool) -> Result<bool, String> {
+        let (op, sgl) = match post {
+            Post::Rdma { read, rkey, addr, local } => {
+                let (remote_stag, remote_to) = (STag(rkey), addr);
+                let op = if read {
+                    SendOp::Read { remote_stag, remote_to }
+                } else {
+                    SendOp::Write { remote_stag, remote_to }
+                };
+                (op, self.bufs.buf.sge(usize::try_from(local).unwrap_or(0), size))
+            }
+            Post::Send => (SendOp::Send { solicited: false, invalidate: None }, self.bufs.buf.sge(0, size)),
+            Post::Credit { slot, rkey, addr } => (
+                SendOp::Write { remote_stag: STag(rkey), remote_to: addr },
+                self.bufs.credit_src.sge(slot, 4),
+            ),
+        };
+        match self.qp.post_send(SendWr { wr_id, op, sgl: sgl.into(), signaled }) {
+            Ok(()) => Ok(true),
+            Err(iwarp::PostError::QueueFull) => Ok(false),
+            Err(e) => Err(format!("{e:?}")),
+        }
+    }
+
+    fn post_recv(&self, wr_id: u64, size: u32) -> Result<(), String> {
+        let wr = RecvWr { wr_id, sgl: self.bufs.buf.sge(self.bufs.half, size).into() };
+        self.qp.post_recv(wr).map_err(|e| format!("cannot post a data receive: {e:?}"))
+    }
+
+    fn wait(&self, t: Duration, what: &dyn Fn() -> String) -> Result<Option<Done>, String> {
+        let Some(wc) = self.bufs.cq.wait(t) else { return Ok(None) };
+        if wc.status != WcStatus::Success {
+            return Err(wc_failure(&self.qp, &wc, &what()));
+        }
+        Ok(Some(Done { wr_id: wc.wr_id, recv: wc.opcode == WcOpcode::Recv }))
+    }
+
+    fn event(&self) -> Option<String> {
+        self.qp.poll_event().map(|ev| toolbox::event_text(ev, None))
+    }
+
+    fn credit(&self) -> Result<u64, String> {
+        let mut word = [0u8; 4];
+        self.bufs.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
+        Ok(u64::from(u32::from_le_bytes(word)))
+    }
+
+    fn credit_slots(&self) -> u64 {
+        u64::try_from(self.bufs.credit_src.len() / 4).unwrap_or(1).max(1)
+    }
+
+    fn set_credit(&self, slot: usize, count: u32) -> Result<(), String> {
+        self.bufs
+            .credit_src
+            .write(slot, &wire::credit_bytes(count))
+            .map_err(|e| format!("credit word: {e:?}"))
     }
 }
 
@@ -98,7 +205,12 @@ pub(super) fn data_options(args: &Args, p: &Params, capture: Option<&Capture>) -
 
 /// The write/read client's run: N (or -D seconds of) Writes or Reads, at most tx depth
 /// outstanding, every cq_mod-th and the last signaled.
-pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord) -> Result<Report, String> {
+pub(super) fn run_rdma_client(
+    p: &Params,
+    a: &Agreed,
+    d: &impl DataPath,
+    peer: &KeyRecord,
+) -> Result<Report, String> {
     let size = p.size;
     let tx = u64::from(p.tx_depth);
     let cq_mod = u64::from(p.cq_mod.max(1));
@@ -110,7 +222,9 @@ pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord
     let (mut posted, mut completed) = (0u64, 0u64);
     let mut last_progress = Instant::now();
     let mut stopping = false;
-    let what = if p.test == Test::Read { "RDMA Read" } else { "RDMA Write" };
+    let read = p.test == Test::Read;
+    let what = if read { "RDMA Read" } else { "RDMA Write" };
+    let failed = || format!("{what} completions");
     loop {
         if let Some(w) = window.as_mut() {
             stopping |= w.tick(completed);
@@ -123,34 +237,26 @@ pub(super) fn run_rdma_client(p: &Params, a: &Agreed, d: &Data, peer: &KeyRecord
             let off = a.offset(size, posted);
             let last = n != 0 && posted + 1 == n;
             let signaled = (posted + 1) % cq_mod == 0 || last || (n == 0 && posted - completed + 1 >= tx);
-            let op = match p.test {
-                Test::Read => SendOp::Read { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
-                _ => SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr + off },
-            };
-            let local = usize::try_from(off).unwrap_or(0);
-            let wr = SendWr { wr_id: posted, op, sgl: d.bufs.buf.sge(local, size).into(), signaled };
-            match d.qp.post_send(wr) {
-                Ok(()) => {}
-                Err(iwarp::PostError::QueueFull) => break,
-                Err(e) => return Err(format!("cannot post an {what}: {e:?}")),
+            let op = Post::Rdma { read, rkey: peer.rkey, addr: peer.vaddr + off, local: off };
+            match d.post(posted, op, size, signaled) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(format!("cannot post an {what}: {e}")),
             }
             if n != 0 {
                 tposted.push(nanos(start));
             }
             posted += 1;
         }
-        let Some(wc) = d.bufs.cq.wait(Duration::from_millis(20)) else {
-            if let Some(ev) = d.qp.poll_event() {
-                return Err(format!("{} during the {what}s", toolbox::event_text(ev, None)));
+        let Some(wc) = d.wait(Duration::from_millis(20), &failed)? else {
+            if let Some(ev) = d.event() {
+                return Err(format!("{ev} during the {what}s"));
             }
             if last_progress.elapsed() > p.timeout {
                 return Err(format!("no {what} completed for {} s", p.timeout.as_secs()));
             }
             continue;
         };
-        if wc.status != WcStatus::Success {
-            return Err(wc_failure(&d.qp, &wc, &format!("{what} completions")));
-        }
         last_progress = Instant::now();
         let done = wc.wr_id + 1;
         if done > completed {
@@ -177,7 +283,7 @@ pub(super) fn nanos(start: Instant) -> u64 {
 
 /// The send_bw client: Sends while (sent + 1 - credit) < rx depth, credit being the count
 /// the server last wrote into our credit word.
-pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
+pub(super) fn run_send_client(p: &Params, d: &impl DataPath) -> Result<Report, String> {
     let size = p.size;
     let tx = u64::from(p.tx_depth);
     let rx = u64::from(p.rx_depth);
@@ -197,9 +303,7 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
         if !more_to_post(n, posted, stopping) && completed >= posted {
             break;
         }
-        let mut word = [0u8; 4];
-        d.bufs.credit.read(4, &mut word).map_err(|e| format!("credit word: {e:?}"))?;
-        let credit = u64::from(u32::from_le_bytes(word));
+        let credit = d.credit()?;
         let mut progressed = false;
         while more_to_post(n, posted, stopping)
             && posted - completed < tx
@@ -214,16 +318,10 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
                 || last
                 || (n == 0 && posted - completed + 1 >= tx)
                 || credit_bound;
-            let wr = SendWr {
-                wr_id: posted,
-                op: SendOp::Send { solicited: false, invalidate: None },
-                sgl: d.bufs.buf.sge(0, size).into(),
-                signaled,
-            };
-            match d.qp.post_send(wr) {
-                Ok(()) => {}
-                Err(iwarp::PostError::QueueFull) => break,
-                Err(e) => return Err(format!("cannot post a Send: {e:?}")),
+            match d.post(posted, Post::Send, size, signaled) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(format!("cannot post a Send: {e}")),
             }
             if n != 0 {
                 tposted.push(nanos(start));
@@ -233,11 +331,8 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
         }
         // Credits arrive as RDMA Writes (no completion here): poll briefly.
         let wait = if progressed || posted > completed { Duration::from_millis(1) } else { Duration::ZERO };
-        match d.bufs.cq.wait(wait) {
+        match d.wait(wait, &|| "Send completions".to_owned())? {
             Some(wc) => {
-                if wc.status != WcStatus::Success {
-                    return Err(wc_failure(&d.qp, &wc, "Send completions"));
-                }
                 last_progress = Instant::now();
                 let done = wc.wr_id + 1;
                 if done > completed {
@@ -249,8 +344,8 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
                 }
             }
             None => {
-                if let Some(ev) = d.qp.poll_event() {
-                    return Err(format!("{} during the Sends", toolbox::event_text(ev, None)));
+                if let Some(ev) = d.event() {
+                    return Err(format!("{ev} during the Sends"));
                 }
                 if progressed {
                     last_progress = Instant::now();
@@ -270,18 +365,12 @@ pub(super) fn run_send_client(p: &Params, d: &Data) -> Result<Report, String> {
     })
 }
 
-/// Posts one `size`-byte receive into the second half of the buffer.
-pub(super) fn post_data_recv(d: &Data, p: &Params, wr_id: u64) -> Result<(), String> {
-    let wr = RecvWr { wr_id, sgl: d.bufs.buf.sge(d.bufs.half, p.size).into() };
-    d.qp.post_recv(wr).map_err(|e| format!("cannot post a data receive: {e:?}"))
-}
-
 /// The send_bw server after K4: counts receives, reposts until N are posted, and writes its
 /// cumulative count into the client's credit word whenever
 /// (count mod rx depth) mod floor(rx depth / 3) == 0.
 pub(super) fn run_send_server(
     p: &Params,
-    d: &Data,
+    d: &impl DataPath,
     peer: &KeyRecord,
     mut posted_recvs: u64,
 ) -> Result<Report, String> {
@@ -294,7 +383,7 @@ pub(super) fn run_send_server(
     let mut stop_at: Option<Instant> = None;
     let mut wr = posted_recvs;
     let mut last_progress = Instant::now();
-    let slots = u64::try_from(d.bufs.credit_src.len() / 4).unwrap_or(1).max(1);
+    let slots = d.credit_slots();
     let mut credit_seq = 0u64;
     // Credit Writes posted and not completed yet.
     let mut credits_out = 0u64;
@@ -307,9 +396,9 @@ pub(super) fn run_send_server(
         {
             break;
         }
-        let Some(wc) = d.bufs.cq.wait(Duration::from_millis(20)) else {
-            if let Some(ev) = d.qp.poll_event() {
-                return Err(format!("{} during the Sends", toolbox::event_text(ev, None)));
+        let Some(wc) = d.wait(Duration::from_millis(20), &|| "the client's Sends".to_owned())? else {
+            if let Some(ev) = d.event() {
+                return Err(format!("{ev} during the Sends"));
             }
             // Duration mode waits for the first message without limit (the client starts it).
             if (n != 0 || first.is_some()) && last_progress.elapsed() > p.timeout {
@@ -317,10 +406,7 @@ pub(super) fn run_send_server(
             }
             continue;
         };
-        if wc.status != WcStatus::Success {
-            return Err(wc_failure(&d.qp, &wc, "the client's Sends"));
-        }
-        if wc.opcode != WcOpcode::Recv {
+        if !wc.recv {
             credits_out = credits_out.saturating_sub(1);
             continue;
         }
@@ -333,7 +419,7 @@ pub(super) fn run_send_server(
         }
         if n == 0 || posted_recvs < n {
             wr += 1;
-            post_data_recv(d, p, wr)?;
+            d.post_recv(wr, p.size)?;
             posted_recvs += 1;
         }
         if (received % rx).is_multiple_of(every) {
@@ -342,17 +428,13 @@ pub(super) fn run_send_server(
             let count = u32::try_from(received).unwrap_or(u32::MAX);
             let slot = usize::try_from(credit_seq % slots).unwrap_or(0) * 4;
             credit_seq += 1;
-            d.bufs
-                .credit_src
-                .write(slot, &wire::credit_bytes(count))
-                .map_err(|e| format!("credit word: {e:?}"))?;
-            let w = SendWr {
-                wr_id: u64::MAX - received,
-                op: SendOp::Write { remote_stag: STag(peer.rkey), remote_to: peer.vaddr },
-                sgl: d.bufs.credit_src.sge(slot, 4).into(),
-                signaled: true,
-            };
-            d.qp.post_send(w).map_err(|e| format!("cannot post a credit Write: {e:?}"))?;
+            d.set_credit(slot, count)?;
+            let w = Post::Credit { slot, rkey: peer.rkey, addr: peer.vaddr };
+            match d.post(u64::MAX - received, w, 4, true) {
+                Ok(true) => {}
+                Ok(false) => return Err("cannot post a credit Write: the send queue is full".into()),
+                Err(e) => return Err(format!("cannot post a credit Write: {e}")),
+            }
             credits_out += 1;
         }
     }
@@ -360,12 +442,14 @@ pub(super) fn run_send_server(
     // what is still queued).
     let deadline = Instant::now() + p.timeout;
     while credits_out > 0 && Instant::now() < deadline {
-        match d.bufs.cq.wait(Duration::from_millis(20)) {
-            Some(wc) if wc.opcode != WcOpcode::Recv => credits_out -= 1,
-            Some(_) => {}
-            None => {
-                if let Some(ev) = d.qp.poll_event() {
-                    return Err(format!("{} after the Sends", toolbox::event_text(ev, None)));
+        match d.wait(Duration::from_millis(20), &|| "the credit Writes".to_owned()) {
+            Ok(Some(wc)) if !wc.recv => credits_out -= 1,
+            Ok(Some(_)) => {}
+            // A failed completion ends a credit Write too (or a receive: the count is a bound).
+            Err(_) => credits_out -= 1,
+            Ok(None) => {
+                if let Some(ev) = d.event() {
+                    return Err(format!("{ev} after the Sends"));
                 }
             }
         }

@@ -10,16 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iwarp::Access;
-use iwarp::backend::{
-    Backend, BackendError, CompletionOp, Endpoint, EndpointOptions, Op, Region, Status, devices, open_backend,
-};
+use iwarp::backend::{BackendError, CompletionOp, Endpoint, EndpointOptions, Op, Region, Status};
 
 use super::args::Args;
 use super::proto::{
     BUF_ACCESS, BufInfo, INFO_LEN, MAX_SIZE, Stop, c_string, client_checks, echo_len, mid_ping, pattern,
     usize_of,
 };
-use crate::toolbox::{Fail, resolve};
+use crate::toolbox::{Fail, close_endpoint, open_device, refuse_with_device, resolve};
 
 /// rping's queue pair: 16 send work requests (the seam has one depth for both queues).
 const QUEUE_DEPTH: u32 = 16;
@@ -28,20 +26,6 @@ const INFO_LEN32: u32 = 16;
 const _: () = assert!(INFO_LEN32 as usize == INFO_LEN);
 /// How long the server waits for a client without --accept-timeout.
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Opens `name`, or a usage error that names it and lists the devices there are.
-pub(super) fn open(name: &str) -> Result<Arc<dyn Backend>, Fail> {
-    open_backend(name).map_err(|e| {
-        let (list, why) = devices();
-        let names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
-        let e = e.to_string();
-        let mut m = format!("--device {name}: {e}; the devices here: {}", names.join(", "));
-        if let Some(why) = why.filter(|w| !e.contains(w.as_str())) {
-            m.push_str(&format!(" (no rdma-core devices: {why})"));
-        }
-        Fail::Usage(m)
-    })
-}
 
 /// The flags the seam path cannot honour, as a usage error.
 fn check_flags(args: &Args) -> Result<(), Fail> {
@@ -55,10 +39,7 @@ fn check_flags(args: &Args) -> Result<(), Fail> {
         (args.persistent, "-P"),
         (args.transport.transport != crate::transport::Kind::Kernel, "--transport"),
     ];
-    match refused.iter().find(|(on, _)| *on) {
-        Some((_, flag)) => Err(Fail::Usage(format!("{flag} is not available with --device"))),
-        None => Ok(()),
-    }
+    refuse_with_device(&refused)
 }
 
 fn verbs(what: &str) -> impl Fn(BackendError) -> Fail + '_ {
@@ -146,17 +127,8 @@ impl Conn {
         Ok(BufInfo::parse(&b))
     }
 
-    /// Disconnects and drains what comes back flushed (briefly).
     fn close(&self) {
-        self.ep.disconnect();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            match self.ep.poll(Duration::from_millis(50)) {
-                Some(wc) if wc.status == Status::Flushed => break,
-                Some(_) => {}
-                None => break,
-            }
-        }
+        close_endpoint(&*self.ep);
     }
 }
 
@@ -170,7 +142,7 @@ pub(super) fn client(args: &Args, name: &str) -> Result<(), Fail> {
         return Err(Fail::Usage("the client needs the server's address (-a ADDR)".into()));
     };
     let addr = resolve(host, args.port)?;
-    let backend = open(name)?;
+    let backend = open_device(name)?;
     let size = usize_of(args.size);
     let ep = backend
         .connect(addr, &options(args))
@@ -231,7 +203,7 @@ pub(super) fn server(args: &Args, name: &str) -> Result<(), Fail> {
     check_flags(args)?;
     let host = args.addr.as_deref().unwrap_or("0.0.0.0");
     let bind = resolve(host, args.port)?;
-    let backend = open(name)?;
+    let backend = open_device(name)?;
     let listener = backend
         .listen(bind)
         .map_err(|e| Fail::Run(format!("cannot listen on {bind} through {name}: {e}")))?;
