@@ -380,17 +380,27 @@ impl CmId {
         cm_result("rdma_resolve_route", unsafe { rdma_mummy_sys::rdma_resolve_route(self.ptr(), ms) })
     }
 
+    /// The Reads outstanding each way to ask for: `opts.rd_atomic` (1 when unset), at most
+    /// what the device allows a queue pair as responder and as initiator.
+    fn rd_atomic(&self, opts: &EndpointOptions) -> Result<u8, BackendError> {
+        let want = opts.rd_atomic.unwrap_or(1);
+        if want <= 1 {
+            return Ok(want);
+        }
+        let attr = self.device_context()?.query_device().map_err(|e| verbs_error("ibv_query_device", e))?;
+        let limit = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()).max(1);
+        Ok(u8::try_from(limit).map_or(want, |limit| want.min(limit)))
+    }
+
     fn connect(&self, qp: &Qp, opts: &EndpointOptions) -> Result<(), BackendError> {
-        let mut param =
-            conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
+        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, self.rd_atomic(opts)?)?;
         // SAFETY: the identifier is alive; `param` and the private data it points to live
         // through the call, which copies them.
         cm_result("rdma_connect", unsafe { rdma_mummy_sys::rdma_connect(self.ptr(), &mut param) })
     }
 
     fn accept(&self, qp: &Qp, opts: &EndpointOptions) -> Result<(), BackendError> {
-        let mut param =
-            conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, opts.rd_atomic.unwrap_or(1))?;
+        let mut param = conn_param(qp.qp_number(), qp.uses_srq(), &opts.private_data, self.rd_atomic(opts)?)?;
         // SAFETY: as in `connect`.
         cm_result("rdma_accept", unsafe { rdma_mummy_sys::rdma_accept(self.ptr(), &mut param) })
     }

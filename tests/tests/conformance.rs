@@ -148,6 +148,31 @@ fn read_moves_every_edge_size() {
 }
 
 #[test]
+fn sixteen_reads_outstanding_complete_in_order() {
+    // Both ends ask for 16 Reads outstanding each way (a device allowing fewer gives its
+    // maximum, and the provider queues the rest): 16 Reads posted at once all complete, in
+    // order, each with its own bytes.
+    let b = backend();
+    let opts = EndpointOptions { rd_atomic: Some(16), ..EndpointOptions::default() };
+    let (c, s) = pair_with(&b, &opts, &opts);
+    const N: usize = 16;
+    const LEN: usize = 4096;
+    let source = register(&*s, N * LEN, Access::REMOTE_READ);
+    let data = pattern(N * LEN, 41);
+    source.write(0, &data).unwrap_or_else(|e| panic!("{e}"));
+    let sink = register(&*c, N * LEN, Access::NONE);
+    for i in 0..N {
+        let op = Op::Read { rkey: source.rkey(), addr: source.addr() + (i * LEN) as u64 };
+        c.post_send(i as u64, op, Some(sink.local(i * LEN, LEN as u32)))
+            .unwrap_or_else(|e| panic!("read {i}: {e}"));
+    }
+    for i in 0..N {
+        expect_ok(&*c, i as u64, CompletionOp::Read, "one of 16 Reads");
+    }
+    assert_eq!(contents(&*sink, 0, N * LEN), data, "16 Reads' bytes");
+}
+
+#[test]
 fn send_moves_every_edge_size_both_ways() {
     let b = backend();
     let (c, s) = pair(&b);
