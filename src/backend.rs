@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iwarp_ddp::STag;
+use iwarp_ddp::dma::Buffer;
 use iwarp_ddp::stag_table::Access;
 use iwarp_rdmap::atomic::AtomicOp;
 use iwarp_rdmap::qp::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
@@ -340,6 +341,17 @@ impl Endpoint for EngineEndpoint {
         Ok(Arc::new(EngineRegion { mr }))
     }
 
+    fn register_buffer(&self, buffer: Vec<u8>, access: Access) -> Result<Arc<dyn Region>, BackendError> {
+        if buffer.is_empty() {
+            return Err(BackendError::Unsupported("registering an empty buffer"));
+        }
+        let mr = self
+            .pd
+            .register_buffer(buffer, access.union(Access::LOCAL_WRITE))
+            .map_err(|e| BackendError::Verbs(e.to_string()))?;
+        Ok(Arc::new(EngineRegion { mr }))
+    }
+
     fn peer_private_data(&self) -> Vec<u8> {
         self.peer.clone()
     }
@@ -491,5 +503,14 @@ impl Region for EngineRegion {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>> {
+        let region = Arc::try_unwrap(self).ok()?;
+        match region.mr.deregister().ok()? {
+            Buffer::Vec(v) => Some(v),
+            Buffer::Boxed(b) => Some(b.into_vec()),
+            other => other.as_slice().map(<[u8]>::to_vec),
+        }
     }
 }

@@ -359,6 +359,11 @@ pub trait PendingRequest: Send {
 pub trait Endpoint: Send {
     /// Registers `len` zeroed bytes of application memory with `access`.
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError>;
+    /// Registers the application's own buffer with `access`, in place: the device reads and
+    /// writes these bytes, with no copy (rdma-core's `ibv_reg_mr` over the buffer's address;
+    /// the engine's registration of an owned buffer). [`Region::into_buffer`] gives it back.
+    /// An empty buffer is refused.
+    fn register_buffer(&self, buffer: Vec<u8>, access: Access) -> Result<Arc<dyn Region>, BackendError>;
     /// The private data the peer sent with its request or reply.
     fn peer_private_data(&self) -> Vec<u8>;
     /// The region of the receives posted before the connection came up
@@ -421,6 +426,12 @@ pub trait Region: Send + Sync {
     fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
     /// The backend's own type, for the backend to find its region again (a bind names one).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Deregisters the region and returns its memory: for a region of
+    /// [`Endpoint::register_buffer`], the application's buffer itself (the same allocation,
+    /// with what peers wrote into it); otherwise its bytes. `None`, and the region stays
+    /// registered until its last handle is dropped, while another handle to it is alive (or
+    /// when the device refuses to deregister it, e.g. a memory window is bound to it).
+    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>>;
     /// The local buffer `len` bytes at `offset`.
     fn local(&self, offset: usize, len: u32) -> Local {
         Local { lkey: self.lkey(), addr: self.addr() + offset as u64, len }

@@ -931,6 +931,13 @@ impl Endpoint for VerbsEndpoint {
         Ok(Arc::new(register_region(&self.pd, len, access, self.mw)?))
     }
 
+    fn register_buffer(&self, buffer: Vec<u8>, access: Access) -> Result<Arc<dyn Region>, BackendError> {
+        if buffer.is_empty() {
+            return Err(BackendError::Unsupported("registering an empty buffer"));
+        }
+        Ok(Arc::new(register_boxed(&self.pd, buffer.into_boxed_slice(), access, self.mw)?))
+    }
+
     fn peer_private_data(&self) -> Vec<u8> {
         self.peer_data.clone()
     }
@@ -1385,8 +1392,23 @@ fn register_region(
     access: Access,
     mw_bind: bool,
 ) -> Result<VerbsRegion, BackendError> {
-    let buffer = vec![0u8; len.max(1)].into_boxed_slice();
+    let mut region = register_boxed(pd, vec![0u8; len.max(1)].into_boxed_slice(), access, mw_bind)?;
+    region.len = len;
+    Ok(region)
+}
+
+/// Registers `buffer` in place (the region owns it from now on), with the right to bind memory
+/// windows to it when `mw_bind`.
+fn register_boxed(
+    pd: &Arc<ProtectionDomain>,
+    buffer: Box<[u8]>,
+    access: Access,
+    mw_bind: bool,
+) -> Result<VerbsRegion, BackendError> {
+    let len = buffer.len();
     let ptr = Box::into_raw(buffer);
+    // The allocation is `len.max(1)` bytes long from here on (`VerbsRegion::take_allocation`):
+    // `len` is at least 1 here, and `register_region` shortens `len` only for its 0.
     let mut region = VerbsRegion { mr: None, ptr: ptr.cast::<u8>(), len };
     // SAFETY: `ptr` is a live allocation of at least `len` bytes that the region owns and
     // frees only after it has deregistered it (`VerbsRegion::drop`), and every access of
@@ -1415,12 +1437,24 @@ unsafe impl Send for VerbsRegion {}
 // SAFETY: as above.
 unsafe impl Sync for VerbsRegion {}
 
+impl VerbsRegion {
+    /// Deregisters the region and takes its allocation back (`None` once taken).
+    fn take_allocation(&mut self) -> Option<Box<[u8]>> {
+        self.mr = None;
+        if self.ptr.is_null() {
+            return None;
+        }
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
+        // SAFETY: `ptr` came from `Box::into_raw` of a slice of `len.max(1)` bytes
+        // (`register_boxed`), is taken once (nulled above), and after the deregistration above
+        // the device no longer reads or writes it.
+        Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, self.len.max(1))) })
+    }
+}
+
 impl Drop for VerbsRegion {
     fn drop(&mut self) {
-        self.mr = None;
-        // SAFETY: `ptr` came from `Box::into_raw` of a slice of `len.max(1)` bytes, is freed
-        // once, and after the deregistration above the device no longer writes it.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len.max(1))) });
+        drop(self.take_allocation());
     }
 }
 
@@ -1462,5 +1496,12 @@ impl Region for VerbsRegion {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn into_buffer(self: Arc<Self>) -> Option<Vec<u8>> {
+        let mut region = Arc::try_unwrap(self).ok()?;
+        let mut buffer = region.take_allocation()?.into_vec();
+        buffer.truncate(region.len);
+        Some(buffer)
     }
 }

@@ -173,6 +173,50 @@ fn sixteen_reads_outstanding_complete_in_order() {
 }
 
 #[test]
+fn application_buffer_is_registered_in_place() {
+    // The application's own Vec is registered without a copy: the peer Reads its bytes and
+    // Writes into it, and the buffer handed back is the same allocation with the peer's bytes.
+    // The buffer is the passive side's: without peer-to-peer mode an MPA responder sends
+    // nothing before the initiator's first message, so the initiator does the Reading.
+    let b = backend();
+    let (c, s) = pair(&b);
+    const LEN: usize = 8192;
+    let mine = pattern(LEN, 77);
+    let buffer = mine.clone();
+    let at = buffer.as_ptr();
+    let region = s
+        .register_buffer(buffer, Access::REMOTE_READ.union(Access::REMOTE_WRITE))
+        .unwrap_or_else(|e| panic!("register_buffer: {e}"));
+    assert_eq!(contents(&*region, 0, LEN), mine, "the region holds the buffer's bytes");
+    let sink = register(&*c, LEN, Access::NONE);
+    let op = Op::Read { rkey: region.rkey(), addr: region.addr() };
+    c.post_send(1, op, Some(sink.local(0, LEN as u32))).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 1, CompletionOp::Read, "read of the application's buffer");
+    assert_eq!(contents(&*sink, 0, LEN), mine, "the peer read the buffer's bytes");
+    let theirs = pattern(100, 5);
+    let source = register(&*c, 100, Access::NONE);
+    source.write(0, &theirs).unwrap_or_else(|e| panic!("{e}"));
+    let op = Op::Write { rkey: region.rkey(), addr: region.addr() + 1000 };
+    c.post_send(2, op, Some(source.local(0, 100))).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 2, CompletionOp::Write, "write into the application's buffer");
+    // A Send after the Write arrives after its data.
+    let flag = register(&*s, 4, Access::NONE);
+    s.post_recv(3, flag.local(0, 4)).unwrap_or_else(|e| panic!("{e}"));
+    c.post_send(4, Op::Send, Some(source.local(0, 4))).unwrap_or_else(|e| panic!("{e}"));
+    expect_ok(&*c, 4, CompletionOp::Send, "send after write");
+    expect_ok(&*s, 3, CompletionOp::Recv, "recv after write");
+    let back = region.into_buffer().unwrap_or_else(|| panic!("the buffer did not come back"));
+    assert_eq!(back.as_ptr(), at, "the same allocation comes back: registered in place");
+    let mut want = mine;
+    want[1000..1100].copy_from_slice(&theirs);
+    assert_eq!(back, want, "the buffer holds the peer's Write and its own bytes around it");
+    assert!(
+        matches!(s.register_buffer(Vec::new(), Access::NONE), Err(BackendError::Unsupported(_))),
+        "an empty buffer is refused"
+    );
+}
+
+#[test]
 fn send_moves_every_edge_size_both_ways() {
     let b = backend();
     let (c, s) = pair(&b);
