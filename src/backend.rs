@@ -26,10 +26,11 @@ use crate::cm::{ConnectOptions, ConnectRequest, Listener};
 use crate::cq::CompletionQueue;
 use crate::device::Device;
 use crate::engine::DeviceConfig;
-use crate::mr::{MemoryRegion, MemoryWindow, ProtectionDomain};
+use crate::mr::{MemoryRegion, MemoryWindow, ProtectionDomain, RegisterError};
 use crate::qp::QueuePair;
 use crate::shared::WorkCompletion;
 
+use crate::seam::own;
 pub use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
     DeviceTransport, ENGINE_DEVICE, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region,
@@ -139,9 +140,10 @@ impl EngineBackend {
     fn parts(&self, opts: &EndpointOptions) -> Result<Parts, BackendError> {
         let (pd, srq) = match &opts.srq {
             Some(srq) => {
-                let srq = srq.as_any().downcast_ref::<EngineSrq>().ok_or(BackendError::Unsupported(
+                let srq = own::<EngineSrq>(
+                    srq.as_any(),
                     "a shared receive queue of another backend (create it on this one)",
-                ))?;
+                )?;
                 if opts.early_recvs.0 > 0 {
                     return Err(BackendError::Unsupported(
                         "early receives on an endpoint with a shared receive queue (post them to the queue)",
@@ -220,11 +222,7 @@ struct EngineSrq {
 
 impl SharedRecvQueue for EngineSrq {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
-        let mr = self
-            .pd
-            .register(len, access.union(Access::LOCAL_WRITE))
-            .map_err(|e| BackendError::Verbs(e.to_string()))?;
-        Ok(Arc::new(EngineRegion { mr }))
+        region(self.pd.register(len, access.union(Access::LOCAL_WRITE)))
     }
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
@@ -334,22 +332,14 @@ fn engine_completion(wc: WorkCompletion) -> Completion {
 
 impl Endpoint for EngineEndpoint {
     fn register(&self, len: usize, access: Access) -> Result<Arc<dyn Region>, BackendError> {
-        let mr = self
-            .pd
-            .register(len, access.union(Access::LOCAL_WRITE))
-            .map_err(|e| BackendError::Verbs(e.to_string()))?;
-        Ok(Arc::new(EngineRegion { mr }))
+        region(self.pd.register(len, access.union(Access::LOCAL_WRITE)))
     }
 
     fn register_buffer(&self, buffer: Vec<u8>, access: Access) -> Result<Arc<dyn Region>, BackendError> {
         if buffer.is_empty() {
             return Err(BackendError::Unsupported("registering an empty buffer"));
         }
-        let mr = self
-            .pd
-            .register_buffer(buffer, access.union(Access::LOCAL_WRITE))
-            .map_err(|e| BackendError::Verbs(e.to_string()))?;
-        Ok(Arc::new(EngineRegion { mr }))
+        region(self.pd.register_buffer(buffer, access.union(Access::LOCAL_WRITE)))
     }
 
     fn peer_private_data(&self) -> Vec<u8> {
@@ -437,14 +427,8 @@ impl Endpoint for EngineEndpoint {
         len: u64,
         access: Access,
     ) -> Result<u32, BackendError> {
-        let window = window
-            .as_any()
-            .downcast_ref::<EngineWindow>()
-            .ok_or(BackendError::Unsupported("a memory window of another backend"))?;
-        let region = region
-            .as_any()
-            .downcast_ref::<EngineRegion>()
-            .ok_or(BackendError::Unsupported("a region of another backend"))?;
+        let window = own::<EngineWindow>(window.as_any(), "a memory window of another backend")?;
+        let region = own::<EngineRegion>(region.as_any(), "a region of another backend")?;
         let offset = usize::try_from(offset).map_err(|_| BackendError::OutOfBounds)?;
         // The next key, as verbs' ibv_inc_rkey picks it.
         let key = window.mw.rkey().key().wrapping_add(1);
@@ -474,6 +458,13 @@ impl Window for EngineWindow {
 
 struct EngineRegion {
     mr: MemoryRegion,
+}
+
+/// A registration's result as the seam's region (its callers add local write to the rights
+/// asked for: receives and Read responses write a region locally).
+fn region(registered: Result<MemoryRegion, RegisterError>) -> Result<Arc<dyn Region>, BackendError> {
+    let mr = registered.map_err(|e| BackendError::Verbs(e.to_string()))?;
+    Ok(Arc::new(EngineRegion { mr }))
 }
 
 impl Region for EngineRegion {

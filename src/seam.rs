@@ -437,3 +437,12 @@ pub trait Region: Send + Sync {
         Local { lkey: self.lkey(), addr: self.addr() + offset as u64, len }
     }
 }
+
+/// The backend's own type behind one of the seam's objects (its `as_any`), or
+/// [`BackendError::Unsupported`] naming `what` when another backend made it.
+pub(crate) fn own<'a, T: 'static>(
+    any: &'a dyn std::any::Any,
+    what: &'static str,
+) -> Result<&'a T, BackendError> {
+    any.downcast_ref::<T>().ok_or(BackendError::Unsupported(what))
+}

@@ -47,6 +47,7 @@ use sideway::ibverbs::queue_pair::{
     SetScatterGatherEntry as _, WorkRequestFlags,
 };
 
+use crate::seam::own;
 use crate::seam::{
     Backend, BackendError, BackendListener, Capabilities, Completion, CompletionOp, DeviceInfo,
     DeviceTransport, Endpoint, EndpointOptions, Local, Op, PendingRequest, Region, SRQ_POST_RECV,
@@ -505,9 +506,10 @@ fn make_parts(id: &CmId, opts: &EndpointOptions, iwarp: bool, mw: bool) -> Resul
     let ctx = id.device_context()?;
     let srq = match &opts.srq {
         Some(srq) => {
-            let srq = srq.as_any().downcast_ref::<VerbsSrq>().ok_or(BackendError::Unsupported(
+            let srq = own::<VerbsSrq>(
+                srq.as_any(),
                 "a shared receive queue of another backend (create it on this one)",
-            ))?;
+            )?;
             if !Arc::ptr_eq(&srq.inner.ctx, &ctx) {
                 return Err(BackendError::Verbs(format!(
                     "the shared receive queue is on {}, the connection on another device",
@@ -1074,14 +1076,8 @@ impl Endpoint for VerbsEndpoint {
         len: u64,
         access: Access,
     ) -> Result<u32, BackendError> {
-        let window = window
-            .as_any()
-            .downcast_ref::<VerbsWindow>()
-            .ok_or(BackendError::Unsupported("a memory window of another backend"))?;
-        let region = region
-            .as_any()
-            .downcast_ref::<VerbsRegion>()
-            .ok_or(BackendError::Unsupported("a region of another backend"))?;
+        let window = own::<VerbsWindow>(window.as_any(), "a memory window of another backend")?;
+        let region = own::<VerbsRegion>(region.as_any(), "a region of another backend")?;
         let mr = region.mr.as_ref().ok_or(BackendError::Verbs("the region is not registered".into()))?;
         if offset.checked_add(len).is_none_or(|end| end > region.len as u64) {
             return Err(BackendError::OutOfBounds);
