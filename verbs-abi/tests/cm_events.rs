@@ -183,12 +183,8 @@ fn a_server_that_disconnects_at_once_is_established_then_disconnected_on_the_cli
     for round in 0..ROUNDS {
         let cid = client(cch, port);
         // SAFETY: a live id with a queue pair.
-        assert_eq!(
-            unsafe { rdma_connect(cid, null_mut()) },
-            0,
-            "round {round}: rdma_connect: errno {}",
-            errno()
-        );
+        let rc = unsafe { rdma_connect(cid, null_mut()) };
+        assert_eq!(rc, 0, "round {round}: rdma_connect: errno {}", errno());
         let sid = accept(sch);
         // SAFETY: the accepted id, connected.
         assert_eq!(unsafe { rdma_disconnect(sid) }, 0);
