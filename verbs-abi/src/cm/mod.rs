@@ -17,7 +17,8 @@
 //!   `ESTABLISHED`. The receives posted before either are posted before the connection goes
 //!   live.
 //! - A connection that leaves RTS (either side's `rdma_disconnect`, the peer's close, a
-//!   Terminate) queues `DISCONNECTED` once; `rdma_disconnect` flushes the posted work
+//!   Terminate) queues `DISCONNECTED` once, always after the connection's `ESTABLISHED`
+//!   (even when the peer closed it first); `rdma_disconnect` flushes the posted work
 //!   (`IBV_WC_WR_FLUSH_ERR`, with a completion event if the queue was armed).
 //! - An id made with a NULL channel is synchronous (`rdma_create_ep`, rsockets): it has a
 //!   private channel, and each call that would queue an event waits for it and returns its
@@ -152,6 +153,16 @@ pub struct CmId {
     state: Mutex<IdState>,
     /// DISCONNECTED was queued.
     down: AtomicBool,
+    /// Keeps a connection's DISCONNECTED after its ESTABLISHED (see [`CmId::report_up`]).
+    up: Mutex<UpState>,
+}
+
+/// Whether a connection's ESTABLISHED (or CONNECT_RESPONSE) is queued yet, and whether the
+/// connection went down before that.
+#[derive(Default)]
+struct UpState {
+    queued: bool,
+    down_early: bool,
 }
 
 static IDS: Registry<CmId> = Registry::new();
@@ -186,6 +197,7 @@ impl CmId {
             sync: AtomicBool::new(sync),
             state: Mutex::new(IdState::default()),
             down: AtomicBool::new(false),
+            up: Mutex::new(UpState::default()),
         });
         qp::on_destroy(qp_destroyed);
         IDS.insert(id.ibv(), id.clone());
@@ -274,8 +286,36 @@ impl CmId {
         }
     }
 
-    /// Reports the connection down, once.
+    /// Queues the event that says the connection is up (ESTABLISHED, CONNECT_RESPONSE),
+    /// then the DISCONNECTED held back if the connection went down before it.
+    ///
+    /// The queue pair is live before this event is queued (the application may use it as
+    /// soon as it reads the event), so the peer may close it first: a client that disconnects
+    /// as soon as its `rdma_connect` returns often does so before the server's `rdma_accept`
+    /// queued ESTABLISHED. The kernel's rdma_cm never reports such a connection DISCONNECTED
+    /// first: the iWARP CM hands an id's events over one at a time, in the order the device
+    /// raised them, and a close comes after the establishment it ends.
+    fn report_up(self: &Arc<CmId>, kind: rdma_cm_event_type, conn: ConnInfo) {
+        self.post(kind, 0, Some(conn));
+        let down_early = {
+            let mut up = self.up.lock().unwrap_or_else(PoisonError::into_inner);
+            up.queued = true;
+            up.down_early
+        };
+        if down_early {
+            self.report_down();
+        }
+    }
+
+    /// Reports the connection down, once, and never before it was reported up.
     fn report_down(self: &Arc<CmId>) {
+        {
+            let mut up = self.up.lock().unwrap_or_else(PoisonError::into_inner);
+            if !up.queued {
+                up.down_early = true;
+                return;
+            }
+        }
         if !self.down.swap(true, Ordering::AcqRel) {
             self.post(RDMA_CM_EVENT_DISCONNECTED, 0, None);
             if let Ok(rt) = runtime::runtime() {
@@ -813,7 +853,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
                                 } else {
                                     RDMA_CM_EVENT_ESTABLISHED
                                 };
-                                obj.post(kind, 0, Some(info));
+                                obj.report_up(kind, info);
                             }
                             Err(e) => obj.post(RDMA_CM_EVENT_CONNECT_ERROR, -e, None),
                         }
@@ -973,7 +1013,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_
                     initiator_depth: params.ord,
                     qp_num: 0,
                 };
-                obj.post(RDMA_CM_EVENT_ESTABLISHED, 0, Some(info));
+                obj.report_up(RDMA_CM_EVENT_ESTABLISHED, info);
                 if obj.is_sync() {
                     obj.wait_sync(RDMA_CM_EVENT_ESTABLISHED)?;
                 }

@@ -63,7 +63,6 @@ static int n, fails;
 		}                                                                          \
 	} while (0)
 
-/* Waits up to 5 s for the next event on `ch` (whose fd may be non-blocking). */
 /* Posts a signaled RDMA Write or Read of 10 bytes between local and remote. */
 static int post_rdma(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode op, char *local, uint32_t lkey,
 		     char *remote, uint32_t rkey)
@@ -81,12 +80,40 @@ static long us_between(struct timespec a, struct timespec b)
 	return (b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000;
 }
 
+/* How long a wait for an event or a completion lasts at most: a bound against a hang, far
+ * above the milliseconds either takes even on a loaded machine (the whole program is bounded
+ * by alarm() anyway). Waits end as soon as what they wait for comes. */
+#define WAIT_MS 15000
+
+/* Polls `cq` until `max` completions are in `wc`, for at most WAIT_MS; returns how many (-1
+ * if polling failed). */
+static int poll_for(struct ibv_cq *cq, struct ibv_wc *wc, int max)
+{
+	struct timespec t0, t;
+	int got = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		int k = ibv_poll_cq(cq, max - got, wc + got);
+		if (k < 0)
+			return -1;
+		got += k;
+		if (got >= max)
+			return got;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (us_between(t0, t) > WAIT_MS * 1000L)
+			return got;
+		usleep(1000);
+	}
+}
+
+/* Waits up to WAIT_MS for the next event on `ch` (whose fd may be non-blocking). */
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
 {
 	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
 	struct rdma_cm_event *ev = NULL;
 
-	if (poll(&p, 1, 5000) != 1)
+	if (poll(&p, 1, WAIT_MS) != 1)
 		return NULL;
 	if (rdma_get_cm_event(ch, &ev))
 		return NULL;
@@ -108,29 +135,20 @@ static struct rdma_cm_event *expect_event(struct rdma_event_channel *ch, enum rd
 	return ev;
 }
 
-/* Waits up to 5 s for a completion event on `ch`, polls `cq` into `wc`; returns how many. */
+/* Waits up to WAIT_MS for a completion event on `ch`, polls `cq` into `wc`; returns how many. */
 static int event_then_poll(struct ibv_comp_channel *ch, struct ibv_cq *cq, struct ibv_wc *wc, int max)
 {
 	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
 	struct ibv_cq *ev_cq;
 	void *ev_ctx;
-	int got = 0, i;
 
-	if (poll(&p, 1, 5000) != 1)
+	if (poll(&p, 1, WAIT_MS) != 1)
 		return -1;
 	if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) || ev_cq != cq)
 		return -1;
 	ibv_ack_cq_events(cq, 1);
-	/* Completions may arrive after the event that announced the first: poll a while. */
-	for (i = 0; i < 200 && got < max; i++) {
-		int k = ibv_poll_cq(cq, max - got, wc + got);
-		if (k < 0)
-			return -1;
-		got += k;
-		if (got < max)
-			usleep(1000);
-	}
-	return got;
+	/* Completions may arrive after the event that announced the first. */
+	return poll_for(cq, wc, max);
 }
 
 static void *blocked_reader(void *arg)
@@ -153,7 +171,7 @@ static void *reads_destroyed_channel(void *arg)
 
 struct accept_args {
 	struct rdma_event_channel *ch;
-	int ok;
+	int ok, down;
 };
 
 /* Accepts one connection on `ch` (for the synchronous client). */
@@ -175,6 +193,7 @@ static void *acceptor(void *arg)
 	if (ev)
 		rdma_ack_cm_event(ev);
 	ev = next_event(a->ch); /* the client's disconnect */
+	a->down = ev && ev->event == RDMA_CM_EVENT_DISCONNECTED;
 	if (ev)
 		rdma_ack_cm_event(ev);
 	rdma_destroy_qp(id);
@@ -470,12 +489,7 @@ int main(void)
 		errno = 0;
 		CHECK(ibv_get_cq_event(schan, &c, &x) == -1 && errno == EAGAIN, "one event per arming");
 	}
-	rc = 0;
-	for (i = 0; i < 500 && rc == 0; i++) {
-		rc = ibv_poll_cq(cid->send_cq, 1, wc);
-		if (rc == 0)
-			usleep(1000);
-	}
+	rc = poll_for(cid->send_cq, wc, 1);
 	CHECK(rc == 1 && wc[0].wr_id == 7 && wc[0].opcode == IBV_WC_SEND, "the client's send completes");
 
 	/* RDMA Write into the server's region, then Read it back. */
@@ -485,12 +499,7 @@ int main(void)
 		      "RDMA Write to the server's buffer address");
 		CHECK(post_rdma(cid->qp, 9, IBV_WR_RDMA_READ, cbuf + 200, cmr->lkey, sbuf + 1000, smr->rkey) == 0,
 		      "RDMA Read of it");
-		int got = 0;
-		for (i = 0; i < 2000 && got < 2; i++) {
-			got += ibv_poll_cq(cid->send_cq, 2 - got, wc + got);
-			if (got < 2)
-				usleep(1000);
-		}
+		int got = poll_for(cid->send_cq, wc, 2);
 		CHECK(got == 2 && wc[1].wr_id == 9 && wc[1].status == IBV_WC_SUCCESS &&
 			      memcmp(cbuf + 200, "rdma-write", 10) == 0,
 		      "the Read brings back what the Write placed");
@@ -519,7 +528,7 @@ int main(void)
 		CHECK(post_rdma(cid->qp, 10, IBV_WR_RDMA_WRITE, cbuf + 100, cmr->lkey, sbuf + 1000, smr->rkey) == 0,
 		      "an RDMA Write after the idle spell");
 		rc = 0;
-		for (wall_us = 0; rc == 0 && wall_us < 5000000;) {
+		for (wall_us = 0; rc == 0 && wall_us < WAIT_MS * 1000L;) {
 			rc = ibv_poll_cq(cid->send_cq, 1, wc);
 			clock_gettime(CLOCK_MONOTONIC, &w1);
 			wall_us = us_between(w0, w1);
@@ -549,12 +558,7 @@ int main(void)
 		struct ibv_sge sge = { (uintptr_t)cbuf, 4, cmr->lkey };
 		struct ibv_recv_wr rwr = { .wr_id = 55, .sg_list = &sge, .num_sge = 1 }, *bad;
 		CHECK(ibv_post_recv(cid->qp, &rwr, &bad) == 0, "posting to a queue pair in ERR is accepted");
-		rc = 0;
-		for (i = 0; i < 500 && rc == 0; i++) {
-			rc = ibv_poll_cq(cid->recv_cq, 1, wc);
-			if (rc == 0)
-				usleep(1000);
-		}
+		rc = poll_for(cid->recv_cq, wc, 1);
 		CHECK(rc == 1 && wc[0].wr_id == 55 && wc[0].status == IBV_WC_WR_FLUSH_ERR, "... and flushed");
 	}
 
@@ -599,9 +603,12 @@ int main(void)
 		CHECK(ep->channel != NULL && ep->qp != NULL, "the endpoint has a private channel and a QP");
 		pthread_create(&t, NULL, acceptor, &a);
 		CHECK(rdma_connect(ep, NULL) == 0, "rdma_connect returns once connected (synchronous id)");
+		/* Closed at once, often before the server's rdma_accept has queued ESTABLISHED: the
+		   server still sees ESTABLISHED, then DISCONNECTED, as rdma_cm orders them. */
 		rdma_disconnect(ep);
 		pthread_join(t, NULL);
 		CHECK(a.ok, "the server saw the connection established");
+		CHECK(a.down, "... then disconnected");
 		rdma_destroy_ep(ep);
 		rdma_freeaddrinfo(res);
 	}
