@@ -19,10 +19,10 @@ step "toolchain"
 cargo --version
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
-step "packages the verbs drop-in's tests use (rdma-core headers and programs, binutils, libfabric, Open MPI)"
+step "packages the verbs drop-in's tests use (rdma-core headers and programs, binutils, libfabric, Open MPI, netcat)"
 pkgs=()
 for p in rping:rdmacm-utils ib_write_bw:perftest ibv_devinfo:ibverbs-utils objdump:binutils cc:gcc \
-  fi_pingpong:libfabric-bin mpirun:openmpi-bin mpicc:libopenmpi-dev; do
+  fi_pingpong:libfabric-bin mpirun:openmpi-bin mpicc:libopenmpi-dev nc.traditional:netcat-traditional; do
   command -v "${p%%:*}" >/dev/null || pkgs+=("${p#*:}")
 done
 [ -f /usr/include/infiniband/verbs.h ] || pkgs+=(libibverbs-dev)
