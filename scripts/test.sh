@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 export IWARP_REQUIRE_ALL=1
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started (minutes:seconds since the command began).
+step() { printf '\n==> %s [%d:%02d]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 step "toolchain"
 cargo --version
