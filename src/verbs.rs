@@ -43,8 +43,7 @@ use sideway::ibverbs::device_context::{AtomicCapability, DeviceContext, LinkLaye
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostSendGuard as _, QueuePair as _, QueuePairState, QueuePairType,
-    SetScatterGatherEntry as _, WorkRequestFlags,
+    BasicQueuePair, QueuePair as _, QueuePairState, QueuePairType, SetScatterGatherEntry as _,
 };
 
 use crate::seam::own;
@@ -949,39 +948,9 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn post_send(&self, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
-        let mut qp = lock(&self.qp);
-        let qp = match &mut *qp {
-            // sideway's posting has no local invalidate: such a request goes through
-            // `ibv_post_send` itself, as every request of a queue pair with an SRQ does.
-            own @ Qp::Own(_) if matches!(op, Op::LocalInvalidate { .. }) => {
-                return raw_post_send(own, wr_id, op, local);
-            }
-            Qp::Own(qp) => qp,
-            shared @ Qp::Shared(_) => return raw_post_send(shared, wr_id, op, local),
-        };
-        let mut guard = qp.start_post_send();
-        let wr = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
-        let handle = match op {
-            Op::Send => wr.setup_send(),
-            Op::SendImm(imm) => wr.setup_send_imm(imm.to_be()),
-            Op::Write { rkey, addr } => wr.setup_write(rkey, addr),
-            Op::WriteImm { rkey, addr, imm } => wr.setup_write_imm(rkey, addr, imm.to_be()),
-            Op::Read { rkey, addr } => wr.setup_read(rkey, addr),
-            Op::FetchAdd { rkey, addr, add } => wr.setup_atomic_fetch_add(rkey, addr, add),
-            Op::CompareSwap { rkey, addr, compare, swap } => {
-                wr.setup_atomic_compare_swap(rkey, addr, compare, swap)
-            }
-            Op::LocalInvalidate { .. } => unreachable!("posted through ibv_post_send above"),
-        };
-        match local {
-            // SAFETY: the address and length are the application's description of a buffer
-            // inside one of its registered regions; the device checks them against the
-            // lkey's region, and a wrong one fails the work request, not memory safety.
-            Some(l) => unsafe { handle.setup_sge(l.lkey, l.addr, l.len) },
-            // SAFETY: an empty scatter/gather list names no memory.
-            None => unsafe { handle.setup_sge_list(&[]) },
-        }
-        guard.post().map_err(|e| verbs_error("ibv_post_send", e))
+        // Through `ibv_post_send` itself for every queue pair and operation: sideway's posting
+        // has no local invalidate and serves no queue pair made with a shared receive queue.
+        raw_post_send(&lock(&self.qp), wr_id, op, local)
     }
 
     fn post_recv(&self, wr_id: u64, local: Local) -> Result<(), BackendError> {
@@ -1104,16 +1073,9 @@ impl Endpoint for VerbsEndpoint {
                 },
             },
         };
-        let qp = lock(&self.qp);
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the queue pair, window and region are alive (held by `self`, `window` and
-        // `region`) and the queue pair is ours (its lock); `wr` lives through the call, which
-        // copies it. The device checks the range and rights against the region.
-        let ret = unsafe { rdma_mummy_sys::ibv_post_send(qp.raw(), &mut wr, &mut bad) };
-        drop(qp);
-        if ret != 0 {
-            return Err(verbs_error("ibv_post_send(BIND_MW)", std::io::Error::from_raw_os_error(ret)));
-        }
+        // The window and region are alive (held by `window` and `region`) through the post;
+        // the device checks the range and rights against the region.
+        post_wr(&lock(&self.qp), &mut wr, "ibv_post_send(BIND_MW)")?;
         window.rkey.store(rkey, Ordering::Relaxed);
         Ok(rkey)
     }
@@ -1257,7 +1219,7 @@ impl SrqQp {
 }
 
 /// Posts a signaled work request through `ibv_post_send` itself.
-fn raw_post_send(qp: &mut Qp, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
+fn raw_post_send(qp: &Qp, wr_id: u64, op: Op, local: Option<Local>) -> Result<(), BackendError> {
     use rdma_mummy_sys::ibv_wr_opcode as o;
     let mut sge = local.map(|l| rdma_mummy_sys::ibv_sge { addr: l.addr, length: l.len, lkey: l.lkey });
     // SAFETY: all zero bytes are a valid `ibv_send_wr` (integers, null pointers, and
@@ -1308,13 +1270,20 @@ fn raw_post_send(qp: &mut Qp, wr_id: u64, op: Op, local: Option<Local>) -> Resul
                 rdma_mummy_sys::imm_data_invalidated_rkey_union_t { invalidated_rkey: rkey };
         }
     }
+    // The entry names the application's buffer in one of its registered regions; the device
+    // checks it against the lkey's region, and a wrong one fails the work request, not
+    // memory safety.
+    post_wr(qp, &mut wr, "ibv_post_send")
+}
+
+/// Posts `wr` (and what it points to, alive through the call) on `qp`, held locked by the
+/// caller (the endpoint's queue-pair lock).
+fn post_wr(qp: &Qp, wr: &mut rdma_mummy_sys::ibv_send_wr, what: &str) -> Result<(), BackendError> {
     let mut bad = std::ptr::null_mut();
-    // SAFETY: the queue pair is alive and ours (`&mut Qp`); `wr` and the entry it points
-    // to live through the call, which copies them. The entry names the application's
-    // buffer in one of its registered regions; the device checks it against the lkey's
-    // region, and a wrong one fails the work request, not memory safety.
-    let ret = unsafe { rdma_mummy_sys::ibv_post_send(qp.raw(), &mut wr, &mut bad) };
-    if ret == 0 { Ok(()) } else { Err(verbs_error("ibv_post_send", std::io::Error::from_raw_os_error(ret))) }
+    // SAFETY: the queue pair is alive and posted to by one caller at a time (its lock is
+    // held); `wr` and what it points to live through the call, which copies them.
+    let ret = unsafe { rdma_mummy_sys::ibv_post_send(qp.raw(), wr, &mut bad) };
+    if ret == 0 { Ok(()) } else { Err(verbs_error(what, std::io::Error::from_raw_os_error(ret))) }
 }
 
 /// A shared receive queue made by `ibv_create_srq`, in a protection domain of its own.
