@@ -73,22 +73,30 @@ impl CompletionQueue {
     /// [`crate::DeviceConfig::spin`], yielding the core between them: a completion that is
     /// about to arrive (the next window of a stream) is found without putting this thread to
     /// sleep and waking it again, and on a busy machine the yields leave the core to whoever
-    /// needs it. Then, while the engine has nothing to do, the thread sleeps where the
+    /// needs it. It does so only while this queue's recent waits saw their completion within
+    /// about twice that time (dense traffic): when completions come later (sparse messages, a
+    /// slow peer), those passes find nothing and only take the core from the threads that
+    /// have the input, so the thread goes to sleep at once. Then, while the engine has nothing
+    /// to do, the thread sleeps where the
     /// connections' input wakes it and runs the engine's pass itself, so the input reaches it
     /// with one wake-up rather than two (the engine's, then its own).
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = start + timeout;
         let spin_until = start + WAIT_SPIN;
-        let drive_until = if self.dev.config.poll_mode == crate::PollMode::Adaptive {
-            start + self.dev.config.spin
-        } else {
-            start
-        };
+        let spin = self.dev.config.spin;
+        let adaptive = self.dev.config.poll_mode == crate::PollMode::Adaptive;
+        let drive_until = if adaptive && self.shared.drive_pays(spin) { start + spin } else { start };
+        let mut first = true;
         loop {
             if let Some(wc) = self.poll() {
+                // A completion that was there at once says nothing about the traffic.
+                if adaptive && !first {
+                    self.shared.record_wait(start.elapsed());
+                }
                 return Some(wc);
             }
+            first = false;
             let now = Instant::now();
             if now >= deadline {
                 return None;

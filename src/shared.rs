@@ -8,10 +8,11 @@
 //! [`QpShared::retire`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Waker;
 use std::thread::Thread;
+use std::time::Duration;
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use iwarp_ddp::STag;
@@ -115,6 +116,12 @@ pub(crate) struct CqShared {
     pub(crate) watching: Mutex<()>,
     /// Run instead of setting the notification when an armed notification fires.
     hook: OnceLock<Hook>,
+    /// How long blocking waits took to see their completion, in microseconds, as a moving
+    /// average (waits that found one at once are not counted). While it is within twice the
+    /// device's spin time (dense traffic) a wait runs the engine's passes itself before it
+    /// sleeps; longer (sparse traffic), a wait sleeps at once, leaving the core to the
+    /// threads that have the input.
+    wait_us: AtomicU32,
 }
 
 impl CqShared {
@@ -130,6 +137,24 @@ impl CqShared {
             watch: OnceLock::new(),
             watching: Mutex::new(()),
             hook: OnceLock::new(),
+            wait_us: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether a blocking wait should run the engine's passes before it sleeps, given the
+    /// device's spin time (see `wait_us`).
+    pub(crate) fn drive_pays(&self, spin: Duration) -> bool {
+        u128::from(self.wait_us.load(Ordering::Relaxed)) <= 2 * spin.as_micros()
+    }
+
+    /// Records how long a blocking wait took to see its completion (weight 1/8; a race
+    /// between two waiting threads loses one sample, which does not matter here).
+    pub(crate) fn record_wait(&self, took: Duration) {
+        let took = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        let avg = self.wait_us.load(Ordering::Relaxed);
+        let next = avg - avg / 8 + took / 8;
+        if next != avg {
+            self.wait_us.store(next, Ordering::Relaxed);
         }
     }
 
@@ -650,8 +675,30 @@ impl QpShared {
 mod tests {
     use std::collections::VecDeque;
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use super::WrRing;
+    use super::{CqShared, WrRing};
+
+    #[test]
+    fn waits_drive_the_engine_only_while_completions_come_soon() {
+        let spin = Duration::from_micros(50);
+        let cq = CqShared::new(4);
+        assert!(cq.drive_pays(spin), "a new queue drives");
+        // One slow wait (a sparse message) is enough to stop.
+        cq.record_wait(Duration::from_millis(5));
+        assert!(!cq.drive_pays(spin));
+        // Dense traffic brings it back within a few waits, and a single late one among them
+        // does not stop it.
+        for _ in 0..24 {
+            cq.record_wait(Duration::from_micros(20));
+        }
+        assert!(cq.drive_pays(spin));
+        cq.record_wait(Duration::from_micros(400));
+        assert!(cq.drive_pays(spin));
+        // A wait too long for the counter saturates instead of wrapping.
+        cq.record_wait(Duration::from_secs(u64::MAX / 4));
+        assert!(!cq.drive_pays(spin));
+    }
 
     #[test]
     fn wr_ring_keeps_posting_order_across_takes() {

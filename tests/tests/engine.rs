@@ -156,6 +156,46 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Adaptive);
 }
 
+/// A thread waiting for a completion in adaptive mode runs the sleeping engine's passes
+/// itself only while completions come soon. Against a peer that answers after 5 ms, after the
+/// first such wait the client's waits go to sleep at once instead of polling the engine for
+/// the spin time (each round trip then costs only the passes of its two posts).
+#[test]
+fn adaptive_waits_stop_driving_the_engine_when_answers_come_late() {
+    const ROUNDS: u64 = 6;
+    let (client_dev, server_dev) = (open(PollMode::Adaptive), open(PollMode::Adaptive));
+    let mut pairs = connect_many(&client_dev, &server_dev, 1, 4);
+    let (client, server) = pairs.pop().unwrap();
+    server.post_recv(0);
+    let answering = thread::spawn(move || {
+        for i in 0..2 * ROUNDS {
+            server.wait_recv(i, "ping");
+            server.post_recv(i + 1);
+            thread::sleep(Duration::from_millis(5));
+            server.send(1000 + i, 8);
+            server.wait("pong sent");
+        }
+    });
+    let round = |i: u64| {
+        client.post_recv(i);
+        client.send(100 + i, 8);
+        client.wait_recv(i, "pong");
+    };
+    for i in 0..ROUNDS {
+        round(i);
+    }
+    let before = client_dev.stats();
+    for i in ROUNDS..2 * ROUNDS {
+        round(i);
+    }
+    let after = client_dev.stats();
+    answering.join().unwrap();
+    // Two posts per round, each a pass on the posting thread when the engine sleeps (fewer
+    // when it is awake); a wait that drove the engine would add one pass per yield.
+    let passes = after.direct_passes - before.direct_passes;
+    assert!(passes <= 3 * ROUNDS, "waits kept driving the engine: {passes} passes in {ROUNDS} rounds");
+}
+
 /// With many idle connections, traffic on one costs visits of that one only.
 #[test]
 fn idle_connections_are_not_visited() {
