@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Tests that need root (namespaces, veth, TAP, raw sockets) fail instead of skipping.
 export IWARP_REQUIRE_ALL=1
 
-FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-15}"
 # Each step says when it started (minutes:seconds since the command began).
 step() { printf '\n==> %s [%d:%02d]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
@@ -64,13 +64,13 @@ step "random fault schedules through real devices (10^4, optimized build)"
 cargo test --release --locked -p iwarp-tests --test faults -- --nocapture
 
 step "fuzz-peer against this stack's own rping on loopback, both roles (scripts/fuzz-peer-loopback.sh)"
-bash scripts/fuzz-peer-loopback.sh
+IWARP_FUZZ_SECONDS="${IWARP_FUZZ_SECONDS:-15}" bash scripts/fuzz-peer-loopback.sh
 
 step "fuzz smoke (${FUZZ_SECONDS}s per target)"
 bash scripts/fuzz-smoke.sh "$FUZZ_SECONDS"
 
 step "AddressSanitizer: DMA module, memory tests, deregistration race, the verbs drop-in, placement fuzz targets"
-bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-20}"
+bash scripts/asan.sh "${ASAN_FUZZ_SECONDS:-10}"
 
 step "verbs drop-in: Debian's rping and perftest against iwarp rping/perftest, its bandwidth, libfabric's fi_pingpong and the MPI ping-pong (ofi MTL vs tcp BTL) on it (scripts/verbs-abi-test.sh)"
 bash scripts/verbs-abi-test.sh
