@@ -757,4 +757,114 @@ pub(crate) mod tests {
             assert!(TapFile::open("lo", false).is_err());
         });
     }
+
+    /// A measurement, not a test (`cargo test --release -p iwarp-netdev -- --ignored
+    /// --nocapture frame_path_ceiling`, as root): what the kernel's packet-socket path over a
+    /// veth pair carries at MTU 1500 with nothing above it. One thread hands `fa` 64 KiB TCP
+    /// segments to cut (as a stack with segmentation offload does, 16 per `sendmmsg`), another
+    /// drains `fb`'s receive ring and counts the stream bytes; no TCP, no ACKs, no copies
+    /// beyond the kernel's. An upper bound for any stack on this path (docs/architecture.md,
+    /// "The smoltcp frame path").
+    #[test]
+    #[ignore = "a measurement; run it on purpose"]
+    fn frame_path_ceiling() {
+        use crate::offload::{Offloader, Offloads};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const SECONDS: f64 = 3.0;
+        in_private_netns("frame_path_ceiling", VETH, || {
+            let (tx, f) = PacketSocket::open("fa", true, None).unwrap();
+            assert!(f.vnet_header, "no virtio-net header on this kernel");
+            let (rx, f) = PacketSocket::open("fb", true, Some(1500)).unwrap();
+            let mut ring = f.ring.expect("no receive ring on this kernel");
+            // One 64 KiB segment: Ethernet, IPv4 (to a MAC and an address nobody here has),
+            // TCP without options, payload; the offloader fills the virtio-net header.
+            let payload = 65535 - 40;
+            let mut frame = vec![0u8; 14 + 40 + payload];
+            frame[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xbb]);
+            frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xaa]);
+            frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+            let ip = &mut frame[14..34];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&65535u16.to_be_bytes());
+            ip[6] = 0x40;
+            ip[8] = 64;
+            ip[9] = 6;
+            ip[12..16].copy_from_slice(&[10, 98, 0, 1]);
+            ip[16..20].copy_from_slice(&[10, 98, 0, 2]);
+            let sum = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
+            let sum = (sum & 0xffff) + (sum >> 16);
+            let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
+            ip[10..12].copy_from_slice(&sum.to_be_bytes());
+            let tcp = &mut frame[34..54];
+            tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
+            tcp[2..4].copy_from_slice(&4791u16.to_be_bytes());
+            tcp[12] = 5 << 4;
+            tcp[13] = 0x10;
+            tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
+            let all = Offloads {
+                vnet_header: true,
+                tx_checksum: true,
+                rx_checksum: true,
+                tso: true,
+                gro: true,
+                ..Offloads::default()
+            };
+            let hdr = Offloader::new(all, 1500).outgoing(&mut frame);
+            assert!(hdr.is_gso());
+            let mut msg = vec![0u8; VNET_HDR_LEN];
+            hdr.emit((&mut msg[..]).try_into().unwrap());
+            msg.extend_from_slice(&frame);
+            let stop = Arc::new(AtomicBool::new(false));
+            let sender = {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let batch: Vec<&[u8]> = (0..16).map(|_| &msg[..]).collect();
+                    let (mut calls, mut sent) = (0u64, 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        calls += 1;
+                        match tx.send_batch(&batch) {
+                            Ok(n) => sent += n as u64,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                            Err(e) => panic!("sendmmsg: {e}"),
+                        }
+                    }
+                    (calls, sent)
+                })
+            };
+            let start = Instant::now();
+            let cpu = || {
+                let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+                ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+            };
+            let cpu0 = cpu();
+            let (mut frames, mut bytes, mut big) = (0u64, 0u64, 0u64);
+            while start.elapsed().as_secs_f64() < SECONDS {
+                match ring.next() {
+                    Some(RingFrame::Whole { len }) => {
+                        frames += 1;
+                        bytes += len.saturating_sub(VNET_HDR_LEN + 54) as u64;
+                        ring.give_back();
+                    }
+                    Some(_) => {
+                        big += 1;
+                        ring.give_back();
+                    }
+                    None => std::hint::spin_loop(),
+                }
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let cpu_secs = cpu() - cpu0;
+            stop.store(true, Ordering::Relaxed);
+            let (calls, sent) = sender.join().unwrap();
+            let drops = rx.take_drops().unwrap_or(0);
+            println!(
+                "frame path, MTU 1500: {:.3} GB/s of stream received in {frames} frames ({:.0} kframes/s, {big} too large for a slot), \
+                 {sent} segments of 64 KiB sent in {calls} calls, {drops} frames dropped by the kernel, {:.2} cores busy",
+                bytes as f64 / secs / 1e9,
+                frames as f64 / secs / 1e3,
+                cpu_secs / secs
+            );
+        });
+    }
 }
