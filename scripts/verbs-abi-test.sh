@@ -93,6 +93,52 @@ run_pair() {
   fi
 }
 
+# The processes under PID (children first), one per line.
+descendants() {
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2> /dev/null); do
+    descendants "$c"
+    echo "$c"
+  done
+}
+
+# Where every process under PID and each of its threads waits: command line, wait channel
+# and kernel stack, and the user-space stacks where gdb is installed.
+describe_hang() {
+  local p t
+  for p in $(descendants "$1") "$1"; do
+    echo "== process $p: $(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null)"
+    for t in /proc/"$p"/task/*; do
+      echo "-- thread ${t##*/} $(cat "$t/comm" 2> /dev/null) wchan=$(cat "$t/wchan" 2> /dev/null)"
+      cat "$t/stack" 2> /dev/null
+    done
+    if command -v gdb > /dev/null; then
+      timeout 30 gdb -q -batch -p "$p" -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)'
+    fi
+  done
+}
+
+# run_bounded SECS OUT HANG CMD...: runs CMD with its output in OUT; if it is still running
+# after SECS, writes where its processes wait into HANG, kills them (by PID) and returns 124.
+run_bounded() {
+  local secs="$1" out="$2" hang="$3" waited=0 p
+  shift 3
+  "$@" > "$out" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  while kill -0 "$pid" 2> /dev/null && [ "$waited" -lt "$secs" ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2> /dev/null; then
+    describe_hang "$pid" > "$hang" 2>&1
+    for p in $(descendants "$pid") "$pid"; do kill -KILL "$p" 2> /dev/null; done
+    wait "$pid" 2> /dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+
 LIBS="$(cd "$LIBS" && pwd)"
 DROPIN=(env LD_LIBRARY_PATH="$LIBS")
 ROUNDS_RS="${VERBS_ABI_PERF_ROUNDS:-3}"
@@ -144,9 +190,10 @@ done
 # the drop-in, and the same program over the tcp BTL (kernel TCP on loopback) as the baseline.
 if mpicc -O2 -o "$OUT/mpi-pingpong" tests/mpi/pingpong.c 2> "$OUT/mpi-build.log"; then
   MPIRUN=(mpirun --allow-run-as-root -np 2 --host localhost:2 --bind-to none)
-  timeout 120 "${MPIRUN[@]}" -x LD_LIBRARY_PATH="$LIBS" --mca pml cm --mca mtl ofi \
-    --mca mtl_ofi_provider_include "verbs;ofi_rxm" --mca mtl_base_verbose 100 \
-    "$OUT/mpi-pingpong" > "$OUT/mpi-ofi-verbs-rxm.txt" 2>&1
+  # A run that does not end: where its ranks wait goes to mpi-ofi-verbs-rxm.hang.
+  run_bounded 120 "$OUT/mpi-ofi-verbs-rxm.txt" "$OUT/mpi-ofi-verbs-rxm.hang" \
+    "${MPIRUN[@]}" -x LD_LIBRARY_PATH="$LIBS" --mca pml cm --mca mtl ofi \
+    --mca mtl_ofi_provider_include "verbs;ofi_rxm" --mca mtl_base_verbose 100 "$OUT/mpi-pingpong"
   orc=$?
   timeout 120 "${MPIRUN[@]}" --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
     "$OUT/mpi-pingpong" > "$OUT/mpi-tcp-btl.txt" 2>&1
@@ -156,6 +203,7 @@ if mpicc -O2 -o "$OUT/mpi-pingpong" tests/mpi/pingpong.c 2> "$OUT/mpi-build.log"
     result PASS "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "$(grep '^pingpong:' "$OUT/mpi-ofi-verbs-rxm.txt")"
   else
     result FAIL "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "exit $orc (see $OUT/mpi-ofi-verbs-rxm.txt)"
+    [ -s "$OUT/mpi-ofi-verbs-rxm.hang" ] && sed 's/^/  /' "$OUT/mpi-ofi-verbs-rxm.hang" | head -200 >&2
   fi
   if [ "$trc" = 0 ] && grep -q "^pingpong: OK" "$OUT/mpi-tcp-btl.txt"; then
     result PASS "mpi-pingpong-tcp-btl" "$(grep '^pingpong:' "$OUT/mpi-tcp-btl.txt")"
