@@ -77,9 +77,9 @@ impl CompletionQueue {
     /// about twice that time (dense traffic): when completions come later (sparse messages, a
     /// slow peer), those passes find nothing and only take the core from the threads that
     /// have the input, so the thread goes to sleep at once. Then, while the engine has nothing
-    /// to do, the thread sleeps where the
-    /// connections' input wakes it and runs the engine's pass itself, so the input reaches it
-    /// with one wake-up rather than two (the engine's, then its own).
+    /// to do, the thread sleeps where the connections' input wakes it and runs the engine's
+    /// pass itself, so the input reaches it with one wake-up rather than two (the engine's,
+    /// then its own).
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = start + timeout;

@@ -768,7 +768,8 @@ pub(crate) mod tests {
     #[test]
     #[ignore = "a measurement; run it on purpose"]
     fn frame_path_ceiling() {
-        use crate::offload::{Offloader, Offloads};
+        use crate::offload::tests as offload_tests;
+        use crate::offload::{MAX_IP_PACKET, Offloader};
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         const SECONDS: f64 = 3.0;
@@ -777,40 +778,10 @@ pub(crate) mod tests {
             assert!(f.vnet_header, "no virtio-net header on this kernel");
             let (rx, f) = PacketSocket::open("fb", true, Some(1500)).unwrap();
             let mut ring = f.ring.expect("no receive ring on this kernel");
-            // One 64 KiB segment: Ethernet, IPv4 (to a MAC and an address nobody here has),
-            // TCP without options, payload; the offloader fills the virtio-net header.
-            let payload = 65535 - 40;
-            let mut frame = vec![0u8; 14 + 40 + payload];
-            frame[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xbb]);
-            frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xaa]);
-            frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-            let ip = &mut frame[14..34];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&65535u16.to_be_bytes());
-            ip[6] = 0x40;
-            ip[8] = 64;
-            ip[9] = 6;
-            ip[12..16].copy_from_slice(&[10, 98, 0, 1]);
-            ip[16..20].copy_from_slice(&[10, 98, 0, 2]);
-            let sum = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
-            let sum = (sum & 0xffff) + (sum >> 16);
-            let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
-            ip[10..12].copy_from_slice(&sum.to_be_bytes());
-            let tcp = &mut frame[34..54];
-            tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
-            tcp[2..4].copy_from_slice(&4791u16.to_be_bytes());
-            tcp[12] = 5 << 4;
-            tcp[13] = 0x10;
-            tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
-            let all = Offloads {
-                vnet_header: true,
-                tx_checksum: true,
-                rx_checksum: true,
-                tso: true,
-                gro: true,
-                ..Offloads::default()
-            };
-            let hdr = Offloader::new(all, 1500).outgoing(&mut frame);
+            // One 64 KiB segment (to a MAC and an address nobody here has); the offloader
+            // fills the virtio-net header.
+            let mut frame = offload_tests::frame(0x10, None, MAX_IP_PACKET - 40);
+            let hdr = Offloader::new(offload_tests::all(), 1500).outgoing(&mut frame);
             assert!(hdr.is_gso());
             let mut msg = vec![0u8; VNET_HDR_LEN];
             hdr.emit((&mut msg[..]).try_into().unwrap());

@@ -529,12 +529,12 @@ impl Offloader {
 
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, reason = "test patterns wrap on purpose")]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// An Ethernet/IPv4/TCP frame from 10.0.0.1:1000 to 10.0.0.2:2000 with `flags`, an MSS
     /// option when given, and `payload` bytes, with valid IPv4 and TCP checksums.
-    fn frame(flags: u8, mss: Option<u16>, payload: usize) -> Vec<u8> {
+    pub(crate) fn frame(flags: u8, mss: Option<u16>, payload: usize) -> Vec<u8> {
         let opts = if mss.is_some() { 4 } else { 0 };
         let tcp_len = 20 + opts;
         let total = 20 + tcp_len + payload;
@@ -570,7 +570,8 @@ mod tests {
         f
     }
 
-    fn all() -> Offloads {
+    /// Every offload a packet socket with a virtio-net header can have.
+    pub(crate) fn all() -> Offloads {
         Offloads { vnet_header: true, tx_checksum: true, rx_checksum: true, tso: true, ..Offloads::default() }
     }
 
