@@ -152,9 +152,11 @@ const TX_BATCHES_PER_PASS: usize = 2;
 const IOV_MAX: usize = 1024;
 /// Transmit buffers kept for reuse once no connection needs them.
 const TX_POOL: usize = 8;
-/// When an initiator that has sent FPDUs but heard nothing back nudges its peer (after its
-/// first FPDU): a zero-length RDMA Write makes a peer that left the first FPDUs unread in its
-/// socket (siw 6.1, docs/siw-quirks.md) read them.
+/// When an initiator nudges its peer, counted from its first FPDU: a zero-length RDMA Write
+/// makes a peer that left the first FPDUs unread in its socket (siw 6.1, docs/siw-quirks.md)
+/// read them. The first nudge goes out even when the peer has spoken meanwhile (a peer may
+/// send on its own right after accepting, as rsockets' credit update does, while it still
+/// leaves our FPDUs unread); the later ones only while it has been silent.
 const NUDGES: [Duration; 3] =
     [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250)];
 /// How long a sleep may last while some link has no readiness events (it is polled).
@@ -594,8 +596,8 @@ struct ConnSlot {
     initiator: bool,
     /// Bytes have arrived from the peer since the connection started.
     heard: bool,
-    /// When the next nudge is due (initiators that have sent but heard nothing), and how many
-    /// have gone out.
+    /// When the next nudge is due (initiators: the first after their first FPDU, the others
+    /// while the peer is silent), and how many have gone out.
     nudge_at: Option<Instant>,
     nudges: usize,
     /// When the queue pair was first seen finished (Error): the linger starts.
@@ -1179,7 +1181,7 @@ fn visit(
                     idle = true;
                     break;
                 }
-                if slot.initiator && !slot.heard && slot.nudge_at.is_none() && slot.nudges == 0 {
+                if slot.initiator && slot.nudge_at.is_none() && slot.nudges == 0 {
                     slot.nudge_at = Some(Instant::now() + NUDGES[0]);
                 }
                 let mut iov = Vec::with_capacity(batch.parts().len());
@@ -1248,7 +1250,7 @@ fn visit(
         slot.tx_len = 0;
     }
     let now = Instant::now();
-    if slot.heard {
+    if slot.heard && slot.nudges > 0 {
         slot.nudge_at = None;
     } else if let Some(at) = slot.nudge_at {
         if at > now {
@@ -1256,10 +1258,7 @@ fn visit(
         } else if idle && drained && slot.conn.qp_ref().state() == QpState::Rts {
             let mut nudge = Vec::new();
             slot.conn.nudge(&mut nudge);
-            tracing::debug!(
-                n = slot.nudges,
-                "nothing heard from the peer: nudging it with a zero-length Write"
-            );
+            tracing::debug!(n = slot.nudges, heard = slot.heard, "nudging the peer with a zero-length Write");
             match slot.link.send(&nudge) {
                 // A nudge the link does not take whole would cut the stream: it goes out
                 // whole or not at all (the link is idle, so it takes a few bytes).
