@@ -152,11 +152,12 @@ const TX_BATCHES_PER_PASS: usize = 2;
 const IOV_MAX: usize = 1024;
 /// Transmit buffers kept for reuse once no connection needs them.
 const TX_POOL: usize = 8;
-/// When an initiator nudges its peer, counted from its first FPDU: a zero-length RDMA Write
-/// makes a peer that left the first FPDUs unread in its socket (siw 6.1, docs/siw-quirks.md)
-/// read them. The first nudge goes out even when the peer has spoken meanwhile (a peer may
-/// send on its own right after accepting, as rsockets' credit update does, while it still
-/// leaves our FPDUs unread); the later ones only while it has been silent.
+/// When an initiator that has sent FPDUs but heard nothing back nudges its peer (after its
+/// first FPDU): a zero-length RDMA Write makes a peer that left the first FPDUs unread in its
+/// socket (siw 6.1, docs/siw-quirks.md) read them. An initiator that sent FPDUs before it
+/// heard from the peer also nudges once when it first hears, unless it sends again then:
+/// bytes from the peer do not prove that it read ours, but they show that it now handles its
+/// socket, so bytes that arrive after them are read, and the unread ones with them.
 const NUDGES: [Duration; 3] =
     [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250)];
 /// How long a sleep may last while some link has no readiness events (it is polled).
@@ -596,10 +597,13 @@ struct ConnSlot {
     initiator: bool,
     /// Bytes have arrived from the peer since the connection started.
     heard: bool,
-    /// When the next nudge is due (initiators: the first after their first FPDU, the others
-    /// while the peer is silent), and how many have gone out.
+    /// When the next nudge is due (initiators that have sent but heard nothing), and how many
+    /// have gone out.
     nudge_at: Option<Instant>,
     nudges: usize,
+    /// An initiator sent FPDUs before it heard from the peer: it nudges once when it first
+    /// hears, unless it sends something then anyway.
+    owes_nudge: bool,
     /// When the queue pair was first seen finished (Error): the linger starts.
     finished_at: Option<Instant>,
     /// The connection's timer in the engine's heap, if any.
@@ -823,6 +827,7 @@ impl EngineCore {
             heard: false,
             nudge_at: None,
             nudges: 0,
+            owes_nudge: false,
             finished_at: None,
             timer_at: None,
             sq_taken: VecDeque::new(),
@@ -1041,6 +1046,25 @@ fn take_posted_receives(slot: &mut ConnSlot) -> bool {
     any
 }
 
+/// Sends a nudge (a zero-length RDMA Write, see [`NUDGES`]) on an idle link, whole or not at
+/// all: one the link took only in part would cut the stream, which then goes down. Whether
+/// it went out.
+fn nudge(slot: &mut ConnSlot, why: &str) -> bool {
+    let mut nudge = Vec::new();
+    slot.conn.nudge(&mut nudge);
+    tracing::debug!(n = slot.nudges, why, "nudging the peer with a zero-length Write");
+    match slot.link.send(&nudge) {
+        // The link is idle, so it takes a few bytes.
+        Ok(n) if n == nudge.len() => true,
+        Ok(0) => false,
+        Ok(_) | Err(_) => {
+            slot.link_down = true;
+            slot.conn.handle_llp_lost();
+            false
+        }
+    }
+}
+
 /// Moves the queue pair's events and completions to the application: events first, so the
 /// reason for a flush is there before the flushed requests; each queue's waiters are woken
 /// once for the batch.
@@ -1181,8 +1205,14 @@ fn visit(
                     idle = true;
                     break;
                 }
-                if slot.initiator && slot.nudge_at.is_none() && slot.nudges == 0 {
-                    slot.nudge_at = Some(Instant::now() + NUDGES[0]);
+                if slot.initiator && !slot.heard {
+                    slot.owes_nudge = true;
+                    if slot.nudge_at.is_none() && slot.nudges == 0 {
+                        slot.nudge_at = Some(Instant::now() + NUDGES[0]);
+                    }
+                } else {
+                    // Sent after the peer spoke: these bytes wake it as a nudge would.
+                    slot.owes_nudge = false;
                 }
                 let mut iov = Vec::with_capacity(batch.parts().len());
                 let sent = match batch.io_slices(&mem, &mut iov) {
@@ -1250,25 +1280,17 @@ fn visit(
         slot.tx_len = 0;
     }
     let now = Instant::now();
-    if slot.heard && slot.nudges > 0 {
+    let can_nudge = idle && drained && slot.conn.qp_ref().state() == QpState::Rts;
+    if slot.heard {
         slot.nudge_at = None;
+        if slot.owes_nudge && can_nudge {
+            slot.owes_nudge = !nudge(slot, "the peer spoke; what was sent before may lie unread");
+        }
     } else if let Some(at) = slot.nudge_at {
         if at > now {
             v.timer = Some(at);
-        } else if idle && drained && slot.conn.qp_ref().state() == QpState::Rts {
-            let mut nudge = Vec::new();
-            slot.conn.nudge(&mut nudge);
-            tracing::debug!(n = slot.nudges, heard = slot.heard, "nudging the peer with a zero-length Write");
-            match slot.link.send(&nudge) {
-                // A nudge the link does not take whole would cut the stream: it goes out
-                // whole or not at all (the link is idle, so it takes a few bytes).
-                Ok(n) if n == nudge.len() => {}
-                Ok(0) => {}
-                Ok(_) | Err(_) => {
-                    slot.link_down = true;
-                    slot.conn.handle_llp_lost();
-                }
-            }
+        } else if can_nudge {
+            let _ = nudge(slot, "nothing heard from the peer");
             slot.nudges += 1;
             slot.nudge_at = NUDGES.get(slot.nudges).map(|d| now + *d);
             v.timer = slot.nudge_at;

@@ -325,34 +325,78 @@ fn a_finished_connection_whose_peer_stops_reading_is_dropped() {
     peer.join().unwrap();
 }
 
-/// An initiator nudges its peer with zero-length RDMA Writes after its first FPDU (a peer like
-/// siw 6.1 may have left it unread in its socket): once whatever the peer said, then at most
-/// twice more while the peer stays silent. With `peer_speaks_first`, the peer sends a Send
-/// right after its Reply (as rsockets' credit update does) and the client takes it before it
-/// posts its own Send. `complete` waits for the client's Send to complete. Returns the number
-/// of nudges the peer received after the Send.
-fn initiator_nudges(peer_speaks_first: bool, complete: impl FnOnce(&Device, &CompletionQueue)) -> usize {
+/// What the raw peer of [`initiator_nudges`] says, and when.
+#[derive(Clone, Copy, PartialEq)]
+enum PeerSays {
+    /// Nothing.
+    Nothing,
+    /// A Send right after its Reply; the client takes it before it posts its own Send.
+    First,
+    /// A Send as soon as the client's Send has arrived (the client has not read it yet).
+    AtOnce,
+}
+
+/// The FPDUs in `bytes` (CRC and markers off), whole.
+fn fpdus_in(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut deframer = Deframer::new(false, false);
+    let mut rest = bytes;
+    let mut fpdus = Vec::new();
+    while let Ok(Deframed::Fpdu(f)) = deframer.deframe(rest) {
+        fpdus.push(f.ulpdu.to_vec());
+        rest = &rest[f.wire_len..];
+    }
+    assert!(rest.is_empty(), "a partial FPDU: {rest:02x?}");
+    fpdus
+}
+
+/// Whether `ulpdu` is a nudge: tagged, last, RDMA Write, STag 1, no payload.
+fn is_nudge(ulpdu: &[u8]) -> bool {
+    ulpdu.len() == 14
+        && ulpdu[0] & 0xc0 == 0xc0
+        && Control::from_byte(ulpdu[1]).opcode == Opcode::Write
+        && u32::from_be_bytes(ulpdu[2..6].try_into().unwrap()) == 1
+}
+
+/// An initiator's nudges (zero-length RDMA Writes; a peer like siw 6.1 may leave its first
+/// FPDUs unread in its socket) against a raw peer that reads everything and says `says`.
+/// `complete` waits for the client's Send to complete. Returns the client's FPDUs after its
+/// Send, split at the moment the peer spoke (all in the second part when it said nothing).
+fn initiator_nudges(
+    says: PeerSays,
+    complete: impl FnOnce(&Device, &CompletionQueue),
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let listener = TcpListener::bind(localhost()).unwrap();
     let addr = listener.local_addr().unwrap();
     let peer = thread::spawn(move || {
         let mut s = raw_responder(&listener, Policy::default(), |_| {});
-        if peer_speaks_first {
-            // Untagged, last, Send; QN 0, MSN 1, MO 0; two bytes of payload.
-            let mut ulpdu = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
-            ulpdu.extend_from_slice(b"hi");
-            s.write_all(&Framer::new(false, false).frame_to_vec(&ulpdu).unwrap()).unwrap();
+        // Untagged, last, Send; QN 0, MSN 1, MO 0; two bytes of payload.
+        let mut ulpdu = vec![0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+        ulpdu.extend_from_slice(b"hi");
+        let send = Framer::new(false, false).frame_to_vec(&ulpdu).unwrap();
+        let mut before = Vec::new();
+        match says {
+            PeerSays::Nothing => {}
+            PeerSays::First => s.write_all(&send).unwrap(),
+            PeerSays::AtOnce => {
+                // The client's Send: 20 bytes of MPA header, DDP/RDMAP header and padding, 5
+                // of payload, 4 of CRC (deframed below).
+                let mut fpdu = vec![0u8; 2 + 18 + 5 + 3 + 4];
+                s.read_exact(&mut fpdu).unwrap();
+                before = fpdu;
+                s.write_all(&send).unwrap();
+            }
         }
         s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-        let mut got = Vec::new();
+        let mut after = Vec::new();
         let mut buf = [0u8; 4096];
         // Everything the client sends within the read timeout of silence.
         while let Ok(n) = s.read(&mut buf) {
             if n == 0 {
                 break;
             }
-            got.extend_from_slice(&buf[..n]);
+            after.extend_from_slice(&buf[..n]);
         }
-        got
+        (before, after)
     });
     let dev = Device::open(DeviceConfig::default());
     let (pd, cq) = (dev.alloc_pd(), dev.create_cq(64));
@@ -360,9 +404,9 @@ fn initiator_nudges(peer_speaks_first: bool, complete: impl FnOnce(&Device, &Com
         .connect(addr, &pd, &cq, &cq, &ConnectOptions { timeout: T, ..ConnectOptions::default() })
         .unwrap()
         .qp;
-    if peer_speaks_first {
-        let inbox = pd.register(64, Access::LOCAL_WRITE).unwrap();
-        qp.post_recv(RecvWr { wr_id: 9, sgl: inbox.sge(0, 64).into() }).unwrap();
+    let inbox = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(RecvWr { wr_id: 9, sgl: inbox.sge(0, 64).into() }).unwrap();
+    if says == PeerSays::First {
         let wc = cq.wait(T).unwrap();
         assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 2));
     }
@@ -370,44 +414,48 @@ fn initiator_nudges(peer_speaks_first: bool, complete: impl FnOnce(&Device, &Com
     let op = SendOp::Send { solicited: false, invalidate: None };
     qp.post_send(SendWr { wr_id: 1, op, sgl: src.sge(0, 5).into(), signaled: true }).unwrap();
     complete(&dev, &cq);
-    let got = peer.join().unwrap();
-    let mut deframer = Deframer::new(false, false);
-    let mut rest = &got[..];
-    let mut fpdus = Vec::new();
-    while let Ok(Deframed::Fpdu(f)) = deframer.deframe(rest) {
-        fpdus.push(f.ulpdu.to_vec());
-        rest = &rest[f.wire_len..];
+    let (before, after) = peer.join().unwrap();
+    let (mut before, mut after) = (fpdus_in(&before), fpdus_in(&after));
+    let send = if before.is_empty() { after.remove(0) } else { before.remove(0) };
+    assert_eq!(Control::from_byte(send[1]).opcode, Opcode::Send);
+    for f in before.iter().chain(&after) {
+        assert!(is_nudge(f), "not a nudge: {f:02x?}");
     }
-    assert!(rest.is_empty(), "a partial FPDU: {rest:02x?}");
-    // The Send, then the nudges: tagged, last, RDMA Write, STag 1, no payload.
-    assert_eq!(Control::from_byte(fpdus[0][1]).opcode, Opcode::Send);
-    let nudges = &fpdus[1..];
-    for n in nudges {
-        assert_eq!(n.len(), 14, "{n:02x?}");
-        assert_eq!(n[0] & 0xc0, 0xc0, "tagged and last: {n:02x?}");
-        assert_eq!(Control::from_byte(n[1]).opcode, Opcode::Write);
-        assert_eq!(u32::from_be_bytes(n[2..6].try_into().unwrap()), 1);
-    }
-    nudges.len()
+    (before, after)
 }
 
+/// An initiator that has sent its first FPDU and heard nothing back nudges the peer, at
+/// most three times.
 fn initiator_nudges_a_silent_peer(complete: impl FnOnce(&Device, &CompletionQueue)) {
-    let n = initiator_nudges(false, complete);
-    assert!((1..=3).contains(&n), "{n} nudges");
+    let (_, nudges) = initiator_nudges(PeerSays::Nothing, complete);
+    assert!((1..=3).contains(&nudges.len()), "{} nudges", nudges.len());
 }
 
-/// A peer that spoke first (siw's rsockets server sends its credit update right after
-/// accepting, and may still leave the client's first FPDUs unread: a CI hang of rstream
-/// against siw) gets one nudge all the same, and no more.
+fn send_completes(_: &Device, cq: &CompletionQueue) {
+    assert_eq!(cq.wait(T).unwrap().status, WcStatus::Success);
+}
+
+/// A peer that speaks after the client's first FPDUs arrived, without reading them (siw's
+/// rsockets server sends its credit update right after it accepts, and siw may have left the
+/// client's first FPDUs unread: a hang of rstream against siw) gets a nudge once it has
+/// spoken: its bytes show that it handles its socket now, not that it read ours.
 #[test]
-fn an_initiator_nudges_a_peer_that_spoke_first_once() {
-    let n = initiator_nudges(true, |_, cq| assert_eq!(cq.wait(T).unwrap().status, WcStatus::Success));
-    assert_eq!(n, 1, "nudges");
+fn an_initiator_nudges_a_peer_that_spoke_before_reading() {
+    let (early, late) = initiator_nudges(PeerSays::AtOnce, send_completes);
+    assert!(!late.is_empty(), "no nudge after the peer spoke ({} before)", early.len());
+    assert!(early.len() + late.len() <= 4, "{} + {} nudges", early.len(), late.len());
+}
+
+/// A client that heard its peer before it sent anything does not nudge it.
+#[test]
+fn an_initiator_that_heard_its_peer_first_does_not_nudge() {
+    let (early, late) = initiator_nudges(PeerSays::First, send_completes);
+    assert_eq!((early.len(), late.len()), (0, 0), "nudges");
 }
 
 #[test]
 fn an_initiator_nudges_a_silent_peer() {
-    initiator_nudges_a_silent_peer(|_, cq| assert_eq!(cq.wait(T).unwrap().status, WcStatus::Success));
+    initiator_nudges_a_silent_peer(send_completes);
 }
 
 /// The same with no application thread in the engine: nobody polls or waits on the queue
