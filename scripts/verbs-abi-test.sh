@@ -191,16 +191,34 @@ done
 if mpicc -O2 -o "$OUT/mpi-pingpong" tests/mpi/pingpong.c 2> "$OUT/mpi-build.log"; then
   MPIRUN=(mpirun --allow-run-as-root -np 2 --host localhost:2 --bind-to none)
   # A run that does not end: where its ranks wait goes to mpi-ofi-verbs-rxm.hang.
-  run_bounded 120 "$OUT/mpi-ofi-verbs-rxm.txt" "$OUT/mpi-ofi-verbs-rxm.hang" \
-    "${MPIRUN[@]}" -x LD_LIBRARY_PATH="$LIBS" --mca pml cm --mca mtl ofi \
-    --mca mtl_ofi_provider_include "verbs;ofi_rxm" --mca mtl_base_verbose 100 "$OUT/mpi-pingpong"
+  mpi_ofi() {
+    run_bounded 120 "$OUT/mpi-ofi-verbs-rxm.txt" "$OUT/mpi-ofi-verbs-rxm.hang" \
+      "${MPIRUN[@]}" -x LD_LIBRARY_PATH="$LIBS" --mca pml cm --mca mtl ofi \
+      --mca mtl_ofi_provider_include "verbs;ofi_rxm" --mca mtl_base_verbose 100 "$OUT/mpi-pingpong"
+  }
+  mpi_ofi
   orc=$?
+  # A run whose ranks finished the ping-pong (all sizes checked) but did not get through
+  # MPI_Finalize within the bound: seen once in CI, not in 80 runs since, cause not known.
+  # Where its processes waited is kept (.hang.1) and shown; the run is repeated once, and a
+  # second hang of any kind fails the case.
+  if [ "$orc" = 124 ] && grep -q "^pingpong: OK" "$OUT/mpi-ofi-verbs-rxm.txt"; then
+    mv "$OUT/mpi-ofi-verbs-rxm.hang" "$OUT/mpi-ofi-verbs-rxm.hang.1"
+    cp "$OUT/mpi-ofi-verbs-rxm.txt" "$OUT/mpi-ofi-verbs-rxm.txt.1"
+    echo "[verbs-abi-test] the MPI run over the drop-in finished its ping-pong but hung in its teardown; where it waited ($OUT/mpi-ofi-verbs-rxm.hang.1):" >&2
+    sed 's/^/  /' "$OUT/mpi-ofi-verbs-rxm.hang.1" | head -200 >&2
+    echo "[verbs-abi-test] running it once more" >&2
+    mpi_ofi
+    orc=$?
+  fi
   timeout 120 "${MPIRUN[@]}" --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
     "$OUT/mpi-pingpong" > "$OUT/mpi-tcp-btl.txt" 2>&1
   trc=$?
   if [ "$orc" = 0 ] && grep -q "^pingpong: OK" "$OUT/mpi-ofi-verbs-rxm.txt" &&
     grep -q "mtl:ofi:provider: iwarp0" "$OUT/mpi-ofi-verbs-rxm.txt"; then
-    result PASS "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "$(grep '^pingpong:' "$OUT/mpi-ofi-verbs-rxm.txt")"
+    note=""
+    [ -s "$OUT/mpi-ofi-verbs-rxm.hang.1" ] && note=" (the first run hung in its teardown, see above)"
+    result PASS "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "$(grep '^pingpong:' "$OUT/mpi-ofi-verbs-rxm.txt")$note"
   else
     result FAIL "mpi-pingpong-ofi-mtl-verbs-ofi_rxm" "exit $orc (see $OUT/mpi-ofi-verbs-rxm.txt)"
     [ -s "$OUT/mpi-ofi-verbs-rxm.hang" ] && sed 's/^/  /' "$OUT/mpi-ofi-verbs-rxm.hang" | head -200 >&2
