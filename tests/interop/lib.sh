@@ -12,6 +12,8 @@
 #   iw_wait_marker REGEX SECS              # wait for a line on the guest's serial console
 #   iw_wait_exit SECS                      # wait for IWARP-GUEST-EXIT=N; sets IW_GUEST_RC
 #   iw_ns CMD...                           # run a command inside the namespace
+#   iw_dropin_libs OUTDIR                  # the verbs drop-in's libraries -> IW_DROPIN_LIBS
+#   iw_guest_image                         # the guest image -> IW_IMG (exported)
 #   iw_stop_guest                          # kill qemu (by PID) if still running
 #   iw_cleanup                             # everything (also run by the EXIT trap)
 
@@ -71,6 +73,22 @@ iw_setup_ns() {
 }
 
 iw_ns() { ip netns exec "$IW_NS" "$@"; }
+
+# The verbs drop-in's staged libraries: $IWARP_VERBS_ABI_DIR, or built now (scripts/verbs-abi.sh
+# --release, its log in OUTDIR/build.log); sets IW_DROPIN_LIBS to an absolute path.
+iw_dropin_libs() { # OUTDIR
+  local libs="${IWARP_VERBS_ABI_DIR:-}" root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  [ -n "$libs" ] || libs="$(cd "$root" && bash scripts/verbs-abi.sh --release 2> "$1/build.log" | tail -1)"
+  IW_DROPIN_LIBS="$(cd "$libs" && pwd)" || iw_die "no drop-in libraries (see $1/build.log)"
+}
+
+# The guest image: $IW_IMG, or built (cached) by build-guest.sh; exported.
+iw_guest_image() {
+  IW_IMG="${IW_IMG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/build-guest.sh" | tail -1)}"
+  export IW_IMG
+  [ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+}
 
 # Runs CMD in the namespace in the background (bounded by SECS), output to FILE; sets IW_BG_PID.
 iw_ns_bg() { # SECS FILE CMD...

@@ -23,11 +23,8 @@ OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop-rstream-repeat}"
 rm -rf "$OUT"; mkdir -p "$OUT"
 [ "$(id -u)" = 0 ] || iw_die "needs root (network namespace, tap)"
 command -v rstream > /dev/null || iw_die "rstream is not installed (rdmacm-utils)"
-LIBS="${IWARP_VERBS_ABI_DIR:-}"
-[ -n "$LIBS" ] || LIBS="$(cd "$ROOT" && bash scripts/verbs-abi.sh --release 2> "$OUT/build.log" | tail -1)"
-LIBS="$(cd "$LIBS" && pwd)"
-export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
-[ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+iw_dropin_libs "$OUT"; LIBS="$IW_DROPIN_LIBS"
+iw_guest_image
 
 iw_setup_ns
 G="$IW_GUEST_IP"

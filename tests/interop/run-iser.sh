@@ -47,11 +47,8 @@ if ! command -v iscsi-inq > /dev/null || [ ! -f /usr/include/iscsi/iscsi.h ]; th
     || iw_die "cannot install libiscsi-bin libiscsi-dev (see $OUT/apt.log)"
 fi
 cc -O2 -Wall -Wextra -Werror -o "$OUT/iser-io" "$HERE/iser-io.c" -liscsi || iw_die "iser-io.c does not build"
-LIBS="${IWARP_VERBS_ABI_DIR:-}"
-[ -n "$LIBS" ] || LIBS="$(cd "$ROOT" && bash scripts/verbs-abi.sh --release 2> "$OUT/build.log" | tail -1)"
-LIBS="$(cd "$LIBS" && pwd)"
-export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
-[ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+iw_dropin_libs "$OUT"; LIBS="$IW_DROPIN_LIBS"
+iw_guest_image
 
 iw_setup_ns
 G="$IW_GUEST_IP"

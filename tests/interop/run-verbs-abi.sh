@@ -47,14 +47,11 @@ result() { # PASS|FAIL name detail
 [ "$(id -u)" = 0 ] || iw_die "needs root (network namespace, tap)"
 IWARP_BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 [ -x "$IWARP_BIN" ] || iw_die "$IWARP_BIN is not built (cargo build --release --bin iwarp)"
-LIBS="${IWARP_VERBS_ABI_DIR:-}"
-[ -n "$LIBS" ] || LIBS="$(cd "$ROOT" && bash scripts/verbs-abi.sh --release 2> "$OUT/build.log" | tail -1)"
-LIBS="$(cd "$LIBS" && pwd)"
+iw_dropin_libs "$OUT"; LIBS="$IW_DROPIN_LIBS"
 for p in rping ib_write_bw ib_read_bw ib_send_bw; do
   command -v "$p" > /dev/null || iw_die "$p is not installed (rdmacm-utils, perftest)"
 done
-export IW_IMG="${IW_IMG:-$(bash "$HERE/build-guest.sh" | tail -1)}"
-[ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
+iw_guest_image
 TSHARK=""; command -v tshark > /dev/null && TSHARK=tshark
 
 iw_setup_ns
