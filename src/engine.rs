@@ -1147,6 +1147,7 @@ fn visit(
     // spent (then the connection stays ready).
     if !slot.link_down && slot.readable {
         let mut reads = 0;
+        let mut arrived = false;
         loop {
             if reads == RX_READS_PER_PASS {
                 v.again = true;
@@ -1170,15 +1171,20 @@ fn visit(
                 Ok(_) => {
                     v.work = true;
                     slot.heard = true;
+                    arrived = true;
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "link down");
                     v.work = true;
                     slot.link_down = true;
                     slot.conn.handle_llp_lost();
+                    arrived = true;
                     break;
                 }
             }
+        }
+        if arrived {
+            slot.shared.arrivals.bump();
         }
     }
 

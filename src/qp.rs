@@ -223,6 +223,36 @@ impl QueuePair {
         }
     }
 
+    /// How many times the engine has taken input off this queue pair's connection (or seen
+    /// it go down). Read it before looking at memory the peer writes with RDMA Writes, which
+    /// complete nothing at their target; then [`QueuePair::wait_input`] sleeps until there is
+    /// more to look at.
+    pub fn input_epoch(&self) -> u64 {
+        self.handle.shared.arrivals.epoch()
+    }
+
+    /// Waits up to `timeout` until [`QueuePair::input_epoch`] differs from `seen`; returns it.
+    /// A thread that waits for a peer's RDMA Write to show in memory can sleep here between
+    /// looks: spinning or yielding instead keeps the thread runnable, and on a machine whose
+    /// cores are all busy the engine thread that would place the data then waits for the
+    /// scheduler. With an inline device (no engine thread) this thread runs the engine's
+    /// passes meanwhile.
+    pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        let arrivals = &self.handle.shared.arrivals;
+        if !self.handle.dev.inline() {
+            return arrivals.wait(seen, deadline);
+        }
+        loop {
+            self.handle.dev.progress();
+            let now = arrivals.epoch();
+            if now != seen || Instant::now() >= deadline {
+                return now;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Closes the connection: outstanding work requests are flushed and the stream is shut.
     pub fn disconnect(&self) {
         self.handle.shared.request_disconnect();

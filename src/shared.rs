@@ -8,11 +8,11 @@
 //! [`QpShared::retire`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Waker;
 use std::thread::Thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use iwarp_ddp::STag;
@@ -455,6 +455,63 @@ impl ConnCount {
     }
 }
 
+/// How many times the engine has taken input off a connection, and the threads waiting for
+/// the next time. Input may be RDMA Write data, which completes nothing at its target: a
+/// thread that looks at memory for it can sleep here between looks instead of spinning
+/// (which, on a machine whose cores are all busy, keeps the core from the engine thread that
+/// would place the data).
+#[derive(Debug, Default)]
+pub(crate) struct Arrivals {
+    epoch: AtomicU64,
+    waiters: Mutex<Vec<Thread>>,
+    /// Whether `waiters` may hold anyone (so a bump without waiters takes no lock).
+    has_waiters: AtomicBool,
+}
+
+impl Arrivals {
+    /// The count so far. An Acquire: what the engine placed before its bump is visible.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Engine side: input was taken (and placed), or the link went down.
+    pub(crate) fn bump(&self) {
+        // Pairs with `wait`: either this load sees the waiter, or its re-check sees the bump.
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.has_waiters.load(Ordering::SeqCst) {
+            let mut waiters = lock(&self.waiters);
+            self.has_waiters.store(false, Ordering::SeqCst);
+            for t in waiters.drain(..) {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Waits until the count differs from `seen`, or `deadline`; the count then.
+    pub(crate) fn wait(&self, seen: u64, deadline: Instant) -> u64 {
+        loop {
+            let now = self.epoch();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if now != seen || left.is_zero() {
+                return now;
+            }
+            {
+                let mut waiters = lock(&self.waiters);
+                let me = std::thread::current();
+                if !waiters.iter().any(|t| t.id() == me.id()) {
+                    waiters.push(me);
+                }
+                self.has_waiters.store(true, Ordering::SeqCst);
+            }
+            if self.epoch.load(Ordering::SeqCst) != seen {
+                // Left in the list: a later bump unparks this thread once for nothing.
+                return self.epoch();
+            }
+            std::thread::park_timeout(left);
+        }
+    }
+}
+
 /// What the application's handle and the engine share for one queue pair.
 #[derive(Debug)]
 pub(crate) struct QpShared {
@@ -488,6 +545,8 @@ pub(crate) struct QpShared {
     count: Option<ConnCount>,
     /// Called with the new state whenever the state changes.
     state_hook: OnceLock<StateHook>,
+    /// The engine's reads of the connection's input.
+    pub(crate) arrivals: Arrivals,
 }
 
 /// A callback run when a queue pair's state changes (see [`QpShared::set_state_hook`]).
@@ -539,6 +598,7 @@ impl QpShared {
             retired: AtomicBool::new(false),
             count,
             state_hook: OnceLock::new(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -677,7 +737,29 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{CqShared, WrRing};
+    use super::{Arrivals, CqShared, WrRing};
+
+    #[test]
+    fn arrivals_wake_a_waiter_and_time_out_without_one() {
+        let a = Arc::new(Arrivals::default());
+        let seen = a.epoch();
+        // Nothing arrives: the wait ends at its deadline with the same count.
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(a.wait(seen, deadline), seen);
+        // A bump from another thread ends a long wait.
+        let bumper = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                a.bump();
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        assert_eq!(a.wait(seen, deadline), seen + 1);
+        bumper.join().unwrap();
+        // A count that already moved returns at once.
+        assert_eq!(a.wait(seen, std::time::Instant::now()), seen + 1);
+    }
 
     #[test]
     fn waits_drive_the_engine_only_while_completions_come_soon() {

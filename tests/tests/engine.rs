@@ -157,6 +157,73 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Adaptive);
 }
 
+/// A thread waiting for a peer's RDMA Write (which completes nothing at its target) sleeps in
+/// `QueuePair::wait_input` and is woken by the data's arrival: every Write shows in memory
+/// without a wait that ran out its time.
+fn writes_wake_a_sleeping_target(mode: PollMode) {
+    const ROUNDS: u8 = 20;
+    let (client_dev, server_dev) = (open(mode), open(mode));
+    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
+    let (client, server) = &pairs[0];
+    thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let (mut woken, mut timeouts) = (0u32, 0u32);
+            for round in 1..=ROUNDS {
+                loop {
+                    let epoch = server.qp.input_epoch();
+                    let mut b = [0u8; 1];
+                    server.mr.read(0, &mut b).unwrap();
+                    if b[0] >= round {
+                        break;
+                    }
+                    if server.qp.wait_input(epoch, Duration::from_secs(2)) == epoch {
+                        timeouts += 1;
+                    } else {
+                        woken += 1;
+                    }
+                    assert!(timeouts < 3, "{mode:?}: round {round}: the Write did not wake the waiter");
+                }
+            }
+            (woken, timeouts)
+        });
+        for round in 1..=ROUNDS {
+            // Give the waiter time to fall asleep.
+            thread::sleep(Duration::from_millis(2));
+            client.mr.write(0, &[round]).unwrap();
+            let op = SendOp::Write { remote_stag: server.mr.rkey(), remote_to: server.mr.addr() };
+            client
+                .qp
+                .post_send(SendWr {
+                    wr_id: u64::from(round),
+                    op,
+                    sgl: client.mr.sge(0, 1).into(),
+                    signaled: true,
+                })
+                .unwrap();
+            client.wait("write");
+        }
+        let (woken, timeouts) = waiter.join().unwrap();
+        assert_eq!(timeouts, 0, "{mode:?}: waits that ran out their time");
+        // Most Writes find the waiter asleep (one that comes before it looks is not waited for).
+        assert!(woken > 0, "{mode:?}: no Write woke the waiter");
+    });
+}
+
+#[test]
+fn adaptive_writes_wake_a_sleeping_target() {
+    writes_wake_a_sleeping_target(PollMode::Adaptive);
+}
+
+#[test]
+fn event_mode_writes_wake_a_sleeping_target() {
+    writes_wake_a_sleeping_target(PollMode::Event);
+}
+
+#[test]
+fn inline_writes_wake_a_waiting_target() {
+    writes_wake_a_sleeping_target(PollMode::Inline);
+}
+
 /// A thread waiting for a completion in adaptive mode runs the sleeping engine's passes
 /// itself only while completions come soon. Against a peer that answers after 5 ms, after the
 /// first such wait the client's waits go to sleep at once instead of polling the engine for
