@@ -160,6 +160,8 @@ const TX_POOL: usize = 8;
 /// socket, so bytes that arrive after them are read, and the unread ones with them.
 const NUDGES: [Duration; 3] =
     [Duration::from_millis(10), Duration::from_millis(50), Duration::from_millis(250)];
+/// How long a busy engine thread spins idle before every idle pass also yields the core.
+const BUSY_YIELD_AFTER: Duration = Duration::from_micros(20);
 /// How long a sleep may last while some link has no readiness events (it is polled).
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
@@ -513,6 +515,13 @@ fn engine_loop(e: &Engine) {
             continue;
         }
         match mode {
+            // Idle for a while: offer the core to whatever else is runnable on it (the
+            // application's threads, the peer's engine) and take it back at once if nothing is.
+            // Spinning without it, four such threads on two cores waited for the scheduler's
+            // tick at every hand-over.
+            PollMode::Busy | PollMode::Inline if last_work.elapsed() >= BUSY_YIELD_AFTER => {
+                std::thread::yield_now();
+            }
             PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
             PollMode::Adaptive if last_work.elapsed() < e.config.spin => std::hint::spin_loop(),
             PollMode::Adaptive | PollMode::Event => {
