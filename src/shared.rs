@@ -19,7 +19,7 @@ use iwarp_ddp::STag;
 use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{CheckedSendWr, Completion, QpConfig, QpEvent, QpState, RecvWr, WcOpcode, WcStatus};
 
-use crate::readiness::Poll;
+use crate::readiness::{Poll, Ready};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -320,6 +320,10 @@ pub(crate) struct Doorbell {
     /// Keys of queue pairs with posted work the engine has not looked at yet; each key is
     /// queued at most once until the engine takes it (see [`QpShared::schedule`]).
     pending: SegQueue<usize>,
+    /// Readiness events the engine thread collected while another thread held the core: it
+    /// leaves them here instead of sleeping on the lock, and the holder takes them before it
+    /// lets go (`Engine::engine_pass`, `Engine::release`).
+    handoff: SegQueue<Ready>,
 }
 
 impl Doorbell {
@@ -367,6 +371,21 @@ impl Doorbell {
     /// Whether some queue pair has new work queued.
     pub(crate) fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+    }
+
+    /// Engine thread: leaves a readiness event for the holder of the core.
+    pub(crate) fn hand_off(&self, ready: Ready) {
+        self.handoff.push(ready);
+    }
+
+    /// The next readiness event left by the engine thread.
+    pub(crate) fn take_handed_off(&self) -> Option<Ready> {
+        self.handoff.pop()
+    }
+
+    /// Whether the engine thread left readiness events.
+    pub(crate) fn handed_off(&self) -> bool {
+        !self.handoff.is_empty()
     }
 }
 

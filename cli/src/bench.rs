@@ -94,8 +94,11 @@ pub(crate) struct Args {
     /// 10ms: sparse messages, which find the engines asleep [default: 0].
     #[arg(long, value_parser = parse_gap)]
     gap: Option<Duration>,
-    /// Work requests outstanding in the bandwidth measurements (Reads: also at most the ORD,
-    /// 16, per queue pair).
+    /// Work requests outstanding on the sender in the bandwidth measurements (Reads: also at
+    /// most the ORD, 16, per queue pair), like perftest's transmit depth. For Sends the
+    /// receiver keeps 512 receives posted over all queue pairs (at least a window's worth
+    /// per pair), like perftest's receive depth, and the sender never has more Sends in
+    /// flight than that.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     window: u16,
     /// Print one JSON document with the configuration and every row instead of tables.
@@ -248,6 +251,8 @@ struct Report {
     received: (u64, u64),
     /// Bytes framed, of those written from registered memory, and copied for a full link.
     sent: (u64, u64, u64),
+    /// Each device's engine counters over the run (wake-ups, passes), by the end it serves.
+    engines: Vec<(&'static str, iwarp::EngineStats)>,
     /// smoltcp runs: the offloads of the client's and the server's devices.
     offloads: Option<(iwarp::netdev::Offloads, iwarp::netdev::Offloads)>,
 }
@@ -582,7 +587,7 @@ fn measure(
         Some(r) => r.bw,
         None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
     };
-    let (received, sent) = (bench.received(), bench.sent());
+    let (received, sent, engines) = (bench.received(), bench.sent(), bench.engines());
     bench.close();
     Ok(Report {
         rows,
@@ -591,6 +596,7 @@ fn measure(
         idle_bytes_per_qp,
         received,
         sent,
+        engines,
         offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
     })
 }
@@ -749,6 +755,19 @@ fn text_report(args: &Args, report: &Report) -> String {
         100.0 * ratio((bytes - by_ref) as f64, bytes as f64),
         100.0 * ratio(staged as f64, bytes as f64)
     ));
+    for (name, e) in &report.engines {
+        out.push_str(&format!(
+            "engine ({name}): slept {} times, woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times\n",
+            e.sleeps,
+            e.event_wakeups,
+            e.timer_wakeups,
+            e.passes,
+            e.direct_passes,
+            e.app_polls,
+            e.waiting_passes,
+            e.handoffs,
+        ));
+    }
     out
 }
 
@@ -795,6 +814,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "offloads": report.offloads.map(|(c, s)| json!({ "client": c.to_string(), "server": s.to_string() })),
             "qps": args.qps,
             "window": args.window,
+            "send_credits_per_qp": rdma::send_credits(usize::from(args.window), usize::from(args.qps)),
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
             "shared_device": args.shared_device,
             "zero_copy": args.zero_copy == OnOff::On,
@@ -805,6 +825,17 @@ fn json_report(args: &Args, report: &Report) -> String {
             "tx_bytes": report.sent.0,
             "tx_by_ref_bytes": report.sent.1,
             "tx_staged_bytes": report.sent.2,
+            "engines": report.engines.iter().map(|(name, e)| json!({
+                "device": name,
+                "passes": e.passes,
+                "direct_passes": e.direct_passes,
+                "sleeps": e.sleeps,
+                "event_wakeups": e.event_wakeups,
+                "timer_wakeups": e.timer_wakeups,
+                "app_polls": e.app_polls,
+                "waiting_passes": e.waiting_passes,
+                "handoffs": e.handoffs,
+            })).collect::<Vec<_>>(),
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
                 "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,

@@ -40,6 +40,24 @@ fn bench_json_has_every_row() {
     assert_eq!(v["config"]["poll"], "adaptive");
     assert_eq!(v["config"]["shared_device"], false);
     assert_eq!(v["config"]["negotiated"]["crc"], true);
+    // One engine per end, each with its counters; both ran passes.
+    let engines = v["config"]["engines"].as_array().unwrap();
+    let names: Vec<_> = engines.iter().map(|e| e["device"].as_str().unwrap()).collect();
+    assert_eq!(names, ["client", "server"]);
+    for e in engines {
+        assert!(e["passes"].as_u64().unwrap() > 0, "{e}");
+        for key in [
+            "direct_passes",
+            "sleeps",
+            "event_wakeups",
+            "timer_wakeups",
+            "app_polls",
+            "waiting_passes",
+            "handoffs",
+        ] {
+            assert!(e[key].as_u64().is_some(), "{key}: {e}");
+        }
+    }
 }
 
 #[test]
@@ -47,8 +65,40 @@ fn bench_inline_two_qps_no_crc() {
     let v =
         bench_json(&["--poll", "inline", "--qps", "2", "--crc", "off", "--mpa-rev", "1", "--window", "8"]);
     assert_eq!(v["config"]["poll"], "inline");
+    // Inline, no engine thread runs, so none ever sleeps; the application's calls ran the
+    // passes.
+    for e in v["config"]["engines"].as_array().unwrap() {
+        assert_eq!(e["sleeps"], 0, "{e}");
+        assert!(e["passes"].as_u64().unwrap() > 0, "{e}");
+    }
     assert_eq!(v["config"]["negotiated"]["crc"], false);
     assert_eq!(v["config"]["negotiated"]["mpa_revision"], 1);
+}
+
+#[test]
+fn bench_sends_beyond_the_window_up_to_the_posted_receives() {
+    let run = |window: &str, qps: &str, extra: &[&str]| {
+        let mut args = vec![
+            "bench", "--ops", "send", "--sizes", "64", "--iters", "3000", "--window", window, "--qps", qps,
+            "--json", "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let o = iwarp(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    // Window 1 over 3 pairs: each pair's sender may have 170 Sends in flight (512 receives
+    // posted over all pairs), far beyond its one outstanding work request at a time. A Send
+    // past the server's posted receives would be terminated by the server and fail the run.
+    let v = run("1", "3", &[]);
+    assert_eq!(v["config"]["send_credits_per_qp"], 170);
+    // A window beyond the default receive depth raises it. On one shared device the run
+    // reports the one engine.
+    let v = run("1024", "2", &["--shared-device"]);
+    assert_eq!(v["config"]["send_credits_per_qp"], 512);
+    let engines = v["config"]["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 1, "{engines:?}");
+    assert_eq!(engines[0]["device"], "shared");
 }
 
 #[test]

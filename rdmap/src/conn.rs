@@ -359,6 +359,22 @@ impl Connection {
         rx: &mut [u8],
         read: impl FnOnce(&mut [IoSliceMut<'_>]) -> Result<usize, E>,
     ) -> Result<ReceiveStep, E> {
+        self.receive_then(mem, rx, read, |_| {})
+    }
+
+    /// [`Connection::receive`], calling `after_read` with the queue pair between the read and
+    /// the handling of what it brought. A caller that takes receive work requests from
+    /// another thread posts them there: a peer may send into a receive as soon as the
+    /// application posted it and told the peer so, and the bytes of that Send can only be in
+    /// a read that returned after the post, so receives taken then are there for them, where
+    /// receives taken before the read may miss some (and the Send would find no buffer).
+    pub fn receive_then<E>(
+        &mut self,
+        mem: &mut TableMemory<'_>,
+        rx: &mut [u8],
+        read: impl FnOnce(&mut [IoSliceMut<'_>]) -> Result<usize, E>,
+        after_read: impl FnOnce(&mut QueuePair),
+    ) -> Result<ReceiveStep, E> {
         if !self.rx_failed
             && let Some(d) = self.direct.as_mut()
             && d.done < d.payload_len
@@ -383,6 +399,7 @@ impl Connection {
             };
             let (in_dst, asked) = (dst.len(), dst.len() + next.len());
             let n = read(&mut [IoSliceMut::new(dst), IoSliceMut::new(next)])?.min(asked);
+            after_read(&mut self.qp);
             let placed = n.min(in_dst);
             if self.rx_crc {
                 d.crc = crc_update(d.crc, &dst[..placed]);
@@ -399,6 +416,7 @@ impl Connection {
         }
         let asked = self.buffered_ask().unwrap_or(rx.len()).min(rx.len());
         let n = read(&mut [IoSliceMut::new(&mut rx[..asked])])?.min(asked);
+        after_read(&mut self.qp);
         self.handle_bytes(mem, &rx[..n]);
         Ok(ReceiveStep { read: n, asked })
     }

@@ -1548,3 +1548,49 @@ fn check_refuses_what_validate_refuses_and_the_queue_pair_repeats_the_extension_
     assert_eq!(p.moved, 0, "nothing went on the wire");
     assert!(p.a.completions.is_empty());
 }
+
+/// A receive posted between a read and the handling of the bytes it brought (where the engine
+/// posts the receives the application queued meanwhile: the peer may have sent into them as
+/// soon as it was told of them) takes the Send in those bytes; none was posted before.
+#[test]
+fn a_receive_posted_after_the_read_takes_the_send_it_brought() {
+    for len in [64, 100_000] {
+        let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(true, false) }.connect());
+        let src = p.a.buf(len, Access::NONE, 0);
+        p.a.write(&src, 0, &pattern(len, 9)).unwrap();
+        let dst = p.b.buf(len, Access::LOCAL_WRITE, 0xcc);
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: src.sge().into(),
+            signaled: true,
+        });
+        let stream = frame_all(&mut p.a);
+        let mut rx = vec![0; RX_LEN];
+        let mut at = 0;
+        let mut recv = Some(RecvWr { wr_id: 7, sgl: vec![dst.sge()].into() });
+        while at < stream.len() {
+            let mut mem = TableMemory { table: &mut p.b.table, pd: p.b.pd };
+            let step =
+                p.b.conn
+                    .receive_then(
+                        &mut mem,
+                        &mut rx,
+                        |bufs| Ok::<_, ()>(deliver(bufs, &stream[at..], usize::MAX)),
+                        |qp| {
+                            if let Some(wr) = recv.take() {
+                                qp.post_recv(wr).unwrap();
+                            }
+                        },
+                    )
+                    .unwrap();
+            assert!(step.read > 0);
+            at += step.read;
+        }
+        p.b.collect();
+        assert!(p.b.events.is_empty(), "{len}: {:?}", p.b.events);
+        let recvs: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+        assert_eq!(recvs, [(7, WcStatus::Success, len as u64)], "{len}");
+        assert!(p.b.bytes(&dst) == pattern(len, 9), "{len}");
+    }
+}

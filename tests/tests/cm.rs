@@ -400,12 +400,13 @@ fn initiator_nudges(
     });
     let dev = Device::open(DeviceConfig::default());
     let (pd, cq) = (dev.alloc_pd(), dev.create_cq(64));
+    let inbox = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    // Posted with the connection: the peer's Send may arrive before `connect` returns.
+    let recv = vec![RecvWr { wr_id: 9, sgl: inbox.sge(0, 64).into() }];
     let qp = dev
-        .connect(addr, &pd, &cq, &cq, &ConnectOptions { timeout: T, ..ConnectOptions::default() })
+        .connect(addr, &pd, &cq, &cq, &ConnectOptions { timeout: T, recv, ..ConnectOptions::default() })
         .unwrap()
         .qp;
-    let inbox = pd.register(64, Access::LOCAL_WRITE).unwrap();
-    qp.post_recv(RecvWr { wr_id: 9, sgl: inbox.sge(0, 64).into() }).unwrap();
     if says == PeerSays::First {
         let wc = cq.wait(T).unwrap();
         assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, 2));

@@ -84,7 +84,7 @@ fn connect_many(client: &Device, server: &Device, n: usize, recv: usize) -> Vec<
         clients.push((cq, qp));
     }
     let servers = accepting.join().unwrap();
-    let rights = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let rights = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
     clients
         .into_iter()
         .zip(servers)
@@ -347,7 +347,7 @@ fn a_thousand_queue_pairs() {
     // Every connection: a 4 KiB Write into its own slice of the server's region, then a Send
     // carrying its index.
     const W: usize = 4096;
-    let rights = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let rights = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
     let target = spd.register(N * W, rights).unwrap();
     let inbox = spd.register(N * 8, Access::LOCAL_WRITE).unwrap();
     let source = cpd.register(N * W, Access::LOCAL_WRITE).unwrap();
@@ -457,4 +457,51 @@ fn a_read_response_begun_by_a_polling_thread_is_finished_by_the_engine() {
         assert_eq!((wc.wr_id, wc.status), (100 + i, WcStatus::Success), "round {i}");
     }
     server.join().unwrap();
+}
+
+/// Reads answered by a server whose engine thread keeps finding its lock held: a thread on the
+/// server copies out of a region in a tight loop (each copy takes the engine's lock), so the
+/// engine thread, woken by a Read Request, often finds the lock taken. It then leaves the
+/// request's readiness to the copying thread, which must run the pass when it lets go: a
+/// request left behind would never be answered (no later event comes for it). Every Read
+/// completes with the right bytes, and the hand-off path was taken.
+#[test]
+fn input_the_engine_leaves_to_the_lock_holder_is_handled() {
+    const MAX_READS: u64 = 20_000;
+    let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
+    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
+    let (client, server) = &pairs[0];
+    server.mr.write(0, &[0x5a; 64]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the copying thread when the Reads end, failed or not.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    thread::scope(|s| {
+        s.spawn(|| {
+            let mut b = [0u8; 8];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                server.mr.read(0, &mut b).unwrap();
+            }
+        });
+        let _stop = Stop(&stop);
+        let mut reads = 0;
+        while reads < MAX_READS && (reads < 200 || server_dev.stats().handoffs == 0) {
+            reads += 1;
+            client.mr.write(0, &[0; 64]).unwrap();
+            let op = SendOp::Read { remote_stag: server.mr.rkey(), remote_to: server.mr.addr() };
+            client
+                .qp
+                .post_send(SendWr { wr_id: reads, op, sgl: client.mr.sge(0, 64).into(), signaled: true })
+                .unwrap();
+            let wc = client.wait("read");
+            assert_eq!((wc.wr_id, wc.opcode), (reads, WcOpcode::Read));
+            assert_eq!(client.mr.to_vec(), vec![0x5a; 64], "read {reads}");
+        }
+        let stats = server_dev.stats();
+        assert!(stats.handoffs > 0, "the engine never found its lock held in {reads} Reads: {stats:?}");
+    });
 }

@@ -31,6 +31,12 @@ const SPINS_BEFORE_YIELD: u32 = 256;
 /// about to hand some back) before it sleeps: a sleeping thread takes tens of microseconds to
 /// wake on a virtual machine, more than the server takes to turn a window around.
 const CREDIT_SPIN: Duration = Duration::from_micros(100);
+/// Receives the server keeps posted for Sends, over all pairs (at least a window's worth per
+/// pair), as `ib_send_bw`'s default receive depth: `--window` bounds the sender's outstanding
+/// work requests, as perftest's transmit depth does, not the receiver's buffers.
+const RX_DEPTH: usize = 512;
+/// Receives posted per pair beyond the client's credits.
+const RQ_SLACK: usize = 8;
 /// How often the server thread looks for its next command while it waits for completions.
 const SERVER_TICK: Duration = Duration::from_millis(2);
 
@@ -174,6 +180,13 @@ pub(super) struct Negotiated {
     pub(super) ord: u16,
 }
 
+/// Sends a client may have in flight per queue pair (received or not): the receives the
+/// server keeps posted for them, beyond its slack.
+pub(super) fn send_credits(window: usize, qps: usize) -> usize {
+    let qps = qps.max(1);
+    window.div_ceil(qps).max(1).max(RX_DEPTH / qps)
+}
+
 fn cm_err(what: &'static str) -> impl Fn(iwarp::CmError) -> BenchError {
     move |e| BenchError(format!("{what}: {e}"))
 }
@@ -213,7 +226,7 @@ impl Bench {
         let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
         let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
-        let rq_target = per_pair + 8;
+        let rq_target = send_credits(cfg.window, cfg.qps) + RQ_SLACK;
         let opts = ConnectOptions {
             policy: Policy {
                 revision: cfg.revision,
@@ -347,6 +360,15 @@ impl Bench {
             .fold((0, 0, 0), |(b, r, s), x| (b + x.tx_bytes, r + x.tx_by_ref, s + x.tx_staged))
     }
 
+    /// Each device's engine counters so far, named by the end it serves (`shared` when both
+    /// ends run on one device).
+    pub(super) fn engines(&self) -> Vec<(&'static str, iwarp::EngineStats)> {
+        match self.devices.as_slice() {
+            [one] => vec![("shared", one.stats())],
+            devices => devices.iter().zip(["client", "server"]).map(|(d, name)| (name, d.stats())).collect(),
+        }
+    }
+
     /// Resident memory per idle connection end, measured while connecting.
     pub(super) fn idle_bytes_per_qp(&self) -> Option<u64> {
         self.idle_bytes_per_qp
@@ -415,6 +437,9 @@ impl Bench {
             .iter()
             .map(|&ord| if op == Op::Read { self.per_pair.min(ord) } else { self.per_pair })
             .collect();
+        // Sends beyond the receives the server has posted would be a peer error on iWARP (no
+        // RNR retry): the server's reposts are the client's credits.
+        let credits = self.rq_target - RQ_SLACK;
         // Per pair: send-queue work outstanding, and (Send) messages posted.
         let mut sq_out = vec![0usize; n];
         let mut sent = vec![0u64; n];
@@ -436,14 +461,14 @@ impl Bench {
             while !stop {
                 let Some(i) = (0..n)
                     .map(|k| (next_pair + k) % n)
-                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < limit[i]))
+                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < credits))
                 else {
                     break;
                 };
                 next_pair = (i + 1) % n;
                 waiting_since = None;
                 let room = if op == Op::Send {
-                    (limit[i] - sq_out[i]).min(limit[i] - in_flight(i, &sent))
+                    (limit[i] - sq_out[i]).min(credits - in_flight(i, &sent))
                 } else {
                     limit[i] - sq_out[i]
                 };
@@ -514,6 +539,10 @@ impl Bench {
                 }
             }
             if start.elapsed() > budget.duration + STALL && budget.iters.is_none() {
+                // A server that failed says why (and then stops receiving).
+                if let Ok(Err(e)) = self.acks.try_recv() {
+                    return Err(BenchError(format!("{what}: the server failed: {e}")));
+                }
                 return Err(BenchError(format!("{what}: the peer stopped receiving")));
             }
         }

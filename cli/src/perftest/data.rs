@@ -359,10 +359,27 @@ pub(super) fn run_send_client(p: &Params, d: &impl DataPath) -> Result<Report, S
             }
         }
     }
+    // The server's last credit Write is on its way once the last Send has completed here:
+    // let it land (briefly) before the connection is torn down, so that this end has read
+    // all of the server's traffic (a capture of it holds every credit Write, as siw's does).
+    if n != 0 {
+        let last = (1..=n).rev().find(|&c| credit_due(c, rx)).unwrap_or(0);
+        let until = Instant::now() + Duration::from_millis(200);
+        while d.credit()? < last && Instant::now() < until {
+            let _ = d.wait(Duration::from_millis(1), &|| "the server's last credit".to_owned())?;
+        }
+    }
     Ok(match window {
         Some(w) => w.report(p),
         None => iteration_report(p, &tposted, &tcompleted),
     })
+}
+
+/// Whether the send_bw server writes its count into the client's credit word once it has
+/// received `count` messages: when (count mod rx depth) mod floor(rx depth / 3) == 0.
+fn credit_due(count: u64, rx_depth: u64) -> bool {
+    let rx = rx_depth.max(1);
+    (count % rx).is_multiple_of((rx / 3).max(1))
 }
 
 /// The send_bw server after K4: counts receives, reposts until N are posted, and writes its
@@ -375,8 +392,7 @@ pub(super) fn run_send_server(
     mut posted_recvs: u64,
 ) -> Result<Report, String> {
     let n = p.iters;
-    let rx = u64::from(p.rx_depth.max(1));
-    let every = (rx / 3).max(1);
+    let rx = u64::from(p.rx_depth);
     let mut received = 0u64;
     let mut first: Option<Instant> = None;
     let mut last = Instant::now();
@@ -422,7 +438,7 @@ pub(super) fn run_send_server(
             d.post_recv(wr, p.size)?;
             posted_recvs += 1;
         }
-        if (received % rx).is_multiple_of(every) {
+        if credit_due(received, rx) {
             // Each Write gets its own source word: a word still waiting to be sent must not
             // change under it.
             let count = u32::try_from(received).unwrap_or(u32::MAX);
