@@ -38,7 +38,7 @@ source "$HERE/lib.sh"
 OUT="${IWARP_INTEROP_OUT:-$ROOT/target/interop-verbs-abi}"
 rm -rf "$OUT"; mkdir -p "$OUT"
 FAILS=0
-CALIBRATION=0
+TCG_SLOW=0
 result() { # PASS|FAIL name detail
   printf '%-5s verbs-abi/%-12s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt" >&2
   [ "$1" = PASS ] || FAILS=$((FAILS + 1))
@@ -194,7 +194,13 @@ for side in a b; do
     why+="$(tshark_port "$port")"
     if [ -n "$why" ] && grep -aq "^\[$tag\] Correlation coefficient" "$SERIAL"; then
       why+="(siw's perftest could not calibrate its clock under TCG)"
-      CALIBRATION=$((CALIBRATION + 1))
+      TCG_SLOW=$((TCG_SLOW + 1))
+    elif [ -n "$why" ] && [ $side = a ] && grep -aq "timed out waiting for the MPA handshake" "$OUT/$id.host.log"; then
+      # siw's perftest server accepts its data connection only after setting up its buffers
+      # and queue pair, which under TCG on a loaded host took over the drop-in's 10 s once
+      # (the MPA Request was on the wire, unanswered): a slow guest, decided by one more boot.
+      why+="(siw's perftest server did not answer the MPA Request within 10 s under TCG)"
+      TCG_SLOW=$((TCG_SLOW + 1))
     fi
     role="siw ib_${t}_bw -R server <- drop-in client"
     [ $side = b ] && role="siw ib_${t}_bw -R client -> drop-in server"
@@ -221,8 +227,8 @@ why+="$(tshark_port 7551)"
 [ -z "$why" ] && result PASS rstream-b "siw rstream -s -> drop-in rstream: 50 x 64 KiB each way verified, siw $gr" ||
   result FAIL rstream-b "$why"
 
-if [ "$FAILS" -gt 0 ] && [ "$FAILS" = "$CALIBRATION" ]; then
-  echo "[interop-verbs-abi] $FAILS perftest case(s) failed only because siw's perftest could not calibrate its clock; logs in $OUT" >&2
+if [ "$FAILS" -gt 0 ] && [ "$FAILS" = "$TCG_SLOW" ]; then
+  echo "[interop-verbs-abi] $FAILS perftest case(s) failed only because siw's perftest could not calibrate its clock or answer in time under TCG; logs in $OUT" >&2
   exit 3
 fi
 [ "$FAILS" = 0 ] || { echo "[interop-verbs-abi] FAILED: $FAILS case(s); logs in $OUT" >&2; exit 1; }
