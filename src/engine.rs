@@ -497,11 +497,21 @@ impl Engine {
     /// is returned. Sleeping on the lock instead cost two more thread switches and a futex
     /// wake-up whenever an application thread and the engine thread were woken for the same
     /// input.
-    fn engine_pass(&self, events: Option<&Events>) -> Option<bool> {
+    fn engine_pass(&self, mut events: Option<&Events>) -> Option<bool> {
         if self.waiting.load(Ordering::Acquire) > 0 {
-            // The slow path goes first (its guard hands the events back when it lets go).
+            // The slow path goes first (its guard takes the events when it lets go).
             self.hand_off(events);
-            return None;
+            events = None;
+            // A waiter stops counting itself as soon as it holds the core, long before it
+            // lets go and looks for what was left: read before the events were left, the
+            // count may belong to a waiter that has already looked. Pairs with the fence
+            // after letting go (`let_go`): either that waiter sees the events (and the
+            // engine's announced park), or this sees it no longer waiting and tries the
+            // lock below; the pass there takes the events from the hand-off queue.
+            fence(Ordering::SeqCst);
+            if self.waiting.load(Ordering::Acquire) > 0 {
+                return None;
+            }
         }
         let mut core = match self.core.try_lock() {
             Ok(core) => core,
