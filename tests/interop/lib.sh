@@ -90,6 +90,14 @@ iw_guest_image() {
   [ -s "$IW_IMG/vmlinux" ] || iw_die "no guest image"
 }
 
+# Where tshark lost the FPDU boundaries of PORT's connections in PCAP (tshark-sync.py: the frame
+# and both views), or nothing. `iwarp dissect --json` of PCAP is written beside it once.
+iw_tshark_lost() { # PCAP PORT
+  local js="$1.dissect.jsonl"
+  [ -s "$js" ] || "$IWARP_BIN" dissect --json "$1" > "$js" 2> /dev/null || true
+  python3 "$(dirname "${BASH_SOURCE[0]}")/tshark-sync.py" "$1" "$2" "$js" 2> /dev/null || true
+}
+
 # Runs CMD in the namespace in the background (bounded by SECS), output to FILE; sets IW_BG_PID.
 iw_ns_bg() { # SECS FILE CMD...
   local secs="$1" file="$2"; shift 2

@@ -141,7 +141,6 @@ if [ "$dis_rc" = 0 ]; then
 else
   result FAIL dissect "exit $dis_rc: $(tail -1 "$OUT/dissect.err") $(tail -1 "$OUT/dissect.txt")"
 fi
-[ -z "$TSHARK" ] || "$IWARP_BIN" dissect --json "$OUT/guest-nic.pcap" > "$OUT/dissect.jsonl" 2> /dev/null || true
 # tshark_port PORT: "" when fine (or tshark missing), else why. Malformed frames that come after
 # tshark lost the FPDU boundaries (tshark-sync.py: a full receive window cut an FPDU short, and
 # tshark took payload for a header) are noted, not counted, when `iwarp dissect` walked every
@@ -152,7 +151,7 @@ tshark_port() {
   mal="$(tshark -r "$OUT/guest-nic.pcap" --disable-protocol rpcordma -Y "tcp.port == $1 && _ws.malformed" \
     -T fields -e frame.number 2> /dev/null)"
   [ -n "$mal" ] || return 0
-  lost="$(python3 "$HERE/tshark-sync.py" "$OUT/guest-nic.pcap" "$1" "$OUT/dissect.jsonl" 2> /dev/null || true)"
+  lost="$(iw_tshark_lost "$OUT/guest-nic.pcap" "$1")"
   if [ "$dis_rc" = 0 ] && [ -n "$lost" ] && [ "${lost%% *}" -le "$(head -1 <<< "$mal")" ]; then
     echo "note: tshark lost the FPDU boundaries on port $1 at frame $lost; its $(wc -l <<< "$mal") malformed frame(s) from there on are not counted" |
       tee -a "$OUT/summary.txt" >&2
