@@ -76,7 +76,10 @@ impl CompletionQueue {
     /// needs it. It does so only while this queue's recent waits saw their completion within
     /// about twice that time (dense traffic): when completions come later (sparse messages, a
     /// slow peer), those passes find nothing and only take the core from the threads that
-    /// have the input, so the thread goes to sleep at once. Then, while the engine has nothing
+    /// have the input, so the thread goes to sleep at once. With dense traffic too, the queue
+    /// measures whether its recent waits were quicker driving or sleeping at once, takes the
+    /// quicker way and tries the other now and then (a thread running passes races the engine
+    /// thread for the input, which can cost more than a wake-up). Then, while the engine has nothing
     /// to do, the thread sleeps where the connections' input wakes it and runs the engine's
     /// pass itself, so the input reaches it with one wake-up rather than two (the engine's,
     /// then its own).
@@ -86,13 +89,19 @@ impl CompletionQueue {
         let spin_until = start + WAIT_SPIN;
         let spin = self.dev.config.spin;
         let adaptive = self.dev.config.poll_mode == crate::PollMode::Adaptive;
-        let drive_until = if adaptive && self.shared.drive_pays(spin) { start + spin } else { start };
+        let choice = if adaptive { self.shared.choose_drive(spin) } else { None };
+        let drive_until = if choice == Some(true) { start + spin } else { start };
         let mut first = true;
+        // Whether the wait found the engine asleep, so that the choice came into play.
+        let mut chose = false;
         loop {
             if let Some(wc) = self.poll() {
                 // A completion that was there at once says nothing about the traffic.
                 if adaptive && !first {
                     self.shared.record_wait(start.elapsed());
+                    if let (true, Some(drove)) = (chose, choice) {
+                        self.shared.record_choice(drove, start.elapsed());
+                    }
                 }
                 return Some(wc);
             }
@@ -108,6 +117,7 @@ impl CompletionQueue {
                 std::hint::spin_loop();
                 continue;
             }
+            chose |= parked;
             if parked && now < drive_until {
                 // The engine sleeps: run its pass here, giving the core away between passes.
                 if !self.dev.waiting_pass() {
