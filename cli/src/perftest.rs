@@ -101,15 +101,16 @@ fn client_session(
     let bufs = DataBufs::new(device, pd, p, &agreed)?;
     let opts = data_options(args, p, capture);
     // perftest's server opens the data listener only after sending "pre"; a slow server (siw
-    // under emulation) may not listen yet when our connect arrives, so retry a refused connect
-    // for up to --timeout.
+    // under emulation) may not listen yet when our connect arrives, so pause first and retry a
+    // refused connect for up to --timeout (see DATA_LISTENER_PAUSE).
     let started = Instant::now();
+    std::thread::sleep(DATA_LISTENER_PAUSE);
     let qp = loop {
         match connect_any(device, stack, addr, pd, &bufs.cq, &opts) {
             Err(CmError::Io(e))
                 if e.kind() == std::io::ErrorKind::ConnectionRefused && started.elapsed() < p.timeout =>
             {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(DATA_LISTENER_PAUSE);
             }
             r => {
                 break r.map_err(|e| {

@@ -36,6 +36,15 @@ pub(super) fn random_bytes(len: usize) -> Vec<u8> {
     out
 }
 
+/// How long the client lets the server set up its data listener after the "pre" handshake
+/// before it connects, and between connects the server refused. siw's listener takes a
+/// connection only once its endpoint is marked listening, after the socket's `listen()` has
+/// returned; a connection that completes in between is not taken, its MPA Request goes
+/// unanswered and the server's perftest waits for it for good (docs/siw-quirks.md, "A new
+/// listener takes connections a little after listen()"). perftest's own client takes a few
+/// milliseconds to resolve the address before it connects; this leaves the server more.
+pub(super) const DATA_LISTENER_PAUSE: Duration = Duration::from_millis(50);
+
 /// The data buffer's rights: local write, remote read and remote write (iWARP Read sinks
 /// need remote write, as perftest grants on iWARP).
 pub(super) const DATA_ACCESS: Access =

@@ -19,7 +19,7 @@ use iwarp::backend::{
 };
 
 use super::args::*;
-use super::conn::{DATA_ACCESS, random_bytes};
+use super::conn::{DATA_ACCESS, DATA_LISTENER_PAUSE, random_bytes};
 use super::ctrl::{Lockstep, wait_slice};
 use super::data::{DataPath, Done, Post, send_depth};
 use super::report::print_banner;
@@ -282,16 +282,17 @@ fn client_session(
     ctrl: &mut SeamCtrl,
 ) -> Result<(), Fail> {
     let agreed = part_a(p, ctrl)?;
-    // perftest's server opens the data listener only after sending "pre": retry a refused
-    // connect for up to --timeout.
+    // perftest's server opens the data listener only after sending "pre": pause first and
+    // retry a refused connect for up to --timeout (see DATA_LISTENER_PAUSE).
     let started = Instant::now();
+    std::thread::sleep(DATA_LISTENER_PAUSE);
     let ep = loop {
         match backend.connect(addr, &data_options(p)) {
             Ok(ep) => break ep,
             Err(BackendError::Connect(_) | BackendError::Rejected { .. })
                 if started.elapsed() < p.timeout =>
             {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(DATA_LISTENER_PAUSE);
             }
             Err(e) => return Err(Fail::Run(format!("cannot connect the data connection to {addr}: {e}"))),
         }
