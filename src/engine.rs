@@ -596,6 +596,15 @@ impl Engine {
             let at = self.nap_until.load(Ordering::Acquire);
             return (at != u64::MAX).then(|| Duration::from_nanos(at).saturating_sub(now - self.epoch));
         };
+        // A thread that let go of the core while this one held it here found it taken and
+        // left what it was to look at to this thread: the events this thread handed off to
+        // it, and work posted while the engine was going to sleep (`let_go`). This guard is
+        // not a pass and hands nothing on, so sleeping now would strand them (seen: a peer's
+        // close never reported, the connection's readable event left in the hand-off queue).
+        fence(Ordering::SeqCst);
+        if self.doorbell.handed_off() || self.doorbell.has_pending() {
+            return Some(Duration::ZERO);
+        }
         core.new_earliest = false;
         let polled = (!core.polled.is_empty() || core.poll.is_none()).then_some(POLLED_NAP);
         let timer = core.next_timer().map(|t| t.saturating_duration_since(now));
