@@ -714,6 +714,13 @@ impl Engine {
             return;
         }
         let nap = self.nap();
+        if nap == Some(Duration::ZERO) {
+            // Work now (left by a thread that let go while `nap` held the core, or a timer
+            // that is due): a pass instead of a sleep.
+            self.doorbell.set_parked(false);
+            self.engine_pass(None);
+            return;
+        }
         bump(&self.counters.sleeps, 1);
         let woke_by_event = match &self.poll {
             Some(poll) => {
