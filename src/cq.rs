@@ -98,9 +98,10 @@ impl CompletionQueue {
             if let Some(wc) = self.poll() {
                 // A completion that was there at once says nothing about the traffic.
                 if adaptive && !first {
-                    self.shared.record_wait(start.elapsed());
+                    let took = start.elapsed();
+                    self.shared.record_wait(took);
                     if let (true, Some(drove)) = (chose, choice) {
-                        self.shared.record_choice(drove, start.elapsed());
+                        self.shared.record_choice(drove, took);
                     }
                 }
                 return Some(wc);

@@ -498,38 +498,40 @@ impl Engine {
     /// wake-up whenever an application thread and the engine thread were woken for the same
     /// input.
     fn engine_pass(&self, mut events: Option<&Events>) -> Option<bool> {
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            // The slow path goes first (its guard takes the events when it lets go).
-            self.hand_off(events);
-            events = None;
-            // A waiter stops counting itself as soon as it holds the core, long before it
-            // lets go and looks for what was left: read before the events were left, the
-            // count may belong to a waiter that has already looked. Pairs with the fence
-            // after letting go (`let_go`): either that waiter sees the events (and the
-            // engine's announced park), or this sees it no longer waiting and tries the
-            // lock below; the pass there takes the events from the hand-off queue.
-            fence(Ordering::SeqCst);
-            if self.waiting.load(Ordering::Acquire) > 0 {
-                return None;
-            }
-        }
-        let mut core = match self.core.try_lock() {
-            Ok(core) => core,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
+        // A slow-path caller waiting for the core goes first.
+        let first = if self.waiting.load(Ordering::Acquire) > 0 { None } else { self.try_core() };
+        let mut core = match first {
+            Some(core) => core,
+            None => {
+                // Leave the events to the holder (it takes them when it lets go); from here on
+                // they are in the hand-off queue, which a pass below takes them from.
                 self.hand_off(events);
-                // Pairs with the fence after the holder lets go (`release`, `CoreGuard`).
+                events = None;
+                // Pairs with the fence after letting go (`let_go`): either the holder sees the
+                // events (and the engine's announced park), or this sees the core free and
+                // tries it once more. A slow-path caller stops counting itself as waiting on
+                // taking the lock, long before it lets go and looks, so the count is read again
+                // too: one read before the events were left may belong to a caller that has
+                // looked already.
                 fence(Ordering::SeqCst);
-                match self.core.try_lock() {
-                    Ok(core) => core,
-                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(TryLockError::WouldBlock) => return None,
+                if self.waiting.load(Ordering::Acquire) > 0 {
+                    return None;
                 }
+                self.try_core()?
             }
         };
         let (work, visits) = core.progress(events, &self.doorbell);
         self.release(core, visits);
         Some(work)
+    }
+
+    /// The core if no other thread holds it (a poisoned lock is taken as it is).
+    fn try_core(&self) -> Option<MutexGuard<'_, EngineCore>> {
+        match self.core.try_lock() {
+            Ok(core) => Some(core),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Leaves `events` for the thread that holds the core.
