@@ -244,7 +244,7 @@ thread_local! {
 impl Engine {
     /// Creates the engine and, unless the mode is inline, starts its thread.
     pub(crate) fn start(config: DeviceConfig) -> (Arc<Engine>, Option<JoinHandle<()>>) {
-        let poll = Poll::new().ok().map(Arc::new);
+        let poll = Poll::watching_closes().ok().map(Arc::new);
         let engine = Arc::new(Engine {
             core: Mutex::new(EngineCore::new(
                 config.max_regions,
@@ -764,6 +764,12 @@ struct ConnSlot {
     sq_retired: u64,
     /// The link reports readiness events; without them it is visited every pass.
     has_source: bool,
+    /// The poll reports the peer's close of this link on its own, so a short read means
+    /// the socket is drained (see `Poll::add_link`).
+    short_read_drains: bool,
+    /// The poll reported the peer's close (or an error): read until a read says so, short
+    /// reads included (the close may have come with data the same edge reported).
+    closed: bool,
     /// The link may have bytes to read (cleared when a read finds it drained).
     readable: bool,
     /// The link may take bytes (cleared when a write is cut short).
@@ -968,9 +974,12 @@ impl EngineCore {
                 }
             }
         }
-        let has_source = match (&self.poll, link.fd()) {
-            (Some(p), Some(fd)) => p.add(fd, key as Token, true).is_ok(),
-            _ => false,
+        let (has_source, short_read_drains) = match (&self.poll, link.fd()) {
+            (Some(p), Some(fd)) => match p.add_link(fd, key as Token) {
+                Ok(watched) => (true, watched),
+                Err(_) => (false, false),
+            },
+            _ => (false, false),
         };
         if !has_source {
             self.polled.push(key);
@@ -996,6 +1005,8 @@ impl EngineCore {
             write_shut: false,
             sq_retired: 0,
             has_source,
+            short_read_drains,
+            closed: false,
             // Bytes may already wait in the socket (they followed the MPA exchange).
             readable: true,
             writable: true,
@@ -1017,7 +1028,7 @@ impl EngineCore {
     /// Adds the descriptors of every connection completing on `cq` to the queue's own poll.
     pub(crate) fn watch_all(&mut self, cq: &CqShared) {
         let Some(w) = cq.watch() else { return };
-        for (key, slot) in self.slots.iter().enumerate() {
+        for (key, slot) in self.slots.iter_mut().enumerate() {
             let Some(slot) = slot else { continue };
             let uses = std::ptr::eq(&*slot.shared.send_cq, cq) || std::ptr::eq(&*slot.shared.recv_cq, cq);
             if uses
@@ -1029,7 +1040,7 @@ impl EngineCore {
                 // in the queue's poll is woken first. Re-adding reports a socket that is
                 // already ready, so nothing is missed in between.
                 let _ = p.delete(fd);
-                let _ = p.add(fd, key as Token, true);
+                slot.short_read_drains = matches!(p.add_link(fd, key as Token), Ok(true));
             }
         }
     }
@@ -1097,6 +1108,7 @@ impl EngineCore {
             if let Some(Some(slot)) = self.slots.get_mut(key) {
                 slot.readable |= ev.readable;
                 slot.writable |= ev.writable;
+                slot.closed |= ev.closed;
                 self.schedule(key);
             }
         }
@@ -1355,16 +1367,25 @@ fn visit(
             match step {
                 Ok(step) if step.read == 0 => {
                     slot.readable = !slot.has_source;
+                    // Drained: a close the poll reported has been read by now (an error it
+                    // reported shows in the next read or write).
+                    slot.closed = false;
                     break;
                 }
-                // A short read does not end the loop: the peer's close may have come in with
-                // the last data, under the same edge (readiness events cannot tell it apart,
-                // EPOLLRDHUP being refused with EPOLLEXCLUSIVE), and no later edge would
-                // report it. The next read finds it, or finds the socket drained.
-                Ok(_) => {
+                Ok(step) => {
                     v.work = true;
                     slot.heard = true;
                     arrived = true;
+                    // A read that came back short drained the socket: what arrives later is
+                    // a new edge. The peer's close may have come in under the same edge as
+                    // this data and been consumed by this read (only the next read would
+                    // say so), but where the poll watches closes on their own
+                    // (`Poll::add_link`) that is an event of its own too. Elsewhere the
+                    // next read finds the close, or finds the socket drained.
+                    if step.read < step.asked && slot.short_read_drains && !slot.closed {
+                        slot.readable = false;
+                        break;
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "link down");

@@ -10,6 +10,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
@@ -21,6 +22,8 @@ pub(crate) type Token = u64;
 pub(crate) const DOORBELL: Token = u64::MAX;
 /// The first attached stack's token; the next ones count down from it.
 pub(crate) const STACK_BASE: Token = u64::MAX - 1;
+/// The token of the close watch (see [`Poll::add_link`]); never reported itself.
+const CLOSES: Token = 1 << 62;
 
 /// What one readiness event says.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +33,9 @@ pub(crate) struct Ready {
     pub(crate) readable: bool,
     /// Room to write, or an error (which a write reports).
     pub(crate) writable: bool,
+    /// Reported by the close watch (see [`Poll::add_link`]): the peer closed, or the socket
+    /// has an error; read until a read says which, even after one that came back short.
+    pub(crate) closed: bool,
 }
 
 /// Events taken from the kernel per `epoll_wait` call.
@@ -60,6 +66,11 @@ impl Events {
 pub(crate) struct Poll {
     epoll: OwnedFd,
     doorbell: OwnedFd,
+    /// Whether links added with [`Poll::add_link`] are watched for the peer's close too.
+    watch_closes: bool,
+    /// The close watch: a second epoll instance inside the first, made with the first link
+    /// (see [`Poll::add_link`]).
+    closes: OnceLock<OwnedFd>,
 }
 
 impl Poll {
@@ -67,7 +78,13 @@ impl Poll {
         let epoll = epoll::create(CreateFlags::CLOEXEC)?;
         let doorbell = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         epoll::add(&epoll, &doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
-        Ok(Poll { epoll, doorbell })
+        Ok(Poll { epoll, doorbell, watch_closes: false, closes: OnceLock::new() })
+    }
+
+    /// A poll that also reports the peer's close of a link added with [`Poll::add_link`]
+    /// however it came (the engine's).
+    pub(crate) fn watching_closes() -> io::Result<Poll> {
+        Ok(Poll { watch_closes: true, ..Poll::new()? })
     }
 
     /// Registers `fd` for readable (and with `writable`, writable) edges under `token`.
@@ -78,7 +95,7 @@ impl Poll {
     /// still records the event for its next wait.
     pub(crate) fn add(&self, fd: BorrowedFd<'_>, token: Token, writable: bool) -> io::Result<()> {
         // A peer's close makes the socket readable too (EPOLLRDHUP may not be combined with
-        // EPOLLEXCLUSIVE).
+        // EPOLLEXCLUSIVE; `add_link` watches closes on their own).
         let mut flags = EventFlags::IN | EventFlags::ET | EventFlags::EXCLUSIVE;
         if writable {
             flags |= EventFlags::OUT;
@@ -86,8 +103,55 @@ impl Poll {
         Ok(epoll::add(&self.epoll, fd, EventData::new_u64(token), flags)?)
     }
 
+    /// Registers a connection's socket as [`Poll::add`] does (readable and writable), and,
+    /// in a poll [`Poll::watching_closes`], for the peer's close and errors on their own;
+    /// returns whether it is watched so.
+    ///
+    /// A readable edge does not tell data from the peer's close, and the close can arrive
+    /// under the same edge as the last data (both in before the event was collected): the
+    /// read that takes the data consumes the close too, and only another read, one that
+    /// returns 0, reports it. Watched here, the close is an event of its own, so a read that
+    /// comes back short of what it asked for may take the socket as drained without that
+    /// second read (a system call on every message received). The watch is a nested epoll
+    /// instance, since `EPOLLRDHUP` may not be combined with `EPOLLEXCLUSIVE`: wake-ups for
+    /// data do not match its registrations and cost no more than a mask test. It is made
+    /// with the first link, not with the poll: a device that never connects holds one
+    /// descriptor less, and a process that opens a device before its first socket keeps
+    /// the socket's number (netcat-traditional, run over rsockets on the drop-in, refuses
+    /// descriptors above 16, and its accepted socket's number comes right after the ones
+    /// the device opened).
+    pub(crate) fn add_link(&self, fd: BorrowedFd<'_>, token: Token) -> io::Result<bool> {
+        self.add(fd, token, true)?;
+        let Some(closes) = self.close_watch() else { return Ok(false) };
+        if let Err(e) = epoll::add(closes, fd, EventData::new_u64(token), EventFlags::RDHUP | EventFlags::ET)
+        {
+            let _ = epoll::delete(&self.epoll, fd);
+            return Err(e.into());
+        }
+        Ok(true)
+    }
+
+    /// The close watch, made on first use; `None` in a poll that does not watch closes, or
+    /// when it cannot be made (links then go unwatched).
+    fn close_watch(&self) -> Option<&OwnedFd> {
+        if !self.watch_closes {
+            return None;
+        }
+        if let Some(closes) = self.closes.get() {
+            return Some(closes);
+        }
+        let closes = epoll::create(CreateFlags::CLOEXEC).ok()?;
+        epoll::add(&self.epoll, &closes, EventData::new_u64(CLOSES), EventFlags::IN | EventFlags::ET).ok()?;
+        // A racing caller's watch wins; this one is closed (its registration goes with it).
+        Some(self.closes.get_or_init(|| closes))
+    }
+
     /// Removes `fd`.
     pub(crate) fn delete(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        if let Some(closes) = self.closes.get() {
+            // Not there for a descriptor added with `add`.
+            let _ = epoll::delete(closes, fd);
+        }
         Ok(epoll::delete(&self.epoll, fd)?)
     }
 
@@ -109,15 +173,38 @@ impl Poll {
         let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; BATCH];
         // EINTR and the like: report nothing; the caller passes and comes back.
         let Ok((got, _)) = epoll::wait(self.epoll.as_fd(), &mut raw[..], timespec.as_ref()) else { return };
+        let mut closes = false;
         for e in got.iter() {
-            let flags = e.flags;
-            let error = flags.intersects(EventFlags::ERR | EventFlags::HUP);
-            events.ready.push(Ready {
-                token: e.data.u64(),
-                readable: error || flags.intersects(EventFlags::IN | EventFlags::RDHUP),
-                writable: error || flags.contains(EventFlags::OUT),
-            });
+            if e.data.u64() == CLOSES {
+                closes = true;
+                continue;
+            }
+            events.ready.push(ready(e));
         }
+        if let (true, Some(inner)) = (closes, self.closes.get()) {
+            // Edge-triggered in the outer instance: take all it has, or the rest would wait
+            // for the next close.
+            let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+            while let Ok((got, _)) = epoll::wait(inner.as_fd(), &mut raw[..], Some(&zero)) {
+                let n = got.len();
+                events.ready.extend(got.iter().map(|e| Ready { closed: true, ..ready(e) }));
+                if n < BATCH {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// What one epoll event says.
+fn ready(e: &epoll::Event) -> Ready {
+    let flags = e.flags;
+    let error = flags.intersects(EventFlags::ERR | EventFlags::HUP);
+    Ready {
+        token: e.data.u64(),
+        readable: error || flags.intersects(EventFlags::IN | EventFlags::RDHUP),
+        writable: error || flags.contains(EventFlags::OUT),
+        closed: false,
     }
 }
 
@@ -150,6 +237,34 @@ mod tests {
         client.write_all(b"y").unwrap();
         poll.wait(&mut events, Some(Duration::from_millis(20)));
         assert!(events.is_empty());
+    }
+
+    /// Data and the peer's close in before the poll is collected: one readable edge for
+    /// both, and, in a poll that watches closes, the close on its own as well.
+    #[test]
+    fn a_close_under_the_same_edge_as_data_is_reported_on_its_own() {
+        for watching in [false, true] {
+            let poll = if watching { Poll::watching_closes() } else { Poll::new() }.unwrap();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            assert_eq!(poll.add_link(server.as_fd(), 7).unwrap(), watching);
+            let mut events = Events::with_capacity(8);
+            poll.wait(&mut events, Some(Duration::ZERO));
+            assert!(events.iter().all(|e| !e.readable), "{watching}: {events:?}");
+            client.write_all(b"x").unwrap();
+            client.shutdown(std::net::Shutdown::Write).unwrap();
+            // Both are in once the socket reports the close.
+            let mut fds = [rustix::event::PollFd::new(&server, rustix::event::PollFlags::RDHUP)];
+            let five = Timespec { tv_sec: 5, tv_nsec: 0 };
+            assert_eq!(rustix::event::poll(&mut fds, Some(&five)).unwrap(), 1, "{watching}: no close");
+            poll.wait(&mut events, Some(Duration::from_secs(5)));
+            let closes: Vec<_> = events.iter().filter(|e| e.token == 7 && e.closed).collect();
+            assert!(events.iter().any(|e| e.token == 7 && e.readable && !e.closed), "{watching}: {events:?}");
+            assert_eq!(closes.len(), usize::from(watching), "{watching}: {events:?}");
+            assert!(closes.iter().all(|e| e.readable), "{watching}: {events:?}");
+            poll.delete(server.as_fd()).unwrap();
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::thread;
 use std::time::Duration;
 
 use iwarp::{
-    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, QueuePair, RecvWr,
-    SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, QpState,
+    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// The longest any single wait may take.
@@ -155,6 +155,48 @@ fn event_mode_engines_wake_on_the_network_and_the_doorbell() {
 #[test]
 fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Adaptive);
+}
+
+/// A peer that sends its last message and closes at once: its close often arrives before the
+/// receiving end collected the message's readable edge, under that same edge, and the read
+/// that takes the message consumes the close too. The engine takes a short read as having
+/// drained the socket, so the close must reach it as an event of its own: every server queue
+/// pair leaves RTS, with no timer to find it (an engine in event mode has none).
+fn closes_right_after_the_last_message(mode: PollMode) {
+    const PAIRS: usize = 16;
+    let (client_dev, server_dev) = (open(mode), open(mode));
+    let pairs = connect_many(&client_dev, &server_dev, PAIRS, 4);
+    let before = server_dev.stats();
+    for (i, (client, server)) in pairs.iter().enumerate() {
+        server.post_recv(1);
+        client.send(2, 8);
+        // Sent (a Send completes once TCP has it); a disconnect before that would flush it.
+        assert_eq!(client.wait("the last message sent").wr_id, 2);
+        client.qp.disconnect();
+        server.wait_recv(1, "the last message");
+        let deadline = std::time::Instant::now() + T;
+        while server.qp.state() == QpState::Rts {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{mode:?} pair {i}: the peer's close was never seen"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if mode == PollMode::Event {
+        let after = server_dev.stats();
+        assert_eq!(after.timer_wakeups, before.timer_wakeups, "{before:?} -> {after:?}");
+    }
+}
+
+#[test]
+fn event_mode_engines_see_a_close_that_came_with_the_last_message() {
+    closes_right_after_the_last_message(PollMode::Event);
+}
+
+#[test]
+fn adaptive_engines_see_a_close_that_came_with_the_last_message() {
+    closes_right_after_the_last_message(PollMode::Adaptive);
 }
 
 /// A thread waiting for a peer's RDMA Write (which completes nothing at its target) sleeps in
