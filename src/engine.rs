@@ -431,7 +431,7 @@ impl Engine {
     /// way, not the engine thread's and then its own. (The engine's poll sees the input too;
     /// whichever thread passes first does the work.) Returns false, having done nothing, when
     /// the engine is awake (it will push the completion) or another thread watches.
-    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Duration) -> bool {
+    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Duration, epoch: u64) -> bool {
         if !self.doorbell.parked() || self.inline() || self.poll.is_none() {
             return false;
         }
@@ -451,7 +451,7 @@ impl Engine {
             }
         };
         cq.add_waiter(Waiter::Poll(poll.clone()));
-        if !cq.ring.is_empty() {
+        if cq.wake_due(epoch) {
             return true;
         }
         WAITER_EVENTS.with_borrow_mut(|events| {

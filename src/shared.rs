@@ -105,6 +105,8 @@ pub(crate) struct CqShared {
     waiters: Mutex<Vec<Waiter>>,
     /// Whether `waiters` may hold anyone (so a push without waiters takes no lock).
     has_waiters: AtomicBool,
+    /// Counts `CompletionQueue::interrupt` calls: a wait that sees it change returns.
+    interrupts: std::sync::atomic::AtomicU64,
     /// The next task registration number.
     next_task: std::sync::atomic::AtomicU64,
     /// A readiness poll of this queue's own, made on the first blocking wait that uses it:
@@ -155,6 +157,7 @@ impl CqShared {
             notify: AtomicU8::new(ARMED_NONE),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
+            interrupts: std::sync::atomic::AtomicU64::new(0),
             next_task: std::sync::atomic::AtomicU64::new(0),
             watch: OnceLock::new(),
             watching: Mutex::new(()),
@@ -266,6 +269,24 @@ impl CqShared {
                 }
             }
         }
+    }
+
+    /// Interrupts the waits in progress (see `CompletionQueue::interrupt`).
+    pub(crate) fn interrupt(&self) {
+        self.interrupts.fetch_add(1, Ordering::SeqCst);
+        self.signal();
+    }
+
+    /// The interrupt count, read when a wait starts.
+    pub(crate) fn interrupts(&self) -> u64 {
+        self.interrupts.load(Ordering::SeqCst)
+    }
+
+    /// Whether a wait that started at interrupt count `epoch` should stop sleeping: a
+    /// completion is there, or the queue was interrupted since. Read after registering as a
+    /// waiter, so that a push or an interrupt in between is not missed.
+    pub(crate) fn wake_due(&self, epoch: u64) -> bool {
+        !self.ring.is_empty() || self.interrupts() != epoch
     }
 
     /// Publishes one completion and wakes the waiters.

@@ -1285,3 +1285,34 @@ fn crc_required_by_initiator_only() {
     assert!(p.client.qp.conn_params().crc && p.server.qp.conn_params().crc);
     exercise(&p, &[100], "crc required by the initiator only");
 }
+
+/// `CompletionQueue::interrupt` ends the waits in progress (in the queue's own readiness
+/// poll, parked, or driving an inline engine) without a completion, and a completion that
+/// comes after is still there for the next wait.
+#[test]
+fn an_interrupt_ends_the_waits_in_progress_and_loses_no_completion() {
+    for mode in [PollMode::Adaptive, PollMode::Event, PollMode::Inline] {
+        let p = default_pair(mode);
+        let waiter = {
+            let cq = p.server.cq.clone();
+            thread::spawn(move || cq.wait(Duration::from_secs(600)))
+        };
+        // A wait that starts after an interrupt is not affected: interrupt until it ends.
+        while !waiter.is_finished() {
+            p.server.cq.interrupt();
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(waiter.join().unwrap().is_none(), "{mode:?}: a completion out of nowhere");
+
+        let inbox = p.server.pd.register(8, Access::LOCAL_WRITE).unwrap();
+        p.server.recv(1, vec![inbox.sge(0, 8)]);
+        let (mr, sgl) = source(&p.client.pd, b"12345678");
+        p.client.send(2, send_op(false), sgl);
+        p.client.expect_ok(2, WcOpcode::Send, "the send");
+        p.server.cq.interrupt();
+        // The interrupt came before this wait: it waits for (and gets) the receive.
+        let wc = p.server.wait("the receive after an interrupt");
+        assert_eq!((wc.wr_id, wc.opcode), (1, WcOpcode::Recv), "{mode:?}");
+        drop(mr);
+    }
+}
