@@ -130,7 +130,7 @@ pub(crate) struct CqShared {
     /// choices were made. See [`CqShared::choose_drive`].
     driven_us: AtomicU32,
     slept_us: AtomicU32,
-    choices: AtomicU32,
+    pub(crate) choices: AtomicU32,
 }
 
 /// One wait in this many takes the way [`CqShared::choose_drive`] does not prefer, so that
