@@ -432,6 +432,46 @@ impl Engine {
     /// whichever thread passes first does the work.) Returns false, having done nothing, when
     /// the engine is awake (it will push the completion) or another thread watches.
     pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Duration, epoch: u64) -> bool {
+        self.sleep_in_watch(
+            cq,
+            timeout,
+            |poll| {
+                cq.add_waiter(Waiter::Poll(poll.clone()));
+                cq.wake_due(epoch)
+            },
+            |poll| cq.remove_poll_waiter(poll),
+        )
+    }
+
+    /// As [`Engine::wait_polling`], for a thread that waits for more input on `qp` (RDMA
+    /// Writes, which complete nothing at their target; see `QueuePair::wait_input`), until
+    /// its arrival count differs from `seen`: it sleeps in the readiness poll of the queue
+    /// pair's receive queue, which watches the queue pair's connection. Sleeping until the
+    /// engine thread has placed the data instead took two wake-ups (the engine's, then its
+    /// own) and a round of the engine's pass on the way.
+    pub(crate) fn wait_input_polling(&self, qp: &QpShared, seen: u64, timeout: Duration) -> bool {
+        self.sleep_in_watch(
+            &qp.recv_cq,
+            timeout,
+            |poll| qp.arrivals.add_poll_waiter(poll, seen),
+            |poll| qp.arrivals.remove_poll_waiter(poll),
+        )
+    }
+
+    /// Sleeps up to `timeout` in `cq`'s own readiness poll (made, and the queue's connections
+    /// added to it, on first use) and runs the pass with what woke it; `register` makes the
+    /// awaited event wake the poll and says whether it is due already, `unregister` undoes
+    /// that once the thread is awake (before the pass: a registration left behind would have
+    /// the pass wake the poll for nothing, a system call per wait). False, having done
+    /// nothing, when the engine is awake, inline or without a poll, or another thread
+    /// sleeps in this queue's poll.
+    fn sleep_in_watch(
+        &self,
+        cq: &CqShared,
+        timeout: Duration,
+        register: impl FnOnce(&Arc<Poll>) -> bool,
+        unregister: impl FnOnce(&Arc<Poll>),
+    ) -> bool {
         if !self.doorbell.parked() || self.inline() || self.poll.is_none() {
             return false;
         }
@@ -450,8 +490,8 @@ impl Engine {
                 }
             }
         };
-        cq.add_waiter(Waiter::Poll(poll.clone()));
-        if cq.wake_due(epoch) {
+        if register(&poll) {
+            unregister(&poll);
             return true;
         }
         WAITER_EVENTS.with_borrow_mut(|events| {
@@ -464,10 +504,7 @@ impl Engine {
             // Send/Send back to back in event mode, two devices on 2 cores. When the engine
             // has placed it already, the pass finds the socket drained.
             poll.wait(events, Some(timeout));
-            // Woken by the input (not by a signal, which takes the registration): the pass
-            // below pushes this thread's own completions, and a registration left behind
-            // would have it signal itself, a system call per wait.
-            cq.remove_poll_waiter(&poll);
+            unregister(&poll);
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {
                 self.pass(Some(events));

@@ -236,12 +236,28 @@ impl QueuePair {
     /// looks: spinning or yielding instead keeps the thread runnable, and on a machine whose
     /// cores are all busy the engine thread that would place the data then waits for the
     /// scheduler. With an inline device (no engine thread) this thread runs the engine's
-    /// passes meanwhile.
+    /// passes meanwhile. While the engine thread sleeps (adaptive and event modes), this
+    /// thread sleeps where the connection's input wakes it and places the data itself, as
+    /// [`crate::CompletionQueue::wait`] does: one wake-up per message rather than the engine
+    /// thread's and then this one's.
     pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
         let deadline = Instant::now() + timeout;
-        let arrivals = &self.handle.shared.arrivals;
-        if !self.handle.dev.inline() {
-            return arrivals.wait(seen, deadline);
+        let (dev, shared) = (&self.handle.dev, &self.handle.shared);
+        let arrivals = &shared.arrivals;
+        if !dev.inline() {
+            loop {
+                let now = arrivals.epoch();
+                let left = deadline.saturating_duration_since(Instant::now());
+                if now != seen || left.is_zero() {
+                    return now;
+                }
+                // At most 10 ms at a time in either sleep: the engine may park or wake
+                // meanwhile, which changes where this thread should sleep.
+                let nap = left.min(Duration::from_millis(10));
+                if !dev.wait_input_polling(shared, seen, nap) {
+                    arrivals.wait(seen, Instant::now() + nap);
+                }
+            }
         }
         loop {
             self.handle.dev.progress();

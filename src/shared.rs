@@ -72,7 +72,7 @@ const ARMED_ANY: u8 = 1;
 const ARMED_SOLICITED: u8 = 2;
 const NOTIFIED: u8 = 3;
 
-/// Someone waiting for a completion queue.
+/// Someone waiting for a completion queue, or for a queue pair's next input ([`Arrivals`]).
 #[derive(Debug)]
 pub(crate) enum Waiter {
     Thread(Thread),
@@ -548,7 +548,9 @@ impl ConnCount {
 #[derive(Debug, Default)]
 pub(crate) struct Arrivals {
     epoch: AtomicU64,
-    waiters: Mutex<Vec<Thread>>,
+    /// Threads parked until the next bump, and readiness polls a thread sleeps in (see
+    /// `Engine::wait_input_polling`), woken through their doorbells.
+    waiters: Mutex<Vec<Waiter>>,
     /// Whether `waiters` may hold anyone (so a bump without waiters takes no lock).
     has_waiters: AtomicBool,
 }
@@ -561,13 +563,18 @@ impl Arrivals {
 
     /// Engine side: input was taken (and placed), or the link went down.
     pub(crate) fn bump(&self) {
-        // Pairs with `wait`: either this load sees the waiter, or its re-check sees the bump.
+        // Pairs with `wait` and `add_poll_waiter`: either this load sees the waiter, or its
+        // re-check sees the bump.
         self.epoch.fetch_add(1, Ordering::SeqCst);
         if self.has_waiters.load(Ordering::SeqCst) {
             let mut waiters = lock(&self.waiters);
             self.has_waiters.store(false, Ordering::SeqCst);
-            for t in waiters.drain(..) {
-                t.unpark();
+            for w in waiters.drain(..) {
+                match w {
+                    Waiter::Thread(t) => t.unpark(),
+                    Waiter::Task(_, w) => w.wake(),
+                    Waiter::Poll(p) => p.wake(),
+                }
             }
         }
     }
@@ -583,8 +590,8 @@ impl Arrivals {
             {
                 let mut waiters = lock(&self.waiters);
                 let me = std::thread::current();
-                if !waiters.iter().any(|t| t.id() == me.id()) {
-                    waiters.push(me);
+                if !waiters.iter().any(|w| matches!(w, Waiter::Thread(t) if t.id() == me.id())) {
+                    waiters.push(Waiter::Thread(me));
                 }
                 self.has_waiters.store(true, Ordering::SeqCst);
             }
@@ -593,6 +600,26 @@ impl Arrivals {
                 return self.epoch();
             }
             std::thread::park_timeout(left);
+        }
+    }
+
+    /// Has the next bump wake `poll` (a thread about to sleep in it); whether the count has
+    /// moved from `seen` already (then the caller does not sleep).
+    pub(crate) fn add_poll_waiter(&self, poll: &Arc<Poll>, seen: u64) -> bool {
+        lock(&self.waiters).push(Waiter::Poll(poll.clone()));
+        self.has_waiters.store(true, Ordering::SeqCst);
+        self.epoch.load(Ordering::SeqCst) != seen
+    }
+
+    /// Takes `poll` off the waiters (its thread is awake).
+    pub(crate) fn remove_poll_waiter(&self, poll: &Arc<Poll>) {
+        if !self.has_waiters.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut waiters = lock(&self.waiters);
+        waiters.retain(|w| !matches!(w, Waiter::Poll(p) if Arc::ptr_eq(p, poll)));
+        if waiters.is_empty() {
+            self.has_waiters.store(false, Ordering::SeqCst);
         }
     }
 }

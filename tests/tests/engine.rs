@@ -201,12 +201,15 @@ fn adaptive_engines_see_a_close_that_came_with_the_last_message() {
 
 /// A thread waiting for a peer's RDMA Write (which completes nothing at its target) sleeps in
 /// `QueuePair::wait_input` and is woken by the data's arrival: every Write shows in memory
-/// without a wait that ran out its time.
+/// without a wait that ran out its time. With the engine asleep (event mode), the waiting
+/// thread sleeps where the connection's input wakes it and places the data itself, rather
+/// than waiting for the engine thread to be woken, place it and wake it in turn.
 fn writes_wake_a_sleeping_target(mode: PollMode) {
     const ROUNDS: u8 = 20;
     let (client_dev, server_dev) = (open(mode), open(mode));
     let pairs = connect_many(&client_dev, &server_dev, 1, 4);
     let (client, server) = &pairs[0];
+    let before = server_dev.stats();
     thread::scope(|s| {
         let waiter = s.spawn(|| {
             let (mut woken, mut timeouts) = (0u32, 0u32);
@@ -249,6 +252,17 @@ fn writes_wake_a_sleeping_target(mode: PollMode) {
         // Most Writes find the waiter asleep (one that comes before it looks is not waited for).
         assert!(woken > 0, "{mode:?}: no Write woke the waiter");
     });
+    if mode == PollMode::Event {
+        let after = server_dev.stats();
+        assert!(
+            after.app_polls - before.app_polls >= u64::from(ROUNDS) / 2,
+            "the waiter did not sleep in the connection's readiness: {before:?} -> {after:?}"
+        );
+        assert!(
+            after.event_wakeups - before.event_wakeups < u64::from(ROUNDS) / 2,
+            "the engine thread was woken to place the Writes: {before:?} -> {after:?}"
+        );
+    }
 }
 
 #[test]
