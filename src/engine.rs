@@ -445,15 +445,21 @@ impl Engine {
 
     /// As [`Engine::wait_polling`], for a thread that waits for more input on `qp` (RDMA
     /// Writes, which complete nothing at their target; see `QueuePair::wait_input`), until
-    /// its arrival count differs from `seen`: it sleeps in the readiness poll of the queue
+    /// its arrival count differs from `seen` (or an interrupt count from `interrupts`): it sleeps in the readiness poll of the queue
     /// pair's receive queue, which watches the queue pair's connection. Sleeping until the
     /// engine thread has placed the data instead took two wake-ups (the engine's, then its
     /// own) and a round of the engine's pass on the way.
-    pub(crate) fn wait_input_polling(&self, qp: &QpShared, seen: u64, timeout: Duration) -> bool {
+    pub(crate) fn wait_input_polling(
+        &self,
+        qp: &QpShared,
+        seen: u64,
+        interrupts: u64,
+        timeout: Duration,
+    ) -> bool {
         self.sleep_in_watch(
             &qp.recv_cq,
             timeout,
-            |poll| qp.arrivals.add_poll_waiter(poll, seen),
+            |poll| qp.arrivals.add_poll_waiter(poll, seen, interrupts),
             |poll| qp.arrivals.remove_poll_waiter(poll),
         )
     }

@@ -231,7 +231,8 @@ impl QueuePair {
         self.handle.shared.arrivals.epoch()
     }
 
-    /// Waits up to `timeout` until [`QueuePair::input_epoch`] differs from `seen`; returns it.
+    /// Waits up to `timeout` until [`QueuePair::input_epoch`] differs from `seen`, or until
+    /// [`QueuePair::interrupt_input`] is called; returns the epoch then.
     /// A thread that waits for a peer's RDMA Write to show in memory can sleep here between
     /// looks: spinning or yielding instead keeps the thread runnable, and on a machine whose
     /// cores are all busy the engine thread that would place the data then waits for the
@@ -244,29 +245,66 @@ impl QueuePair {
         let deadline = Instant::now() + timeout;
         let (dev, shared) = (&self.handle.dev, &self.handle.shared);
         let arrivals = &shared.arrivals;
+        let interrupts = arrivals.interrupts();
         if !dev.inline() {
             loop {
-                let now = arrivals.epoch();
                 let left = deadline.saturating_duration_since(Instant::now());
-                if now != seen || left.is_zero() {
-                    return now;
+                if arrivals.due(seen, interrupts) || left.is_zero() {
+                    return arrivals.epoch();
                 }
                 // At most 10 ms at a time in either sleep: the engine may park or wake
                 // meanwhile, which changes where this thread should sleep.
                 let nap = left.min(Duration::from_millis(10));
-                if !dev.wait_input_polling(shared, seen, nap) {
-                    arrivals.wait(seen, Instant::now() + nap);
+                if !dev.wait_input_polling(shared, seen, interrupts, nap) {
+                    arrivals.wait(seen, interrupts, Instant::now() + nap);
                 }
             }
         }
         loop {
             self.handle.dev.progress();
-            let now = arrivals.epoch();
-            if now != seen || Instant::now() >= deadline {
-                return now;
+            if arrivals.due(seen, interrupts) || Instant::now() >= deadline {
+                return arrivals.epoch();
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Makes every thread blocked in [`QueuePair::wait_input`] on this queue pair (through
+    /// any handle of it) return now, as if its timeout had passed; a wait that starts after
+    /// the call is not affected. For a thread that waits for a peer's Writes with a long
+    /// timeout and must also answer something else: as with
+    /// [`crate::CompletionQueue::interrupt`], waking it this way spares it a short timeout,
+    /// whose timer costs microseconds on the wake-up path of a virtual machine.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use iwarp::{Access, ConnectOptions, Device, DeviceConfig};
+    /// let server = Device::open(DeviceConfig::default());
+    /// let listener = server.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// let addr = listener.local_addr().unwrap();
+    /// let client = Device::open(DeviceConfig::default());
+    /// let (pd, cq) = (client.alloc_pd(), client.create_cq(16));
+    /// let accepting = std::thread::spawn(move || {
+    ///     let (pd, cq) = (server.alloc_pd(), server.create_cq(16));
+    ///     let qp = listener.accept(Duration::from_secs(10)).unwrap();
+    ///     (server, qp.accept(&pd, &cq, &cq, &ConnectOptions::default()).unwrap())
+    /// });
+    /// let qp = client.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).unwrap().qp;
+    /// let waiter = {
+    ///     let qp = qp.clone();
+    ///     let seen = qp.input_epoch();
+    ///     std::thread::spawn(move || qp.wait_input(seen, Duration::from_secs(600)) == seen)
+    /// };
+    /// // The waiter may not be waiting yet: a wait that starts later is not interrupted.
+    /// while !waiter.is_finished() {
+    ///     qp.interrupt_input();
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert!(waiter.join().unwrap(), "no input came, the wait was interrupted");
+    /// # drop(accepting.join().unwrap());
+    /// ```
+    pub fn interrupt_input(&self) {
+        self.handle.shared.arrivals.interrupt();
     }
 
     /// Closes the connection: outstanding work requests are flushed and the stream is shut.

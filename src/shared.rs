@@ -548,6 +548,8 @@ impl ConnCount {
 #[derive(Debug, Default)]
 pub(crate) struct Arrivals {
     epoch: AtomicU64,
+    /// Counts `QueuePair::interrupt_input` calls: a wait that sees it change returns.
+    interrupts: AtomicU64,
     /// Threads parked until the next bump, and readiness polls a thread sleeps in (see
     /// `Engine::wait_input_polling`), woken through their doorbells.
     waiters: Mutex<Vec<Waiter>>,
@@ -561,11 +563,30 @@ impl Arrivals {
         self.epoch.load(Ordering::Acquire)
     }
 
+    /// How many interrupts there have been; a wait reads it at its start.
+    pub(crate) fn interrupts(&self) -> u64 {
+        self.interrupts.load(Ordering::SeqCst)
+    }
+
+    /// Whether a wait that started with the counts `seen` and `interrupts` is over. SeqCst:
+    /// pairs with `bump` and `interrupt` (either they see the waiter, or this sees them).
+    pub(crate) fn due(&self, seen: u64, interrupts: u64) -> bool {
+        self.epoch.load(Ordering::SeqCst) != seen || self.interrupts.load(Ordering::SeqCst) != interrupts
+    }
+
     /// Engine side: input was taken (and placed), or the link went down.
     pub(crate) fn bump(&self) {
-        // Pairs with `wait` and `add_poll_waiter`: either this load sees the waiter, or its
-        // re-check sees the bump.
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
+    }
+
+    /// Ends the waits in progress (see `QueuePair::interrupt_input`).
+    pub(crate) fn interrupt(&self) {
+        self.interrupts.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
         if self.has_waiters.load(Ordering::SeqCst) {
             let mut waiters = lock(&self.waiters);
             self.has_waiters.store(false, Ordering::SeqCst);
@@ -579,13 +600,13 @@ impl Arrivals {
         }
     }
 
-    /// Waits until the count differs from `seen`, or `deadline`; the count then.
-    pub(crate) fn wait(&self, seen: u64, deadline: Instant) -> u64 {
+    /// Waits until the count differs from `seen`, an interrupt comes (the interrupt count
+    /// differs from `interrupts`), or `deadline`; the count then.
+    pub(crate) fn wait(&self, seen: u64, interrupts: u64, deadline: Instant) -> u64 {
         loop {
-            let now = self.epoch();
             let left = deadline.saturating_duration_since(Instant::now());
-            if now != seen || left.is_zero() {
-                return now;
+            if self.due(seen, interrupts) || left.is_zero() {
+                return self.epoch();
             }
             {
                 let mut waiters = lock(&self.waiters);
@@ -595,7 +616,7 @@ impl Arrivals {
                 }
                 self.has_waiters.store(true, Ordering::SeqCst);
             }
-            if self.epoch.load(Ordering::SeqCst) != seen {
+            if self.due(seen, interrupts) {
                 // Left in the list: a later bump unparks this thread once for nothing.
                 return self.epoch();
             }
@@ -603,12 +624,12 @@ impl Arrivals {
         }
     }
 
-    /// Has the next bump wake `poll` (a thread about to sleep in it); whether the count has
-    /// moved from `seen` already (then the caller does not sleep).
-    pub(crate) fn add_poll_waiter(&self, poll: &Arc<Poll>, seen: u64) -> bool {
+    /// Has the next bump or interrupt wake `poll` (a thread about to sleep in it); whether
+    /// the wait is over already (see [`Arrivals::due`]; then the caller does not sleep).
+    pub(crate) fn add_poll_waiter(&self, poll: &Arc<Poll>, seen: u64, interrupts: u64) -> bool {
         lock(&self.waiters).push(Waiter::Poll(poll.clone()));
         self.has_waiters.store(true, Ordering::SeqCst);
-        self.epoch.load(Ordering::SeqCst) != seen
+        self.due(seen, interrupts)
     }
 
     /// Takes `poll` off the waiters (its thread is awake).
@@ -857,7 +878,7 @@ mod tests {
         let seen = a.epoch();
         // Nothing arrives: the wait ends at its deadline with the same count.
         let deadline = std::time::Instant::now() + Duration::from_millis(20);
-        assert_eq!(a.wait(seen, deadline), seen);
+        assert_eq!(a.wait(seen, 0, deadline), seen);
         // A bump from another thread ends a long wait.
         let bumper = {
             let a = Arc::clone(&a);
@@ -867,10 +888,25 @@ mod tests {
             })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        assert_eq!(a.wait(seen, deadline), seen + 1);
+        assert_eq!(a.wait(seen, 0, deadline), seen + 1);
         bumper.join().unwrap();
         // A count that already moved returns at once.
-        assert_eq!(a.wait(seen, std::time::Instant::now()), seen + 1);
+        assert_eq!(a.wait(seen, 0, std::time::Instant::now()), seen + 1);
+        // An interrupt ends a long wait without a bump; a wait that starts after it waits.
+        let seen = a.epoch();
+        let interrupter = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                a.interrupt();
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        assert_eq!(a.wait(seen, 0, deadline), seen);
+        interrupter.join().unwrap();
+        assert_eq!(a.interrupts(), 1);
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        assert_eq!(a.wait(seen, a.interrupts(), deadline), seen);
     }
 
     #[test]

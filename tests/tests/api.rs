@@ -1316,3 +1316,42 @@ fn an_interrupt_ends_the_waits_in_progress_and_loses_no_completion() {
         drop(mr);
     }
 }
+
+/// `QueuePair::interrupt_input` ends the waits for a peer's Writes in progress (in the
+/// connection's readiness poll, parked, or driving an inline engine) with the input count
+/// unchanged, and does not end a wait that starts after it: a Write that comes later still
+/// ends that one.
+#[test]
+fn an_input_interrupt_ends_the_waits_in_progress_and_misses_no_write() {
+    for mode in [PollMode::Adaptive, PollMode::Event, PollMode::Inline] {
+        let p = default_pair(mode);
+        let seen = p.server.qp.input_epoch();
+        let waiter = {
+            let qp = p.server.qp.clone();
+            thread::spawn(move || qp.wait_input(seen, Duration::from_secs(600)))
+        };
+        while !waiter.is_finished() {
+            p.server.qp.interrupt_input();
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(waiter.join().unwrap(), seen, "{mode:?}: input out of nowhere");
+
+        let target = p.server.pd.register(8, Access::REMOTE_WRITE).unwrap();
+        p.server.qp.interrupt_input();
+        let (mr, sgl) = source(&p.client.pd, b"12345678");
+        p.client.send(1, SendOp::Write { remote_stag: target.rkey(), remote_to: target.addr() }, sgl);
+        p.client.expect_ok(1, WcOpcode::Write, "the Write");
+        // The interrupt came before this wait: it waits for (and sees) the Write's input.
+        let mut got = [0u8; 8];
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut epoch = seen;
+        while got != *b"12345678" {
+            assert!(std::time::Instant::now() < deadline, "{mode:?}: the Write never showed");
+            let next = p.server.qp.wait_input(epoch, Duration::from_secs(10));
+            assert_ne!(next, epoch, "{mode:?}: the wait ended without input");
+            epoch = next;
+            target.read(0, &mut got).unwrap();
+        }
+        drop(mr);
+    }
+}

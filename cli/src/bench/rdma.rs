@@ -38,13 +38,14 @@ const RX_DEPTH: usize = 512;
 /// Receives posted per pair beyond the client's credits.
 const RQ_SLACK: usize = 8;
 /// How often the server thread looks for its next command while it spins (busy and inline
-/// modes) or waits for an RDMA Write.
+/// modes).
 const SERVER_TICK: Duration = Duration::from_millis(2);
-/// How long the server thread's blocking waits for a completion last at most: a new command
-/// interrupts them (`CompletionQueue::interrupt`). Waking on a short timeout instead, as a
-/// real server would not, armed a timer at every sleep; on this project's test machine (a
-/// virtual machine) that made waking the server 7-8 us slower, and Send ping-pongs 10 ms
-/// apart took 21 us at p50 against 14 us with the server sleeping untimed.
+/// How long the server thread's blocking waits for a completion or a Write last at most: a
+/// new command interrupts them (`CompletionQueue::interrupt`, `QueuePair::interrupt_input`).
+/// Waking on a short timeout instead, as a real server would not, armed a timer at every
+/// sleep; on this project's test machine (a virtual machine) that made waking the server 7-8
+/// us slower, and Send ping-pongs 10 ms apart took 21 us at p50 against 14 us with the server
+/// sleeping untimed (Write ping-pongs: 24-26 against 18-22 us).
 const SERVER_WAIT: Duration = Duration::from_secs(1);
 
 /// What a work request id says about its origin (low byte); the pair index is above it.
@@ -173,8 +174,10 @@ pub(super) struct Bench {
     credits: Arc<CreditBell>,
     commands: Sender<Serve>,
     acks: Receiver<Result<(), BenchError>>,
-    /// The server's completion queue, to interrupt its wait when a command is sent.
+    /// The server's completion queue and first queue pair, to interrupt its waits (for
+    /// completions, for the Writes of a Write ping-pong) when a command is sent.
     server_cq: CompletionQueue,
+    server_qp: QueuePair,
     server: Option<JoinHandle<()>>,
     /// Resident memory growth per connection end while the connections were set up idle.
     idle_bytes_per_qp: Option<u64>,
@@ -303,6 +306,10 @@ impl Bench {
             waiting: std::sync::atomic::AtomicBool::new(false),
             client: std::thread::current(),
         });
+        let server_qp = server_qps
+            .first()
+            .cloned()
+            .ok_or_else(|| BenchError("the server accepted no connection".into()))?;
         let server = Server {
             posted: vec![0; server_qps.len()],
             consumed: vec![0; server_qps.len()],
@@ -341,6 +348,7 @@ impl Bench {
             commands,
             acks,
             server_cq,
+            server_qp,
             server: Some(server),
             idle_bytes_per_qp,
             devices,
@@ -387,8 +395,9 @@ impl Bench {
     /// Tells the server thread what to do next and waits until it is ready.
     fn serve(&self, what: Serve) -> Result<(), BenchError> {
         self.commands.send(what).map_err(|_| BenchError("the server thread is gone".into()))?;
-        // A server waiting for completions looks at its commands when its wait ends.
+        // A server waiting for completions or Writes looks at its commands when its wait ends.
         self.server_cq.interrupt();
+        self.server_qp.interrupt_input();
         match self.acks.recv_timeout(STALL) {
             Ok(r) => r,
             Err(_) => Err(BenchError("the server thread did not answer".into())),
@@ -708,6 +717,7 @@ impl Bench {
     pub(super) fn close(mut self) {
         let _ = self.commands.send(Serve::Stop);
         self.server_cq.interrupt();
+        self.server_qp.interrupt_input();
         if let Some(t) = self.server.take() {
             let _ = t.join();
         }
@@ -897,10 +907,13 @@ impl Server {
         }
     }
 
-    /// Waits (a tick at most) for the client's Write to show a new marker, then answers it.
+    /// Waits for the client's Write to show a new marker, then answers it. Gives up, to look
+    /// at its commands, after [`SERVER_TICK`] when spinning; blocking, when a command
+    /// interrupts its wait (or after [`SERVER_WAIT`]): a short timeout would arm a timer at
+    /// every sleep, as for the completion waits.
     fn write_pong(&mut self, size: usize) -> Result<(), BenchError> {
         let (at, len) = (size - size.min(8), size.min(8));
-        let deadline = Instant::now() + SERVER_TICK;
+        let deadline = Instant::now() + if self.busy { SERVER_TICK } else { SERVER_WAIT };
         let mut seen = [0u8; 8];
         let mut spins = 0u32;
         loop {
@@ -915,10 +928,17 @@ impl Server {
             }
             self.reap_sends()?;
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(256) && Instant::now() >= deadline {
+            if self.busy || spins < 64 {
+                if spins.is_multiple_of(256) && Instant::now() >= deadline {
+                    return Ok(());
+                }
+                wait_for_memory(&self.qps[0], epoch, spins, self.busy, deadline);
+            } else if self.qps[0].wait_input(epoch, deadline.saturating_duration_since(Instant::now()))
+                == epoch
+            {
+                // Interrupted by a command, or out of time.
                 return Ok(());
             }
-            wait_for_memory(&self.qps[0], epoch, spins, self.busy, deadline);
         }
         self.bufs.src.write(at, &seen[..len]).map_err(|_| BenchError("marker out of bounds".into()))?;
         let (remote_stag, remote_to) = self.client_dst;
