@@ -252,16 +252,16 @@ fn terminate_checks_against_our_rping() {
         "Terminate 02060000: RDMAP type 2 code 0x06 (RFC layout), the peer closed the connection"
     );
     assert_eq!(got("ours-llp-crc"), "no Terminate, the peer closed the connection");
-    // The server decoded this tool's Terminates (the ours-* checks, in this order).
-    for want in [
+    // The server decoded this tool's Terminates (the ours-* checks), each on the thread that
+    // served its connection: the lines may come in any order.
+    let wants = [
         "DDP type 2 code 0x01 (read as siw lays it out: LLP type 1 code 0x01)",
         "DDP type 1 code 0x00 (read as siw lays it out: DDP type 1 code 0x00)",
         "RDMAP type 1 code 0x00 (read as siw lays it out: DDP type 0 code 0x00)",
         "RDMAP type 2 code 0x06 (read as siw lays it out: LLP type 0 code 0x06)",
         "LLP type 0 code 0x02 (read as siw lays it out: RDMAP type 2 code 0x02)",
-    ] {
-        let seen = server.wait_line(want);
-        let line = seen.last().unwrap();
+    ];
+    for (want, line) in wants.iter().zip(server.wait_all(&wants)) {
         assert!(line.contains("the peer sent a Terminate") && line.ends_with(want), "{line}");
     }
     // With siw's expectations this stack's answer (RFC layout, segment length 34) fails.

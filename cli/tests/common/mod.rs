@@ -136,6 +136,28 @@ impl Server {
         }
     }
 
+    /// Waits (10 s at most) until each of `needles` has shown in some stderr line, in any
+    /// order (a persistent server serves each connection on a thread of its own, so what it
+    /// prints for two connections may come in either order); the line each was found in.
+    pub fn wait_all(&self, needles: &[&str]) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut found: Vec<Option<String>> = vec![None; needles.len()];
+        let mut seen = Vec::new();
+        while found.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = self.stderr.recv_timeout(left) else {
+                let missing: Vec<&str> =
+                    needles.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(n, _)| *n).collect();
+                panic!("no stderr line with {missing:?}; got {seen:?}");
+            };
+            if let Some(i) = (0..needles.len()).find(|&i| found[i].is_none() && line.contains(needles[i])) {
+                found[i] = Some(line.clone());
+            }
+            seen.push(line);
+        }
+        found.into_iter().flatten().collect()
+    }
+
     /// Waits (10 s at most) for the server to exit; its status, stdout and stderr lines.
     pub fn wait_exit(mut self) -> (ExitStatus, String, Vec<String>) {
         let deadline = Instant::now() + Duration::from_secs(10);
