@@ -405,7 +405,7 @@ impl Endpoint for EngineEndpoint {
 
     fn wait_notification(&self, timeout: Duration) -> Result<bool, BackendError> {
         self.cq.req_notify(false);
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         Ok(self.cq.wait_notification(deadline.saturating_duration_since(Instant::now())))
     }
 

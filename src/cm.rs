@@ -525,7 +525,7 @@ impl Device {
         opts: &ConnectOptions,
     ) -> Result<Connected, CmError> {
         let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = crate::deadline::saturating(opts.timeout);
         handshake(&self.engine, Stream::Link(link), request, deadline, pd, send_cq, recv_cq, opts)
     }
 
@@ -540,7 +540,7 @@ impl Device {
         opts: &ConnectOptions,
     ) -> Result<QueuePair, CmError> {
         let mut stream = Stream::Link(link);
-        let request = stream.read_frame(Instant::now() + opts.timeout)?;
+        let request = stream.read_frame(crate::deadline::saturating(opts.timeout))?;
         check_request(&request)?;
         let peer = SocketAddr::from(([0, 0, 0, 0], 0));
         let req =
@@ -604,7 +604,7 @@ fn connect(
         return Err(CmError::TooManyConnections { limit });
     }
     let request = opts.policy.request(&opts.private_data)?.to_vec().map_err(CmError::Frame)?;
-    let deadline = Instant::now() + opts.timeout;
+    let deadline = crate::deadline::saturating(opts.timeout);
     let stream = match &opts.transport {
         Transport::Kernel => {
             let stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
@@ -826,7 +826,7 @@ impl ListenState {
             if let Stream::Tcp(s) = &stream {
                 self.poll.add(s.as_fd(), token, false)?;
             }
-            let deadline = Instant::now() + timeout;
+            let deadline = crate::deadline::saturating(timeout);
             self.pending.push(Pending { stream, frame: FrameReader::default(), peer, deadline });
         }
         Ok(())
@@ -973,7 +973,7 @@ impl Listener {
 
 impl ListenerInner {
     fn accept(&self, timeout: Duration) -> Result<ConnectRequest, CmError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         let mut state = lock(&self.state);
         loop {
             state.admit(self.opts.max_pending.max(1), self.opts.request_timeout)?;
@@ -1049,7 +1049,7 @@ impl ConnectRequest {
         opts: &ConnectOptions,
     ) -> Result<QueuePair, CmError> {
         let request = FrameRepr::parse(&self.request).map_err(CmError::Frame)?;
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = crate::deadline::saturating(opts.timeout);
         let limit = self.dev.config.max_connections;
         if self.dev.core().connections() >= limit {
             if let Ok(reply) = Policy::default().reject(&request, &[])

@@ -86,10 +86,15 @@ impl CompletionQueue {
     /// to do, the thread sleeps where the connections' input wakes it and runs the engine's
     /// pass itself, so the input reaches it with one wake-up rather than two (the engine's,
     /// then its own).
+    ///
+    /// A `timeout` too long to be added to the current time ([`Duration::MAX`]) waits with no
+    /// deadline, until a completion comes or [`CompletionQueue::interrupt`] ends the wait,
+    /// as `ibv_get_cq_event` blocks. Such a wait sleeps without a timer; one with a deadline
+    /// wakes at least every 10 ms to look again.
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let epoch = self.shared.interrupts();
         let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = crate::deadline::after(timeout);
         let spin_until = start + WAIT_SPIN;
         let spin = self.dev.config.spin;
         let adaptive = self.dev.config.poll_mode == crate::PollMode::Adaptive;
@@ -119,7 +124,7 @@ impl CompletionQueue {
             }
             first = false;
             let now = Instant::now();
-            if now >= deadline || self.shared.interrupts() != epoch {
+            if deadline.is_some_and(|d| now >= d) || self.shared.interrupts() != epoch {
                 return None;
             }
             // Spin a little while the engine is awake (it is about to push); with the engine
@@ -159,7 +164,10 @@ impl CompletionQueue {
                 }
                 continue;
             }
-            let nap = (deadline - now).min(Duration::from_millis(10));
+            // At most 10 ms at a time when there is a deadline (the engine may park or wake
+            // meanwhile, which changes where this thread should sleep); without one, no timer
+            // at all: the input, a completion or an interrupt wakes either sleep.
+            let nap = deadline.map(|d| (d - now).min(Duration::from_millis(10)));
             // While the engine sleeps, wait in this queue's own readiness poll: the input it
             // waits for then wakes this thread, which runs the pass itself.
             if self.dev.wait_polling(&self.shared, nap, epoch) {
@@ -171,7 +179,10 @@ impl CompletionQueue {
             if self.shared.wake_due(epoch) {
                 continue;
             }
-            std::thread::park_timeout(nap);
+            match nap {
+                Some(nap) => std::thread::park_timeout(nap),
+                None => std::thread::park(),
+            }
         }
     }
 
@@ -257,7 +268,7 @@ impl CompletionQueue {
     /// Waits up to `timeout` for the notification armed by [`CompletionQueue::req_notify`];
     /// returns whether it fired (and disarms it).
     pub fn wait_notification(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         loop {
             if self.shared.take_notification() {
                 return true;

@@ -431,7 +431,7 @@ impl Engine {
     /// way, not the engine thread's and then its own. (The engine's poll sees the input too;
     /// whichever thread passes first does the work.) Returns false, having done nothing, when
     /// the engine is awake (it will push the completion) or another thread watches.
-    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Duration, epoch: u64) -> bool {
+    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Option<Duration>, epoch: u64) -> bool {
         self.sleep_in_watch(
             cq,
             timeout,
@@ -454,7 +454,7 @@ impl Engine {
         qp: &QpShared,
         seen: u64,
         interrupts: u64,
-        timeout: Duration,
+        timeout: Option<Duration>,
     ) -> bool {
         self.sleep_in_watch(
             &qp.recv_cq,
@@ -464,7 +464,7 @@ impl Engine {
         )
     }
 
-    /// Sleeps up to `timeout` in `cq`'s own readiness poll (made, and the queue's connections
+    /// Sleeps up to `timeout` (`None`: with no timer) in `cq`'s own readiness poll (made, and the queue's connections
     /// added to it, on first use) and runs the pass with what woke it; `register` makes the
     /// awaited event wake the poll and says whether it is due already, `unregister` undoes
     /// that once the thread is awake (before the pass: a registration left behind would have
@@ -474,7 +474,7 @@ impl Engine {
     fn sleep_in_watch(
         &self,
         cq: &CqShared,
-        timeout: Duration,
+        timeout: Option<Duration>,
         register: impl FnOnce(&Arc<Poll>) -> bool,
         unregister: impl FnOnce(&Arc<Poll>),
     ) -> bool {
@@ -509,7 +509,7 @@ impl Engine {
             // thread: two more context switches on every round trip, 44 -> 30 us p50 for 8 B
             // Send/Send back to back in event mode, two devices on 2 cores. When the engine
             // has placed it already, the pass finds the socket drained.
-            poll.wait(events, Some(timeout));
+            poll.wait(events, timeout);
             unregister(&poll);
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {

@@ -58,6 +58,7 @@ pub use iwarp_rdmap as rdmap;
 pub mod backend;
 mod cm;
 mod cq;
+mod deadline;
 mod device;
 mod engine;
 mod mr;

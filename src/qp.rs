@@ -211,7 +211,7 @@ impl QueuePair {
 
     /// Waits up to `timeout` for the next event.
     pub fn wait_event(&self, timeout: Duration) -> Option<QpEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         loop {
             if let Some(e) = self.poll_event() {
                 return Some(e);
@@ -241,28 +241,32 @@ impl QueuePair {
     /// thread sleeps where the connection's input wakes it and places the data itself, as
     /// [`crate::CompletionQueue::wait`] does: one wake-up per message rather than the engine
     /// thread's and then this one's.
+    ///
+    /// As with [`crate::CompletionQueue::wait`], a `timeout` too long to be added to the
+    /// current time ([`Duration::MAX`]) waits with no deadline and sleeps without a timer.
     pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::after(timeout);
         let (dev, shared) = (&self.handle.dev, &self.handle.shared);
         let arrivals = &shared.arrivals;
         let interrupts = arrivals.interrupts();
         if !dev.inline() {
             loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if arrivals.due(seen, interrupts) || left.is_zero() {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if arrivals.due(seen, interrupts) || left.is_some_and(|l| l.is_zero()) {
                     return arrivals.epoch();
                 }
-                // At most 10 ms at a time in either sleep: the engine may park or wake
-                // meanwhile, which changes where this thread should sleep.
-                let nap = left.min(Duration::from_millis(10));
+                // At most 10 ms at a time in either sleep when there is a deadline: the
+                // engine may park or wake meanwhile, which changes where this thread should
+                // sleep. Without one, no timer: the input or an interrupt wakes either sleep.
+                let nap = left.map(|l| l.min(Duration::from_millis(10)));
                 if !dev.wait_input_polling(shared, seen, interrupts, nap) {
-                    arrivals.wait(seen, interrupts, Instant::now() + nap);
+                    arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
                 }
             }
         }
         loop {
             self.handle.dev.progress();
-            if arrivals.due(seen, interrupts) || Instant::now() >= deadline {
+            if arrivals.due(seen, interrupts) || deadline.is_some_and(|d| Instant::now() >= d) {
                 return arrivals.epoch();
             }
             std::hint::spin_loop();

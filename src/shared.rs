@@ -601,11 +601,12 @@ impl Arrivals {
     }
 
     /// Waits until the count differs from `seen`, an interrupt comes (the interrupt count
-    /// differs from `interrupts`), or `deadline`; the count then.
-    pub(crate) fn wait(&self, seen: u64, interrupts: u64, deadline: Instant) -> u64 {
+    /// differs from `interrupts`), or `deadline` (`None`: no deadline, no timer); the count
+    /// then.
+    pub(crate) fn wait(&self, seen: u64, interrupts: u64, deadline: Option<Instant>) -> u64 {
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self.due(seen, interrupts) || left.is_zero() {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if self.due(seen, interrupts) || left.is_some_and(|l| l.is_zero()) {
                 return self.epoch();
             }
             {
@@ -620,7 +621,10 @@ impl Arrivals {
                 // Left in the list: a later bump unparks this thread once for nothing.
                 return self.epoch();
             }
-            std::thread::park_timeout(left);
+            match left {
+                Some(left) => std::thread::park_timeout(left),
+                None => std::thread::park(),
+            }
         }
     }
 
@@ -878,7 +882,7 @@ mod tests {
         let seen = a.epoch();
         // Nothing arrives: the wait ends at its deadline with the same count.
         let deadline = std::time::Instant::now() + Duration::from_millis(20);
-        assert_eq!(a.wait(seen, 0, deadline), seen);
+        assert_eq!(a.wait(seen, 0, Some(deadline)), seen);
         // A bump from another thread ends a long wait.
         let bumper = {
             let a = Arc::clone(&a);
@@ -888,10 +892,10 @@ mod tests {
             })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        assert_eq!(a.wait(seen, 0, deadline), seen + 1);
+        assert_eq!(a.wait(seen, 0, Some(deadline)), seen + 1);
         bumper.join().unwrap();
         // A count that already moved returns at once.
-        assert_eq!(a.wait(seen, 0, std::time::Instant::now()), seen + 1);
+        assert_eq!(a.wait(seen, 0, Some(std::time::Instant::now())), seen + 1);
         // An interrupt ends a long wait without a bump; a wait that starts after it waits.
         let seen = a.epoch();
         let interrupter = {
@@ -902,11 +906,11 @@ mod tests {
             })
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        assert_eq!(a.wait(seen, 0, deadline), seen);
+        assert_eq!(a.wait(seen, 0, Some(deadline)), seen);
         interrupter.join().unwrap();
         assert_eq!(a.interrupts(), 1);
         let deadline = std::time::Instant::now() + Duration::from_millis(20);
-        assert_eq!(a.wait(seen, a.interrupts(), deadline), seen);
+        assert_eq!(a.wait(seen, a.interrupts(), Some(deadline)), seen);
     }
 
     #[test]

@@ -611,7 +611,7 @@ impl Backend for VerbsBackend {
     }
 
     fn connect(&self, addr: SocketAddr, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = crate::deadline::saturating(opts.timeout);
         let channel = CmChannel::new()?;
         let id = channel.create_id()?;
         id.resolve_addr(addr, opts.timeout)?;
@@ -712,7 +712,7 @@ impl BackendListener for VerbsListener {
     }
 
     fn next_request(&self, timeout: Duration) -> Result<Box<dyn PendingRequest>, BackendError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         loop {
             if let Some(request) = self.shared.request() {
                 return Ok(request);
@@ -735,7 +735,7 @@ impl PendingRequest for VerbsRequest {
     }
 
     fn accept(self: Box<Self>, opts: &EndpointOptions) -> Result<Box<dyn Endpoint>, BackendError> {
-        let deadline = Instant::now() + opts.timeout;
+        let deadline = crate::deadline::saturating(opts.timeout);
         let mut parts = make_parts(&self.id, opts, self.shared.iwarp, self.shared.mw)?;
         to_rts(&self.id, &mut parts)?;
         self.id.accept(&parts.qp, opts)?;
@@ -958,7 +958,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn poll(&self, timeout: Duration) -> Option<Completion> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         let mut pending = lock(&self.pending);
         loop {
             if let Some(done) = pending.pop_front() {
@@ -979,7 +979,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn wait_notification(&self, timeout: Duration) -> Result<bool, BackendError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline::saturating(timeout);
         // SAFETY: the queue is alive (`self.cq` holds it); arming it asks its provider for
         // one event on its channel at the next completion.
         let armed = unsafe { rdma_mummy_sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };

@@ -197,6 +197,7 @@ fn bad_flags_fail_clearly() {
         (&["perftest", "write", "-p", "70000"], "--port"),
         (&["perftest", "read", "-o", "129"], "--outs"),
         (&["perftest", "send", "--bogus"], "--bogus"),
+        (&["perftest", "write", "--accept-timeout", "18446744073709551615"], "--accept-timeout"),
     ] {
         let o = iwarp(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

@@ -188,6 +188,9 @@ fn bad_flags_exit_2() {
         &["rping", "-c", "-a", "127.0.0.1", "-C", "-1"],
         &["rping", "-c", "-a", "127.0.0.1", "-p", "70000"],
         &["rping", "-c", "-a", "127.0.0.1", "--bogus"],
+        // Beyond what can be added to the clock (a panic once) and 0.
+        &["rping", "-s", "-a", "127.0.0.1", "--accept-timeout", "18446744073709551615"],
+        &["rping", "-s", "-a", "127.0.0.1", "--accept-timeout", "0"],
     ] {
         let o = iwarp(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

@@ -1355,3 +1355,43 @@ fn an_input_interrupt_ends_the_waits_in_progress_and_misses_no_write() {
         drop(mr);
     }
 }
+
+/// A timeout too long to be added to the clock (`Duration::MAX`, the usual "wait forever") is
+/// taken as no deadline wherever the API takes one: connect, accept, and the waits for a
+/// notification, a completion, an event and a listener's request (adding it to the current
+/// time panicked). The waits here all end with something to see; the test itself is bounded.
+#[test]
+fn endless_timeouts_are_taken_as_no_deadline() {
+    let (done, finished) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let forever = ConnectOptions { timeout: Duration::MAX, ..ConnectOptions::default() };
+        for mode in [PollMode::Adaptive, PollMode::Event, PollMode::Inline] {
+            let p = pair(mode, &forever, &forever);
+            let inbox = p.server.pd.register(8, Access::LOCAL_WRITE).unwrap();
+            p.server.recv(1, vec![inbox.sge(0, 8)]);
+            p.server.cq.req_notify(false);
+            let (mr, sgl) = source(&p.client.pd, b"12345678");
+            p.client.send(2, send_op(false), sgl);
+            assert!(p.server.cq.wait_notification(Duration::MAX), "{mode:?}");
+            let wc = p.server.cq.wait(Duration::MAX).unwrap();
+            assert_eq!((wc.wr_id, wc.opcode), (1, WcOpcode::Recv), "{mode:?}");
+            assert_eq!(p.client.cq.wait(Duration::MAX).unwrap().wr_id, 2, "{mode:?}");
+            p.client.qp.disconnect();
+            assert!(p.server.qp.wait_event(Duration::MAX).is_some(), "{mode:?}");
+            drop(mr);
+        }
+        let (server, client) = (open(PollMode::Event), open(PollMode::Event));
+        let listener = server.listen(localhost()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connecting = thread::spawn(move || {
+            let (pd, cq) = (client.alloc_pd(), client.create_cq(4));
+            client.connect(addr, &pd, &cq, &cq, &ConnectOptions::default()).map(|c| c.qp.qp_num())
+        });
+        let (pd, cq) = (server.alloc_pd(), server.create_cq(4));
+        let request = listener.accept(Duration::MAX).unwrap();
+        request.accept(&pd, &cq, &cq, &ConnectOptions::default()).unwrap();
+        connecting.join().unwrap().unwrap();
+        done.send(()).unwrap();
+    });
+    finished.recv_timeout(6 * T).expect("the waits did not end (or the test thread failed)");
+}

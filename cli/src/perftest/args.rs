@@ -117,8 +117,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(super) timeout: u64,
-    /// Server: give up when no client connects within SECS (default: wait forever).
-    #[arg(long, value_name = "SECS")]
+    /// Server: give up when no client connects within SECS, at most a year (default: wait
+    /// forever).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     pub(super) accept_timeout: Option<u64>,
     /// Server: how long the client's run may last (the wait for its end-of-run record; in
     /// duration mode -D plus --timeout is used when longer).
