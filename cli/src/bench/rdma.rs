@@ -27,6 +27,11 @@ const SMOL_PORT: u16 = 7290;
 /// takes about 24 ns on the project's VM, and 20,000 turns, half a millisecond, kept four busy
 /// threads on two cores waiting for the scheduler at every hand-over).
 const SPINS_BEFORE_YIELD: u32 = 256;
+/// The same inline, where each turn runs a pass of the thread's engine (a system call at
+/// least, several microseconds under emulation): 256 turns kept the core a quarter of a
+/// millisecond or more from the peer's thread, which on a single core is the one with the
+/// work.
+const INLINE_SPINS_BEFORE_YIELD: u32 = 4;
 /// How long the client, out of credits for Sends, yields the core to the server (which is
 /// about to hand some back) before it sleeps: a sleeping thread takes tens of microseconds to
 /// wake on a virtual machine, more than the server takes to turn a window around.
@@ -152,6 +157,8 @@ struct Server {
     busy: bool,
     /// The server's device runs inline: this thread drives it.
     inline: bool,
+    /// Turns of the idle step (inline) that found nothing, in a row.
+    idle_turns: u32,
 }
 
 /// Measurement results, on the client's device.
@@ -325,6 +332,7 @@ impl Bench {
             max_size: cfg.max_size,
             busy: cfg.busy(),
             inline: cfg.poll == PollMode::Inline,
+            idle_turns: 0,
         };
         let (commands, command_rx) = mpsc::channel();
         let (ack_tx, acks) = mpsc::channel();
@@ -406,7 +414,7 @@ impl Bench {
 
     /// The next completion, failing on a timeout or an unsuccessful status.
     fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
-        let wc = next_completion(&self.cq, self.cfg.busy());
+        let wc = next_completion(&self.cq, self.cfg.busy(), self.cfg.poll == PollMode::Inline);
         let wc =
             wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
         check(&wc, what)?;
@@ -529,7 +537,7 @@ impl Bench {
                 waits = waits.wrapping_add(1);
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if self.cfg.busy() || waits < 64 {
-                    relax(waits);
+                    relax(waits, self.cfg.poll == PollMode::Inline);
                 } else if since.elapsed() < CREDIT_SPIN {
                     std::thread::yield_now();
                 } else {
@@ -691,7 +699,7 @@ impl Bench {
                     STALL.as_secs()
                 )));
             }
-            wait_for_memory(qp, epoch, spins, self.cfg.busy(), deadline);
+            wait_for_memory(qp, epoch, spins, self.cfg.busy(), self.cfg.poll == PollMode::Inline, deadline);
         }
     }
 
@@ -729,7 +737,7 @@ impl Bench {
 
 /// The next completion of `cq` within [`STALL`]: spinning (busy and inline modes) or
 /// blocking.
-fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
+fn next_completion(cq: &CompletionQueue, busy: bool, inline: bool) -> Option<WorkCompletion> {
     if !busy {
         return cq.wait(STALL);
     }
@@ -743,7 +751,7 @@ fn next_completion(cq: &CompletionQueue, busy: bool) -> Option<WorkCompletion> {
         if spins.is_multiple_of(1024) && Instant::now() >= deadline {
             return None;
         }
-        relax(spins);
+        relax(spins, inline);
     }
 }
 
@@ -864,7 +872,7 @@ impl Server {
             if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return None;
             }
-            relax(spins);
+            relax(spins, self.inline);
         }
     }
 
@@ -872,9 +880,17 @@ impl Server {
     fn step(&mut self, what: Serve) -> Result<(), BenchError> {
         match what {
             Serve::Idle | Serve::Stop => {
-                // Only reached inline: polling drives the engine.
-                if let Some(c) = self.cq.poll() {
-                    self.completed(&c, "server")?;
+                // Only reached inline: polling drives the engine; with nothing to do, the core
+                // goes to the client's thread now and then.
+                match self.cq.poll() {
+                    Some(c) => {
+                        self.idle_turns = 0;
+                        self.completed(&c, "server")?;
+                    }
+                    None => {
+                        self.idle_turns = self.idle_turns.wrapping_add(1);
+                        relax(self.idle_turns, true);
+                    }
                 }
                 Ok(())
             }
@@ -932,7 +948,7 @@ impl Server {
                 if spins.is_multiple_of(256) && Instant::now() >= deadline {
                     return Ok(());
                 }
-                wait_for_memory(&self.qps[0], epoch, spins, self.busy, deadline);
+                wait_for_memory(&self.qps[0], epoch, spins, self.busy, self.inline, deadline);
             } else if self.qps[0].wait_input(epoch, deadline.saturating_duration_since(Instant::now()))
                 == epoch
             {
@@ -955,9 +971,10 @@ impl Server {
 }
 
 /// One turn of a busy wait: spin, and after a while also yield the core, so that on a machine
-/// with more runnable threads than cores the engine (or the peer) gets to run.
-fn relax(spins: u32) {
-    if spins >= SPINS_BEFORE_YIELD {
+/// with more runnable threads than cores the engine (or the peer) gets to run; sooner when
+/// each turn drives an inline engine.
+fn relax(spins: u32, inline: bool) {
+    if spins >= if inline { INLINE_SPINS_BEFORE_YIELD } else { SPINS_BEFORE_YIELD } {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -972,9 +989,9 @@ fn relax(spins: u32) {
 /// instead kept it runnable, and with another process spinning on this 2-core machine the
 /// engine thread woken to place the Write waited for the scheduler's next tick: the Write
 /// ping-pong's p50 was 4 ms at 256 B to 1 MiB.
-fn wait_for_memory(qp: &QueuePair, epoch: u64, spins: u32, busy: bool, deadline: Instant) {
+fn wait_for_memory(qp: &QueuePair, epoch: u64, spins: u32, busy: bool, inline: bool, deadline: Instant) {
     if busy {
-        relax(spins);
+        relax(spins, inline);
     } else if spins < 64 {
         std::hint::spin_loop();
     } else {
