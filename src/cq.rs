@@ -12,10 +12,10 @@ use crate::engine::Engine;
 use crate::shared::{CqShared, Waiter, WorkCompletion};
 
 /// How long [`CompletionQueue::wait`] spins before it sleeps.
-const WAIT_SPIN: Duration = Duration::from_micros(20);
+pub(crate) const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// Turns of that spin (about 24 ns each on the project's VM) before it also yields the core
 /// between looks: the engine thread it waits for may need that core.
-const WAIT_SPINS_BEFORE_YIELD: u32 = 64;
+pub(crate) const WAIT_SPINS_BEFORE_YIELD: u32 = 64;
 
 /// A completion queue.
 ///
