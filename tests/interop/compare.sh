@@ -69,7 +69,8 @@ for n in $VCPUS; do
         awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] }' || true)"
       if [ -z "$siw" ] || [ -z "$iw" ]; then
         failed=1
-        results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "?")"$'\n'
+        iw_mb="$(awk -v i="$iw" 'BEGIN { if (i != "") printf "%.2f", i * 1000; else print "?" }')"
+        results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "$iw_mb")"$'\n'
         continue
       fi
       results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" 'BEGIN {
