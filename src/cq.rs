@@ -15,7 +15,19 @@ use crate::shared::{CqShared, Waiter, WorkCompletion};
 pub(crate) const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// Turns of that spin (about 24 ns each on the project's VM) before it also yields the core
 /// between looks: the engine thread it waits for may need that core.
-pub(crate) const WAIT_SPINS_BEFORE_YIELD: u32 = 64;
+const WAIT_SPINS_BEFORE_YIELD: u32 = 64;
+
+/// One turn of a wait's spin while the engine is awake (`spins`: the turns so far): after the
+/// first turns it also offers the core between looks, since the awake engine thread (or the
+/// peer feeding it) may be waiting for this very core.
+pub(crate) fn spin_turn(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins > WAIT_SPINS_BEFORE_YIELD {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
 
 /// A completion queue.
 ///
@@ -135,17 +147,11 @@ impl CompletionQueue {
                 continue;
             }
             if now < spin_until && !parked {
-                // After the first turns, offer the core between looks: the awake engine
-                // thread (or the peer feeding it) may be waiting for this very core. A spin
-                // that kept it had the receiving side of a 64 B Send stream spend two thirds
-                // of its thread's time here while its engine waited (3.3-3.7 Mmsg/s on two
-                // cores, 4.0-4.2 with the yields).
-                spins = spins.wrapping_add(1);
-                if spins > WAIT_SPINS_BEFORE_YIELD {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                // Offering the core after the first turns: a spin that kept it had the
+                // receiving side of a 64 B Send stream spend two thirds of its thread's time
+                // here while its engine waited (3.3-3.7 Mmsg/s on two cores, 4.0-4.2 with the
+                // yields).
+                spin_turn(&mut spins);
                 continue;
             }
             if parked && !chose {

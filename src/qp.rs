@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
-use crate::cq::{WAIT_SPIN, WAIT_SPINS_BEFORE_YIELD};
+use crate::cq::{WAIT_SPIN, spin_turn};
 use crate::engine::Engine;
 use crate::shared::QpShared;
 
@@ -266,12 +266,7 @@ impl QueuePair {
                 // memory) left the input in the socket meanwhile: 8 B Write ping-pongs took
                 // 15.3 us back to back in event mode, Sends 8.8.
                 if now < spin_until && !dev.doorbell.parked() {
-                    spins = spins.wrapping_add(1);
-                    if spins > WAIT_SPINS_BEFORE_YIELD {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
+                    spin_turn(&mut spins);
                     continue;
                 }
                 // At most 10 ms at a time in either sleep when there is a deadline: the

@@ -83,6 +83,34 @@ pub(crate) enum Waiter {
     Poll(Arc<Poll>),
 }
 
+/// Wakes and drops every waiter of `waiters` if `has` says there may be any.
+fn wake_all(waiters: &Mutex<Vec<Waiter>>, has: &AtomicBool) {
+    if has.load(Ordering::SeqCst) {
+        let mut waiters = lock(waiters);
+        has.store(false, Ordering::SeqCst);
+        for w in waiters.drain(..) {
+            match w {
+                Waiter::Thread(t) => t.unpark(),
+                Waiter::Task(_, w) => w.wake(),
+                Waiter::Poll(p) => p.wake(),
+            }
+        }
+    }
+}
+
+/// Drops the registration of the thread sleeping in `poll` from `waiters`, if a wake-up has
+/// not taken it.
+fn remove_poll(waiters: &Mutex<Vec<Waiter>>, has: &AtomicBool, poll: &Arc<Poll>) {
+    if !has.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut waiters = lock(waiters);
+    waiters.retain(|w| !matches!(w, Waiter::Poll(p) if Arc::ptr_eq(p, poll)));
+    if waiters.is_empty() {
+        has.store(false, Ordering::SeqCst);
+    }
+}
+
 /// A callback run when something happens to a queue (see [`CqShared::set_hook`]).
 pub(crate) struct Hook(Box<dyn Fn() + Send + Sync>);
 
@@ -258,17 +286,7 @@ impl CqShared {
         // Pairs with the fence in `add_waiter`: either the waiter's re-check sees the
         // completions pushed before this call, or this load sees the waiter.
         fence(Ordering::SeqCst);
-        if self.has_waiters.load(Ordering::SeqCst) {
-            let mut waiters = lock(&self.waiters);
-            self.has_waiters.store(false, Ordering::SeqCst);
-            for w in waiters.drain(..) {
-                match w {
-                    Waiter::Thread(t) => t.unpark(),
-                    Waiter::Task(_, w) => w.wake(),
-                    Waiter::Poll(p) => p.wake(),
-                }
-            }
-        }
+        wake_all(&self.waiters, &self.has_waiters);
     }
 
     /// Interrupts the waits in progress (see `CompletionQueue::interrupt`).
@@ -332,14 +350,7 @@ impl CqShared {
 
     /// Drops the registration of the thread sleeping in `poll`, if a signal has not taken it.
     pub(crate) fn remove_poll_waiter(&self, poll: &Arc<Poll>) {
-        if !self.has_waiters.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut waiters = lock(&self.waiters);
-        waiters.retain(|w| !matches!(w, Waiter::Poll(p) if Arc::ptr_eq(p, poll)));
-        if waiters.is_empty() {
-            self.has_waiters.store(false, Ordering::SeqCst);
-        }
+        remove_poll(&self.waiters, &self.has_waiters, poll);
     }
 
     /// Drops the task waiter `id` (its future is gone).
@@ -587,17 +598,7 @@ impl Arrivals {
     }
 
     fn wake_all(&self) {
-        if self.has_waiters.load(Ordering::SeqCst) {
-            let mut waiters = lock(&self.waiters);
-            self.has_waiters.store(false, Ordering::SeqCst);
-            for w in waiters.drain(..) {
-                match w {
-                    Waiter::Thread(t) => t.unpark(),
-                    Waiter::Task(_, w) => w.wake(),
-                    Waiter::Poll(p) => p.wake(),
-                }
-            }
-        }
+        wake_all(&self.waiters, &self.has_waiters);
     }
 
     /// Waits until the count differs from `seen`, an interrupt comes (the interrupt count
@@ -638,14 +639,7 @@ impl Arrivals {
 
     /// Takes `poll` off the waiters (its thread is awake).
     pub(crate) fn remove_poll_waiter(&self, poll: &Arc<Poll>) {
-        if !self.has_waiters.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut waiters = lock(&self.waiters);
-        waiters.retain(|w| !matches!(w, Waiter::Poll(p) if Arc::ptr_eq(p, poll)));
-        if waiters.is_empty() {
-            self.has_waiters.store(false, Ordering::SeqCst);
-        }
+        remove_poll(&self.waiters, &self.has_waiters, poll);
     }
 }
 
