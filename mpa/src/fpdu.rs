@@ -66,8 +66,10 @@ pub const fn crc_from_wire(field: [u8; 4]) -> u32 {
 
 /// From this many bytes on, [`crc_update`] folds with carry-less multiplication (`crc-fast`:
 /// about 3 times the SSE4.2 `crc32` loop at 64 KiB on a CPU with VPCLMULQDQ); below it the
-/// `crc32` loop is as quick and needs no setup.
-const FOLD_MIN: usize = 512;
+/// `crc32` loop is as quick and needs no setup. Measured on the project's VM (ns per call,
+/// `crc32c` / `crc-fast`): 18 B 6.2 / 6.9, 64 B 7.2 / 6.3, 88 B 9.5 / 7.2, 256 B 24.8 / 10.1,
+/// 512 B 48.4 / 11.0.
+const FOLD_MIN: usize = 64;
 
 /// The CRC32c of an FPDU computed piece by piece: `crc_update(crc_update(0, a), b)` is the
 /// CRC of `a` followed by `b` (for a receiver that checks bytes as they land in place).
