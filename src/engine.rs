@@ -445,10 +445,11 @@ impl Engine {
 
     /// As [`Engine::wait_polling`], for a thread that waits for more input on `qp` (RDMA
     /// Writes, which complete nothing at their target; see `QueuePair::wait_input`), until
-    /// its arrival count differs from `seen` (or an interrupt count from `interrupts`): it sleeps in the readiness poll of the queue
-    /// pair's receive queue, which watches the queue pair's connection. Sleeping until the
-    /// engine thread has placed the data instead took two wake-ups (the engine's, then its
-    /// own) and a round of the engine's pass on the way.
+    /// its arrival count differs from `seen` (or its interrupt count from `interrupts`): it
+    /// sleeps in the readiness poll of the queue pair's receive queue, which watches the
+    /// queue pair's connection. Sleeping until the engine thread has placed the data instead
+    /// took two wake-ups (the engine's, then its own) and a round of the engine's pass on the
+    /// way.
     pub(crate) fn wait_input_polling(
         &self,
         qp: &QpShared,
@@ -464,13 +465,13 @@ impl Engine {
         )
     }
 
-    /// Sleeps up to `timeout` (`None`: with no timer) in `cq`'s own readiness poll (made, and the queue's connections
-    /// added to it, on first use) and runs the pass with what woke it; `register` makes the
-    /// awaited event wake the poll and says whether it is due already, `unregister` undoes
-    /// that once the thread is awake (before the pass: a registration left behind would have
-    /// the pass wake the poll for nothing, a system call per wait). False, having done
-    /// nothing, when the engine is awake, inline or without a poll, or another thread
-    /// sleeps in this queue's poll.
+    /// Sleeps up to `timeout` (`None`: with no timer) in `cq`'s own readiness poll (made, and
+    /// the queue's connections added to it, on first use) and runs the pass with what woke
+    /// it; `register` makes the awaited event wake the poll and says whether it is due
+    /// already, `unregister` undoes that once the thread is awake (before the pass: a
+    /// registration left behind would have the pass wake the poll for nothing, a system call
+    /// per wait). False, having done nothing, when the engine is awake, inline or without a
+    /// poll, or another thread sleeps in this queue's poll.
     fn sleep_in_watch(
         &self,
         cq: &CqShared,

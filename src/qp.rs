@@ -1,5 +1,5 @@
-//! The application's handle on a queue pair: post work requests into lock-free rings the
-//! engine drains, ring the doorbell, and read the queue pair's events.
+//! The application's handle on a queue pair: post work requests into the queues the engine
+//! drains, ring the doorbell, and read the queue pair's events.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,8 +32,9 @@ impl std::error::Error for PostListError {}
 
 /// A connected queue pair.
 ///
-/// Posting is lock-free (a queue per work queue, its depth enforced at post time) and makes
-/// no system call unless the engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
+/// Posting holds only its work queue's own lock, for one push (the engine takes the whole
+/// queue in one swap), enforces the depth at post time, and makes no system call unless the
+/// engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
 /// given at connection time.
 ///
 /// ```
@@ -296,7 +297,7 @@ impl QueuePair {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use iwarp::{Access, ConnectOptions, Device, DeviceConfig};
+    /// # use iwarp::{ConnectOptions, Device, DeviceConfig};
     /// let server = Device::open(DeviceConfig::default());
     /// let listener = server.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     /// let addr = listener.local_addr().unwrap();
