@@ -14,7 +14,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use iwarp_ddp::STag;
 use iwarp_ddp::dma::Buffer;
@@ -405,8 +405,7 @@ impl Endpoint for EngineEndpoint {
 
     fn wait_notification(&self, timeout: Duration) -> Result<bool, BackendError> {
         self.cq.req_notify(false);
-        let deadline = crate::deadline::saturating(timeout);
-        Ok(self.cq.wait_notification(deadline.saturating_duration_since(Instant::now())))
+        Ok(self.cq.wait_notification(timeout))
     }
 
     fn disconnect(&self) {

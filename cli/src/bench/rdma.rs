@@ -93,6 +93,10 @@ impl Config {
     fn busy(&self) -> bool {
         matches!(self.poll, PollMode::Busy | PollMode::Inline)
     }
+
+    fn inline(&self) -> bool {
+        self.poll == PollMode::Inline
+    }
 }
 
 /// How the client, out of credits for Sends, sleeps until the server reposts buffers.
@@ -331,7 +335,7 @@ impl Bench {
             rq_target,
             max_size: cfg.max_size,
             busy: cfg.busy(),
-            inline: cfg.poll == PollMode::Inline,
+            inline: cfg.inline(),
             idle_turns: 0,
         };
         let (commands, command_rx) = mpsc::channel();
@@ -414,7 +418,7 @@ impl Bench {
 
     /// The next completion, failing on a timeout or an unsuccessful status.
     fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
-        let wc = next_completion(&self.cq, self.cfg.busy(), self.cfg.poll == PollMode::Inline);
+        let wc = next_completion(&self.cq, self.cfg.busy(), self.cfg.inline());
         let wc =
             wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
         check(&wc, what)?;
@@ -531,13 +535,13 @@ impl Bench {
                 // Out of credits: sleep until the server reposts (it unparks this thread).
                 // Inline, only this thread moves the client's engine: a Send completes once
                 // framed, and what was framed for a full link goes out only in a later pass.
-                if self.cfg.poll == PollMode::Inline {
+                if self.cfg.inline() {
                     self.devices[0].progress();
                 }
                 waits = waits.wrapping_add(1);
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if self.cfg.busy() || waits < 64 {
-                    relax(waits, self.cfg.poll == PollMode::Inline);
+                    relax(waits, self.cfg.inline());
                 } else if since.elapsed() < CREDIT_SPIN {
                     std::thread::yield_now();
                 } else {
@@ -699,7 +703,7 @@ impl Bench {
                     STALL.as_secs()
                 )));
             }
-            wait_for_memory(qp, epoch, spins, self.cfg.busy(), self.cfg.poll == PollMode::Inline, deadline);
+            wait_for_memory(qp, epoch, spins, self.cfg.busy(), self.cfg.inline(), deadline);
         }
     }
 
