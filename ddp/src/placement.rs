@@ -1,6 +1,6 @@
 //! Placement: the one implementation of writing a validated segment's payload into registered
 //! memory (RFC 5041 sections 3.2 and 3.3), and of reading local buffers back out. RDMAP calls
-//! it for every message; the `ddp_placement` fuzz target and `benches/placement.rs` run it.
+//! it for every message; the `ddp_placement` fuzz target and `ddp/benches/placement.rs` run it.
 //!
 //! - Tagged ([`place_tagged`], [`TableMemory::place_tagged`]): the segment names an STag and a
 //!   tagged offset. The table checks it ([`TaggedBufferTable::check`], in the documented
@@ -299,7 +299,11 @@ impl TableMemory<'_> {
         payload: Payload<'_>,
     ) -> Result<(), AccessError> {
         let need = Access::LOCAL_WRITE;
-        walk(sgl, offset, payload.len(), |s, to, r| self.check(s.lkey, to, r.len() as u64, need))?;
+        // Every piece is checked before any is written, so that a list is placed whole or not
+        // at all. Bytes for a single element are one piece, checked where they are written.
+        if sgl.len() > 1 || matches!(payload, Payload::InPlace { .. }) {
+            walk(sgl, offset, payload.len(), |s, to, r| self.check(s.lkey, to, r.len() as u64, need))?;
+        }
         match payload {
             Payload::Bytes(data) => walk(sgl, offset, data.len(), |s, to, r| {
                 place_tagged(self.table, self.pd, s.lkey, TaggedOffset(to), &data[r], need)

@@ -116,11 +116,21 @@ impl Access {
     }
 
     /// Whether every right in `needed` is in `self`.
+    #[inline]
     pub const fn contains(self, needed: Access) -> bool {
-        (self.local_write || !needed.local_write)
-            && (self.remote_read || !needed.remote_read)
-            && (self.remote_write || !needed.remote_write)
-            && (self.remote_atomic || !needed.remote_atomic)
+        // The four flags as the bytes of one word: one test on every check of the data path
+        // instead of four branches.
+        needed.word() & !self.word() == 0
+    }
+
+    #[inline]
+    const fn word(self) -> u32 {
+        u32::from_ne_bytes([
+            self.local_write as u8,
+            self.remote_read as u8,
+            self.remote_write as u8,
+            self.remote_atomic as u8,
+        ])
     }
 }
 
@@ -989,6 +999,22 @@ impl TaggedBufferTable {
             Some(Slot::Used(e)) if e.valid && e.key == stag.key() => e,
             _ => return Err(AccessError::InvalidStag),
         };
+        if matches!(entry.kind, EntryKind::Region { .. }) {
+            // A region is its own parent: the checks below, one of each.
+            if entry.pd != pd {
+                return Err(AccessError::StagNotAssociated);
+            }
+            if !entry.access.contains(needed) {
+                return Err(AccessError::AccessRights);
+            }
+            let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
+            let first = entry.first_to();
+            let limit = first.checked_add(entry.len).ok_or(AccessError::BaseOrBounds)?;
+            if to.0 < first || end > limit {
+                return Err(AccessError::BaseOrBounds);
+            }
+            return Ok(Placement { region_index: stag.index(), offset_in_region: to.0 - first });
+        }
         // A window is only as good as its region: the region must still be there and valid.
         let region = match entry.kind {
             EntryKind::Region { .. } => (stag.index(), entry),

@@ -109,12 +109,14 @@ impl QueuePair {
         if buf.len() < self.config.mulpdu {
             return None;
         }
-        if let Some(mut t) = self.terminate.take() {
-            let n = self.emit_segment(mem, &mut t, buf, None).ok().flatten();
-            if n.is_none() || t.segments.len() != 0 {
-                self.terminate = Some(t);
-            } else {
-                self.state = QpState::Error;
+        if let Some(t) = &mut self.terminate {
+            let n = emit_segment(mem, t, buf, None).ok().flatten();
+            if n.is_some() {
+                self.stats.tx_segments += 1;
+                if t.segments.len() == 0 {
+                    self.terminate = None;
+                    self.state = QpState::Error;
+                }
             }
             return n;
         }
@@ -169,22 +171,25 @@ impl QueuePair {
                 }
             }
         }
-        let mut t = self.resp_cur.take()?;
-        let n = match self.emit_segment(mem, &mut t, buf, refs) {
+        let t = self.resp_cur.as_mut()?;
+        let n = match emit_segment(mem, t, buf, refs) {
             Ok(n) => n,
             Err(e) => {
                 // The source was checked when the Read Request arrived; it has been
                 // invalidated or deregistered since. The response cannot be completed: the
                 // stream ends with the protection error the source now fails with.
+                self.resp_cur = None;
                 self.fail(Violation::Rdmap(RdmapError::Access(e)).terminate_code(), None);
                 return None;
             }
         };
+        if n.is_some() {
+            self.stats.tx_segments += 1;
+        }
         if t.segments.len() == 0 {
             // The response is out: its IRD slot takes the next Read or Atomic Request.
+            self.resp_cur = None;
             self.post_rdmap_buffer(QN_READ);
-        } else {
-            self.resp_cur = Some(t);
         }
         n
     }
@@ -215,15 +220,21 @@ impl QueuePair {
                 }
             }
         }
-        let mut t = self.tx_cur.take()?;
-        match self.emit_segment(mem, &mut t, buf, refs) {
+        // The message is worked on where it is (moving it out and back cost more than the
+        // rest of a small Send's segment).
+        let t = self.tx_cur.as_mut()?;
+        let emitted = emit_segment(mem, t, buf, refs);
+        let (seq, done) = (t.seq, t.segments.len() == 0);
+        match emitted {
             Ok(Some(n)) => {
-                if t.segments.len() != 0 {
-                    self.tx_cur = Some(t);
-                } else if let Some(seq) = t.seq {
+                self.stats.tx_segments += 1;
+                if done {
+                    self.tx_cur = None;
                     // Send completion means "handed to the transport"; a Read or Atomic
                     // completes when its response has been placed.
-                    if !self.outbound.iter().any(|o| o.seq == seq) {
+                    if let Some(seq) = seq
+                        && !self.outbound.iter().any(|o| o.seq == seq)
+                    {
                         self.finish(seq, WcStatus::Success);
                     }
                 }
@@ -231,7 +242,8 @@ impl QueuePair {
             }
             Ok(None) | Err(_) => {
                 // A local buffer could not be read: the request fails, the QP goes to error.
-                let seq = t.seq.or_else(|| self.tx_next.as_ref().and_then(|m| m.seq));
+                self.tx_cur = None;
+                let seq = seq.or_else(|| self.tx_next.as_ref().and_then(|m| m.seq));
                 if let Some(seq) = seq {
                     self.finish(seq, WcStatus::LocalProtectionError);
                 }
@@ -401,69 +413,67 @@ impl QueuePair {
         self.tx_msn[i] = msn.next();
         msn
     }
+}
 
-    /// Emits the next segment of `t` into `buf`: header, then the payload read from its
-    /// source (or, with `refs` and a payload from registered memory of at least its minimum,
-    /// the header only, the payload's pieces appended to the list). `Ok(None)` if there is no
-    /// segment left (or `buf` is too short); an error if the source could not be read.
-    fn emit_segment(
-        &mut self,
-        mem: &TableMemory<'_>,
-        t: &mut TxMessage,
-        buf: &mut [u8],
-        refs: Option<(&mut Vec<TxPiece>, usize)>,
-    ) -> Result<Option<Emitted>, AccessError> {
-        let Some((header, range)) = t.segments.next() else { return Ok(None) };
-        let hlen = header.header_len();
-        let offset = range.start as u64;
-        let by_ref = match (&t.source, refs) {
-            (Source::Local(_) | Source::Remote { .. }, Some((pieces, min)))
-                if !range.is_empty() && range.len() >= min =>
-            {
-                Some(pieces)
-            }
-            _ => None,
-        };
-        if let Some(pieces) = by_ref {
-            let Some(hdr) = buf.get_mut(..hlen) else { return Ok(None) };
-            if header.emit(hdr).is_err() {
-                return Ok(None);
-            }
-            let len = range.len();
-            match &t.source {
-                Source::Local(sgl) => mem.sgl_pieces(sgl, offset, len, |stag, to, len| {
-                    pieces.push(TxPiece { stag, to, len, needed: Access::NONE });
-                })?,
-                Source::Remote { stag, to } => {
-                    let to = to.checked_add(offset).ok_or(AccessError::ToWrap)?;
-                    mem.check(*stag, to, len as u64, Access::REMOTE_READ)?;
-                    pieces.push(TxPiece { stag: *stag, to, len, needed: Access::REMOTE_READ });
-                }
-                Source::Inline(_) => {}
-            }
-            self.stats.tx_segments += 1;
-            return Ok(Some(Emitted { written: hlen, by_ref: len }));
+/// Emits the next segment of `t` into `buf`: header, then the payload read from its source
+/// (or, with `refs` and a payload from registered memory of at least its minimum, the header
+/// only, the payload's pieces appended to the list). `Ok(None)` if there is no segment left
+/// (or `buf` is too short); an error if the source could not be read. The caller counts the
+/// segment.
+fn emit_segment(
+    mem: &TableMemory<'_>,
+    t: &mut TxMessage,
+    buf: &mut [u8],
+    refs: Option<(&mut Vec<TxPiece>, usize)>,
+) -> Result<Option<Emitted>, AccessError> {
+    let Some((header, range)) = t.segments.next() else { return Ok(None) };
+    let hlen = header.header_len();
+    let offset = range.start as u64;
+    let by_ref = match (&t.source, refs) {
+        (Source::Local(_) | Source::Remote { .. }, Some((pieces, min)))
+            if !range.is_empty() && range.len() >= min =>
+        {
+            Some(pieces)
         }
-        let total = hlen + range.len();
-        let Some(out) = buf.get_mut(..total) else { return Ok(None) };
-        let (hdr, payload) = out.split_at_mut(hlen);
+        _ => None,
+    };
+    if let Some(pieces) = by_ref {
+        let Some(hdr) = buf.get_mut(..hlen) else { return Ok(None) };
         if header.emit(hdr).is_err() {
             return Ok(None);
         }
+        let len = range.len();
         match &t.source {
-            Source::Local(sgl) => mem.gather_sgl(sgl, offset, payload)?,
-            // A zero-length response reads nothing (the Read RTR names no real buffer).
-            Source::Remote { .. } if payload.is_empty() => {}
+            Source::Local(sgl) => mem.sgl_pieces(sgl, offset, len, |stag, to, len| {
+                pieces.push(TxPiece { stag, to, len, needed: Access::NONE });
+            })?,
             Source::Remote { stag, to } => {
                 let to = to.checked_add(offset).ok_or(AccessError::ToWrap)?;
-                mem.fetch_tagged(*stag, to, payload, Access::REMOTE_READ)?;
+                mem.check(*stag, to, len as u64, Access::REMOTE_READ)?;
+                pieces.push(TxPiece { stag: *stag, to, len, needed: Access::REMOTE_READ });
             }
-            Source::Inline(bytes) => match bytes.get(range) {
-                Some(b) => payload.copy_from_slice(b),
-                None => return Ok(None),
-            },
+            Source::Inline(_) => {}
         }
-        self.stats.tx_segments += 1;
-        Ok(Some(Emitted { written: total, by_ref: 0 }))
+        return Ok(Some(Emitted { written: hlen, by_ref: len }));
     }
+    let total = hlen + range.len();
+    let Some(out) = buf.get_mut(..total) else { return Ok(None) };
+    let (hdr, payload) = out.split_at_mut(hlen);
+    if header.emit(hdr).is_err() {
+        return Ok(None);
+    }
+    match &t.source {
+        Source::Local(sgl) => mem.gather_sgl(sgl, offset, payload)?,
+        // A zero-length response reads nothing (the Read RTR names no real buffer).
+        Source::Remote { .. } if payload.is_empty() => {}
+        Source::Remote { stag, to } => {
+            let to = to.checked_add(offset).ok_or(AccessError::ToWrap)?;
+            mem.fetch_tagged(*stag, to, payload, Access::REMOTE_READ)?;
+        }
+        Source::Inline(bytes) => match bytes.get(range) {
+            Some(b) => payload.copy_from_slice(b),
+            None => return Ok(None),
+        },
+    }
+    Ok(Some(Emitted { written: total, by_ref: 0 }))
 }
