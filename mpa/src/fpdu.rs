@@ -83,6 +83,12 @@ pub fn crc_update(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.len() < FOLD_MIN {
         return crc32c::crc32c_append(crc, bytes);
     }
+    if crc == 0 {
+        // A CRC from the start (a whole FPDU in one piece, as small ones are): the crate's
+        // direct call. Its `Digest`, needed to carry a running value on, copies the
+        // algorithm's tables into itself (a 200-byte memcpy per piece).
+        return crc_fast::crc32_iscsi(bytes);
+    }
     // The running register of the reflected CRC-32C is the complement of the value so far.
     let mut digest =
         crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
