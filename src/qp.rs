@@ -30,10 +30,61 @@ impl std::fmt::Display for PostListError {
 
 impl std::error::Error for PostListError {}
 
+/// Requests of a list that go into their queue together: one reservation of queue entries
+/// and one lock of the queue for each this many (taken per request, the atomic updates cost a
+/// 64 B Send more than the rest of its posting).
+const POST_CHUNK: usize = 16;
+
+/// Posts a list: checks each request in order (`check`), and for each chunk of checked ones
+/// reserves queue entries (`reserve(n)` takes up to `n`, says how many) and pushes that many
+/// (`push`), up to the first request that fails. Returns how many were posted and the error.
+/// The caller's iterator never runs while the queue is locked.
+fn post_list<W, C>(
+    wrs: impl IntoIterator<Item = W>,
+    check: impl Fn(W) -> Result<C, PostError>,
+    reserve: impl Fn(usize) -> usize,
+    push: impl Fn(&mut dyn Iterator<Item = C>),
+) -> (usize, Result<(), PostListError>) {
+    let mut chunk: [Option<C>; POST_CHUNK] = Default::default();
+    let (mut posted, mut n) = (0, 0);
+    // Pushes the chunk's first `n`, as many as there are entries for; whether all went.
+    let flush = |chunk: &mut [Option<C>; POST_CHUNK], n: usize, posted: &mut usize| {
+        let k = if n == 0 { 0 } else { reserve(n) };
+        push(&mut chunk[..k].iter_mut().filter_map(Option::take));
+        chunk[k..n].iter_mut().for_each(|c| *c = None);
+        *posted += k;
+        k == n
+    };
+    let mut failed = None;
+    for wr in wrs {
+        match check(wr) {
+            Ok(c) => {
+                chunk[n] = Some(c);
+                n += 1;
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+        if n == POST_CHUNK {
+            if !flush(&mut chunk, n, &mut posted) {
+                return (posted, Err(PostListError { posted, error: PostError::QueueFull }));
+            }
+            n = 0;
+        }
+    }
+    // A request that fails its check comes after those before it: a full queue stops them first.
+    if !flush(&mut chunk, n, &mut posted) {
+        return (posted, Err(PostListError { posted, error: PostError::QueueFull }));
+    }
+    (posted, failed.map_or(Ok(()), |error| Err(PostListError { posted, error })))
+}
+
 /// A connected queue pair.
 ///
-/// Posting holds only its work queue's own lock, for one push (the engine takes the whole
-/// queue in one swap), enforces the depth at post time, and makes no system call unless the
+/// Posting holds only its work queue's own lock, for one push of up to 16 requests of a list
+/// (the engine takes the whole queue in one swap), enforces the depth at post time, and makes no system call unless the
 /// engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
 /// given at connection time.
 ///
@@ -124,25 +175,16 @@ impl QueuePair {
     /// `ibv_post_send` with a chain: the requests are checked in order and posted up to the
     /// first that fails, which the error names.
     pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostListError> {
-        let mut posted = 0;
-        let mut result = Ok(());
-        for wr in wrs {
-            // Checked once, here: the engine hands the checked request to the queue pair.
-            let checked = wr.check(&self.handle.shared.config).and_then(|wr| {
-                if self.handle.shared.reserve_sq(1) { Ok(wr) } else { Err(PostError::QueueFull) }
-            });
-            let wr = match checked {
-                Ok(wr) => wr,
-                Err(error) => {
-                    result = Err(PostListError { posted, error });
-                    break;
-                }
-            };
-            self.handle.shared.sq.push(wr);
-            posted += 1;
-        }
+        let shared = &self.handle.shared;
+        // Checked once, here: the engine hands the checked request to the queue pair.
+        let (posted, result) = post_list(
+            wrs,
+            |wr| wr.check(&shared.config),
+            |n| shared.reserve_sq(n),
+            |wrs| shared.sq.push_all(wrs),
+        );
         if posted > 0 {
-            self.handle.dev.posted(&self.handle.shared);
+            self.handle.dev.posted(shared);
         }
         result
     }
@@ -155,25 +197,16 @@ impl QueuePair {
     /// Posts a list of receive buffers with one doorbell (verbs' `ibv_post_recv` with a
     /// chain), up to the first that fails.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostListError> {
-        let mut posted = 0;
-        let mut result = Ok(());
-        for wr in wrs {
-            let checked = if self.handle.shared.uses_srq {
-                Err(PostError::UsesSrq)
-            } else {
-                wr.validate().and_then(|()| {
-                    if self.handle.shared.reserve_rq() { Ok(()) } else { Err(PostError::QueueFull) }
-                })
-            };
-            if let Err(error) = checked {
-                result = Err(PostListError { posted, error });
-                break;
+        let shared = &self.handle.shared;
+        let check = |wr: RecvWr| {
+            if shared.uses_srq {
+                return Err(PostError::UsesSrq);
             }
-            self.handle.shared.rq.push(wr);
-            posted += 1;
-        }
+            wr.validate().map(|()| wr)
+        };
+        let (posted, result) = post_list(wrs, check, |n| shared.reserve_rq(n), |wrs| shared.rq.push_all(wrs));
         if posted > 0 {
-            self.handle.dev.posted(&self.handle.shared);
+            self.handle.dev.posted(shared);
         }
         result
     }

@@ -486,9 +486,9 @@ impl<T> Default for WrRing<T> {
 }
 
 impl<T> WrRing<T> {
-    /// Appends a request.
-    pub(crate) fn push(&self, wr: T) {
-        lock(&self.queue).push_back(wr);
+    /// Appends requests, in order, under one lock.
+    pub(crate) fn push_all(&self, wrs: impl Iterator<Item = T>) {
+        lock(&self.queue).extend(wrs);
     }
 
     /// The oldest request, if any.
@@ -518,6 +518,18 @@ impl<T> WrRing<T> {
     #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         lock(&self.queue).capacity()
+    }
+}
+
+/// Takes up to `n` of the `max` entries `in_use` counts, as many as are free, in one update;
+/// how many.
+fn reserve(in_use: &AtomicUsize, n: usize, max: usize) -> usize {
+    match in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        let k = n.min(max.saturating_sub(v));
+        (k > 0).then_some(v + k)
+    }) {
+        Ok(before) => n.min(max.saturating_sub(before)),
+        Err(_) => 0,
     }
 }
 
@@ -738,13 +750,9 @@ impl QpShared {
         self.state_hook.set(StateHook(f)).is_ok()
     }
 
-    /// Poster side: takes `n` send-queue entries, or says the queue is full.
-    pub(crate) fn reserve_sq(&self, n: usize) -> bool {
-        self.sq_in_use
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                v.checked_add(n).filter(|&t| t <= self.config.max_send_wr)
-            })
-            .is_ok()
+    /// Poster side: takes up to `n` send-queue entries, as many as are free; how many.
+    pub(crate) fn reserve_sq(&self, n: usize) -> usize {
+        reserve(&self.sq_in_use, n, self.config.max_send_wr)
     }
 
     /// The queue pair starts with `n` receives posted (those handed over with the connection,
@@ -758,13 +766,9 @@ impl QpShared {
         self
     }
 
-    /// Poster side: takes a receive-queue entry, or says the queue is full.
-    pub(crate) fn reserve_rq(&self) -> bool {
-        self.rq_in_use
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                v.checked_add(1).filter(|&t| t <= self.config.max_recv_wr)
-            })
-            .is_ok()
+    /// Poster side: takes up to `n` receive-queue entries, as many as are free; how many.
+    pub(crate) fn reserve_rq(&self, n: usize) -> usize {
+        reserve(&self.rq_in_use, n, self.config.max_recv_wr)
     }
 
     /// Engine side (or a poster giving back a reservation): `n` send work requests left the
@@ -958,15 +962,13 @@ mod tests {
     fn wr_ring_keeps_posting_order_across_takes() {
         let ring = WrRing::default();
         let mut taken = VecDeque::new();
-        for i in 0..5u32 {
-            ring.push(i);
-        }
+        ring.push_all(0..3u32);
+        ring.push_all(3..5);
         assert_eq!(ring.pop(), Some(0));
         ring.take_all(&mut taken);
         assert!(ring.is_empty());
         // Taking into a deque that still holds requests appends after them.
-        ring.push(5);
-        ring.push(6);
+        ring.push_all([5, 6].into_iter());
         ring.take_all(&mut taken);
         assert_eq!(taken.iter().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
         assert_eq!(ring.pop(), None);
@@ -980,10 +982,8 @@ mod tests {
         let mut caps = Vec::new();
         let mut next = 0;
         for round in 0..8 {
-            for _ in 0..20 {
-                ring.push(next);
-                next += 1;
-            }
+            ring.push_all(next..next + 20);
+            next += 20;
             ring.take_all(&mut taken);
             assert_eq!(taken.len(), 20);
             assert_eq!(taken.front().copied(), Some(round * 20));
@@ -1007,7 +1007,7 @@ mod tests {
                 let ring = Arc::clone(&ring);
                 std::thread::spawn(move || {
                     for i in 0..EACH {
-                        ring.push((p, i));
+                        ring.push_all(std::iter::once((p, i)));
                     }
                 })
             })

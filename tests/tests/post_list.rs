@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use iwarp::{
     Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, PostError,
-    PostListError, QpState, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    PostListError, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// The longest any single wait may take.
@@ -149,6 +149,30 @@ fn a_bad_request_in_a_list_stops_the_list_there() {
     assert!(wcs.iter().all(|w| w.status == WcStatus::WrFlushError), "{wcs:?}");
     thread::sleep(Duration::from_millis(20));
     assert!(client.cq.poll().is_none(), "a receive past the queue's depth was posted");
+
+    // Lists go in by chunks of a few requests: a full queue is found inside a later chunk,
+    // and it stops the list before a bad request that comes after it.
+    const DEEP: usize = 20;
+    let (client, _server) = pair(PollMode::Adaptive, DEEP);
+    let err = client.qp.post_recv_list((0..2 * DEEP as u64).map(|i| recv(&client, i, 0))).unwrap_err();
+    assert_eq!(err, PostListError { posted: DEEP, error: PostError::QueueFull });
+    // Two elements of 4 GiB - 1: a total no message length holds.
+    let too_long = |end: &End| {
+        let huge = Sge { lkey: end.mr.lkey(), addr: end.mr.addr(), len: u32::MAX };
+        RecvWr { wr_id: 99, sgl: vec![huge; 2].into() }
+    };
+    let (client, _server) = pair(PollMode::Adaptive, N);
+    let list = (0..N as u64 + 2).map(|i| recv(&client, i, 0)).chain([too_long(&client)]);
+    assert_eq!(
+        client.qp.post_recv_list(list).unwrap_err(),
+        PostListError { posted: N, error: PostError::QueueFull }
+    );
+    let (client, _server) = pair(PollMode::Adaptive, N);
+    let list = (0..2).map(|i| recv(&client, i, 0)).chain([too_long(&client)]);
+    assert_eq!(
+        client.qp.post_recv_list(list).unwrap_err(),
+        PostListError { posted: 2, error: PostError::TooLong }
+    );
 }
 
 /// Completions pushed in batches when the connection goes down under a stream: a list of
