@@ -999,37 +999,22 @@ impl TaggedBufferTable {
             Some(Slot::Used(e)) if e.valid && e.key == stag.key() => e,
             _ => return Err(AccessError::InvalidStag),
         };
-        if matches!(entry.kind, EntryKind::Region { .. }) {
-            // A region is its own parent: the checks below, one of each.
-            if entry.pd != pd {
-                return Err(AccessError::StagNotAssociated);
-            }
-            if !entry.access.contains(needed) {
-                return Err(AccessError::AccessRights);
-            }
-            let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
-            let first = entry.first_to();
-            let limit = first.checked_add(entry.len).ok_or(AccessError::BaseOrBounds)?;
-            if to.0 < first || end > limit {
-                return Err(AccessError::BaseOrBounds);
-            }
-            return Ok(Placement { region_index: stag.index(), offset_in_region: to.0 - first });
-        }
         // A window is only as good as its region: the region must still be there and valid.
-        let region = match entry.kind {
-            EntryKind::Region { .. } => (stag.index(), entry),
+        let parent = match entry.kind {
+            EntryKind::Region { .. } => None,
             EntryKind::Window { parent } => match self.slot(parent) {
-                Some(Slot::Used(r)) if r.valid && matches!(r.kind, EntryKind::Region { .. }) => (parent, r),
+                Some(Slot::Used(r)) if r.valid && matches!(r.kind, EntryKind::Region { .. }) => {
+                    Some((parent, r))
+                }
                 _ => return Err(AccessError::InvalidStag),
             },
         };
-        let (region_index, region) = region;
         if entry.pd != pd {
             return Err(AccessError::StagNotAssociated);
         }
         // A window's rights are within its region's (bind checks it, and the region keeps its
         // registration while the window is bound); checked again all the same.
-        if !entry.access.contains(needed) || !region.access.contains(needed) {
+        if !entry.access.contains(needed) || parent.is_some_and(|(_, r)| !r.access.contains(needed)) {
             return Err(AccessError::AccessRights);
         }
         let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
@@ -1041,6 +1026,11 @@ impl TaggedBufferTable {
             return Err(AccessError::BaseOrBounds);
         }
         let offset_in_entry = to.0 - first;
+        let Some((region_index, region)) = parent else {
+            // A region is its own parent: the access lies inside it (the data path's case,
+            // without a window's steps).
+            return Ok(Placement { region_index: stag.index(), offset_in_region: offset_in_entry });
+        };
         // Bind put the window inside its region; the region may have been fast-registered anew
         // since, so check again that the access lies inside the region's memory.
         let offset_in_region = entry
