@@ -54,6 +54,11 @@ fn with_crc() -> ConnectOptions {
     }
 }
 
+/// Receive `i` of a round: the `i`th message-sized piece of `sink`.
+fn recv(sink: &MemoryRegion, i: usize) -> RecvWr {
+    RecvWr { wr_id: i as u64, sgl: sink.sge(i * SIZE as usize, SIZE).into() }
+}
+
 struct Ends {
     client: QueuePair,
     client_cq: CompletionQueue,
@@ -71,13 +76,12 @@ fn rounds(e: &Ends, rounds: usize) {
         sgl: e.source.sge(0, SIZE).into(),
         signaled: true,
     };
-    let recv = |i: usize| RecvWr { wr_id: i as u64, sgl: e.sink.sge(i * SIZE as usize, SIZE).into() };
     for _ in 0..rounds {
         let started = Instant::now();
         e.client.post_send_list((0..WINDOW).map(send)).expect("post the Sends");
         reap(&e.client_cq, WINDOW, started);
         reap(&e.server_cq, WINDOW, started);
-        e.server.post_recv_list((0..WINDOW).map(recv)).expect("post the receives");
+        e.server.post_recv_list((0..WINDOW).map(|i| recv(&e.sink, i))).expect("post the receives");
     }
 }
 
@@ -100,8 +104,7 @@ fn main() {
     let opts = with_crc();
     let client = client_dev.connect(addr, &client_pd, &client_cq, &client_cq, &opts).expect("connect").qp;
     let server = accepting.join().expect("the accepting thread").expect("accept");
-    let recv = |i: usize| RecvWr { wr_id: i as u64, sgl: sink.sge(i * SIZE as usize, SIZE).into() };
-    server.post_recv_list((0..WINDOW).map(recv)).expect("post the receives");
+    server.post_recv_list((0..WINDOW).map(|i| recv(&sink, i))).expect("post the receives");
     let ends = Ends { client, client_cq, source, server, server_cq, sink };
     rounds(&ends, n / 10 + 1);
     let start = Instant::now();

@@ -49,7 +49,7 @@ fn post_list<W, C>(
     let (mut posted, mut n) = (0, 0);
     // Pushes the chunk's first `n`, as many as there are entries for; whether all went.
     let flush = |chunk: &mut [Option<C>; POST_CHUNK], n: usize, posted: &mut usize| {
-        let k = if n == 0 { 0 } else { reserve(n) };
+        let k = reserve(n);
         push(&mut chunk[..k].iter_mut().filter_map(Option::take));
         chunk[k..n].iter_mut().for_each(|c| *c = None);
         *posted += k;
@@ -84,8 +84,8 @@ fn post_list<W, C>(
 /// A connected queue pair.
 ///
 /// Posting holds only its work queue's own lock, for one push of up to 16 requests of a list
-/// (the engine takes the whole queue in one swap), enforces the depth at post time, and makes no system call unless the
-/// engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
+/// (the engine takes the whole queue in one swap), enforces the depth at post time, and makes
+/// no system call unless the engine sleeps, when the doorbell wakes it. Completions arrive on the completion queues
 /// given at connection time.
 ///
 /// ```

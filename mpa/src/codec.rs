@@ -389,10 +389,10 @@ impl Deframer {
         self.pos = self.pos.wrapping_add(n as u64);
     }
 
-    /// Content octet `index` of the FPDU at the start of `buf`, if `buf` holds it.
+    /// Content octet `index` of the FPDU at the start of `buf` (a stream with markers), if
+    /// `buf` holds it.
     fn content_byte(&self, buf: &[u8], index: usize) -> Option<u8> {
-        let off = if self.markers { wire_offset(self.pos, index) } else { index };
-        buf.get(off).copied()
+        buf.get(wire_offset(self.pos, index)).copied()
     }
 
     /// Deframes the FPDU at the start of `buf`.
@@ -400,9 +400,9 @@ impl Deframer {
         if !self.markers {
             return self.deframe_plain(buf);
         }
+        // With markers: each of the FPDU's octets is found through the marker arithmetic.
         let (Some(hi), Some(lo)) = (self.content_byte(buf, 0), self.content_byte(buf, 1)) else {
-            let need = if self.markers { wire_offset(self.pos, 1) + 1 } else { LENGTH_LEN };
-            return Ok(Deframed::NeedMore(need));
+            return Ok(Deframed::NeedMore(wire_offset(self.pos, 1) + 1));
         };
         let len = usize::from(u16::from_be_bytes([hi, lo]));
         if len > self.max_ulpdu {
@@ -410,29 +410,24 @@ impl Deframer {
         }
         let pad = pad_len(len);
         let content = fpdu::fpdu_len(len);
-        let wire_len = fpdu::wire_len(self.pos, len, self.markers);
+        let wire_len = fpdu::wire_len(self.pos, len, true);
         if buf.len() < wire_len {
             return Ok(Deframed::NeedMore(wire_len));
         }
         let fpdu = &buf[..wire_len];
         let crc_index = content - CRC_LEN;
-        let nmarkers = if self.markers { fpdu::markers_in(self.pos, content) } else { 0 };
+        let nmarkers = fpdu::markers_in(self.pos, content);
         if nmarkers > 0 {
             self.check_markers(fpdu)?;
         }
-        let crc_off = if self.markers { wire_offset(self.pos, crc_index) } else { crc_index };
+        let crc_off = wire_offset(self.pos, crc_index);
         let received = self.read_crc(fpdu, crc_index);
         let crc = self.check_crc(&fpdu[..crc_off], received, wire_len)?;
         let start = self.pos;
         self.pos = self.pos.wrapping_add(wire_len as u64);
-        let ulpdu_start = if self.markers { wire_offset(start, LENGTH_LEN) } else { LENGTH_LEN };
-        let ulpdu_end_wire = if len == 0 {
-            ulpdu_start
-        } else if self.markers {
-            wire_offset(start, LENGTH_LEN + len - 1) + 1
-        } else {
-            LENGTH_LEN + len
-        };
+        let ulpdu_start = wire_offset(start, LENGTH_LEN);
+        let ulpdu_end_wire =
+            if len == 0 { ulpdu_start } else { wire_offset(start, LENGTH_LEN + len - 1) + 1 };
         let contiguous = ulpdu_end_wire - ulpdu_start == len;
         let ulpdu: &[u8] = if contiguous {
             &fpdu[ulpdu_start..ulpdu_end_wire]

@@ -110,13 +110,10 @@ impl QueuePair {
             return None;
         }
         if let Some(t) = &mut self.terminate {
-            let n = emit_segment(mem, t, buf, None).ok().flatten();
-            if n.is_some() {
-                self.stats.tx_segments += 1;
-                if t.segments.len() == 0 {
-                    self.terminate = None;
-                    self.state = QpState::Error;
-                }
+            let n = emit_segment(mem, t, buf, None, &mut self.stats.tx_segments).ok().flatten();
+            if n.is_some() && t.segments.len() == 0 {
+                self.terminate = None;
+                self.state = QpState::Error;
             }
             return n;
         }
@@ -172,7 +169,7 @@ impl QueuePair {
             }
         }
         let t = self.resp_cur.as_mut()?;
-        let n = match emit_segment(mem, t, buf, refs) {
+        let n = match emit_segment(mem, t, buf, refs, &mut self.stats.tx_segments) {
             Ok(n) => n,
             Err(e) => {
                 // The source was checked when the Read Request arrived; it has been
@@ -183,9 +180,6 @@ impl QueuePair {
                 return None;
             }
         };
-        if n.is_some() {
-            self.stats.tx_segments += 1;
-        }
         if t.segments.len() == 0 {
             // The response is out: its IRD slot takes the next Read or Atomic Request.
             self.resp_cur = None;
@@ -220,14 +214,11 @@ impl QueuePair {
                 }
             }
         }
-        // The message is worked on where it is (moving it out and back cost more than the
-        // rest of a small Send's segment).
         let t = self.tx_cur.as_mut()?;
-        let emitted = emit_segment(mem, t, buf, refs);
+        let emitted = emit_segment(mem, t, buf, refs, &mut self.stats.tx_segments);
         let (seq, done) = (t.seq, t.segments.len() == 0);
         match emitted {
             Ok(Some(n)) => {
-                self.stats.tx_segments += 1;
                 if done {
                     self.tx_cur = None;
                     // Send completion means "handed to the transport"; a Read or Atomic
@@ -418,13 +409,16 @@ impl QueuePair {
 /// Emits the next segment of `t` into `buf`: header, then the payload read from its source
 /// (or, with `refs` and a payload from registered memory of at least its minimum, the header
 /// only, the payload's pieces appended to the list). `Ok(None)` if there is no segment left
-/// (or `buf` is too short); an error if the source could not be read. The caller counts the
-/// segment.
+/// (or `buf` is too short); an error if the source could not be read. Counts each segment
+/// emitted in `segments`. A free function, not a method, so that the queue pair's message
+/// is worked on where it lies (moving it out and back cost more than the rest of a small
+/// Send's segment).
 fn emit_segment(
     mem: &TableMemory<'_>,
     t: &mut TxMessage,
     buf: &mut [u8],
     refs: Option<(&mut Vec<TxPiece>, usize)>,
+    segments: &mut u64,
 ) -> Result<Option<Emitted>, AccessError> {
     let Some((header, range)) = t.segments.next() else { return Ok(None) };
     let hlen = header.header_len();
@@ -454,6 +448,7 @@ fn emit_segment(
             }
             Source::Inline(_) => {}
         }
+        *segments += 1;
         return Ok(Some(Emitted { written: hlen, by_ref: len }));
     }
     let total = hlen + range.len();
@@ -475,5 +470,6 @@ fn emit_segment(
             None => return Ok(None),
         },
     }
+    *segments += 1;
     Ok(Some(Emitted { written: total, by_ref: 0 }))
 }
