@@ -1223,7 +1223,9 @@ mod tests {
         let ro = Access::REMOTE_READ;
         assert_eq!(t.check(w, PD, ro, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag), "unbound");
         assert_eq!(t.rekey(w, 1), Err(TableError::Unbound(w)));
-        let w1 = STag::from_parts(w.index(), 0x11).unwrap();
+        // New keys other than the random one allocation gave (a fixed 0x11 was that key one
+        // run in 256, and the old-key check below then passed).
+        let w1 = STag::from_parts(w.index(), w.key().wrapping_add(1)).unwrap();
         assert_eq!(
             t.bind_window_at(w1, r, OTHER_PD, spec(BASE, 16, ro)),
             Err(TableError::PdMismatch(r)),
@@ -1242,7 +1244,7 @@ mod tests {
         t.invalidate(w1).unwrap();
         assert_eq!(t.check(w1, PD, ro, TaggedOffset(BASE + 20), 1), Err(AccessError::InvalidStag));
         assert_eq!(t.get(r).unwrap().kind, EntryKind::Region { windows: 0 });
-        let w2 = STag::from_parts(w.index(), 0x12).unwrap();
+        let w2 = STag::from_parts(w.index(), w.key().wrapping_add(2)).unwrap();
         t.bind_window_at(w2, r, PD, spec(BASE, 8, ro)).unwrap();
         assert!(t.check(w2, PD, ro, TaggedOffset(BASE), 8).is_ok());
         // Dropping the region's handle unbinds what is still bound.
