@@ -396,6 +396,25 @@ impl Engine {
         }
     }
 
+    /// Called after posting receives to `qp`. In RTS a receive matters only to input, and
+    /// every visit takes the posted receives before it handles what it read (`visit`), so
+    /// the queue pair is only scheduled: the next pass, whoever runs it, takes them, and no
+    /// pass runs now and no one is woken. In a ping-pong that is one pass less on each side
+    /// per round trip (the receive reposted after each completion went through a pass of its
+    /// own). Outside RTS the receives are flushed, which [`Engine::posted`] does at once.
+    pub(crate) fn posted_receives(&self, qp: &QpShared) {
+        if !qp.schedule(&self.doorbell) {
+            return;
+        }
+        // Pairs with the fence before a pass lets go of the core (`let_go`) and with the
+        // engine's announced park: either the state read here shows the change, or whoever
+        // made it finds the key pending and runs a pass for it.
+        fence(Ordering::SeqCst);
+        if qp.state() != QpState::Rts {
+            self.posted(qp);
+        }
+    }
+
     /// An async task started waiting for a completion. Inline, a thread drives the engine
     /// while any task waits (started the first time one does).
     pub(crate) fn async_wait_started(self: &Arc<Engine>) {

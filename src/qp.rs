@@ -206,7 +206,7 @@ impl QueuePair {
         };
         let (posted, result) = post_list(wrs, check, |n| shared.reserve_rq(n), |wrs| shared.rq.push_all(wrs));
         if posted > 0 {
-            self.handle.dev.posted(shared);
+            self.handle.dev.posted_receives(shared);
         }
         result
     }

@@ -561,3 +561,59 @@ fn input_the_engine_leaves_to_the_lock_holder_is_handled() {
         assert!(stats.handoffs > 0, "the engine never found its lock held in {reads} Reads: {stats:?}");
     });
 }
+
+/// A receive posted while the queue pair is in RTS is only queued for the next pass: posting
+/// it runs no pass of its own and wakes no sleeping engine, and whichever pass comes next
+/// takes it before it reads, so every message finds its buffer. Posted once the queue pair has left
+/// RTS, a receive is flushed at once, as verbs' are.
+#[test]
+fn receives_posted_in_rts_wait_for_the_next_pass_and_are_flushed_after() {
+    const N: u64 = 16;
+    let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
+    let pairs = connect_many(&client_dev, &server_dev, 1, N as usize);
+    let (client, server) = &pairs[0];
+    // A round trip first: an initiator that has sent but not heard from its peer nudges it
+    // (see `sparse_round_trips`), which would wake the server's engine.
+    server.post_recv(99);
+    client.post_recv(199);
+    client.send(999, 8);
+    server.wait_recv(99, "ping");
+    server.send(1999, 8);
+    client.wait_recv(199, "pong");
+    // Let the server's engine fall asleep.
+    thread::sleep(Duration::from_millis(20));
+    let before = server_dev.stats();
+    for i in 0..N {
+        server.post_recv(i);
+    }
+    // (Reading the statistics takes the engine's lock, and letting go of it runs the pass
+    // for the queued receives: so no pass at all cannot be observed this way.)
+    let after = server_dev.stats();
+    assert_eq!(after.direct_passes, before.direct_passes, "posts ran passes: {before:?} -> {after:?}");
+    assert_eq!(
+        (after.sleeps, after.event_wakeups, after.timer_wakeups),
+        (before.sleeps, before.event_wakeups, before.timer_wakeups),
+        "posting receives woke the engine: {before:?} -> {after:?}"
+    );
+    for i in 0..N {
+        client.send(1000 + i, 8);
+    }
+    for i in 0..N {
+        server.wait_recv(i, "message into a receive posted while the engine slept");
+    }
+    assert_eq!(server.qp.state(), QpState::Rts);
+
+    client.qp.disconnect();
+    for _ in 0..1000 {
+        if server.qp.state() != QpState::Rts {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert_ne!(server.qp.state(), QpState::Rts, "the server never saw the disconnect");
+    // Whatever the disconnect flushed is reaped first.
+    while server.cq.poll().is_some() {}
+    server.post_recv(7);
+    let wc = server.cq.wait(T).expect("a receive posted after RTS was not flushed");
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WrFlushError), "{wc:?}");
+}
