@@ -893,6 +893,9 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// The vectored write's buffer list, kept empty between writes so that a write
+    /// allocates none (see [`reuse_iov`]).
+    iov: Vec<IoSlice<'static>>,
     /// Received bytes, all connections together.
     rx_stats: RxStats,
     /// Transmitted bytes, all connections together, and those staged for a full link.
@@ -934,6 +937,7 @@ impl EngineCore {
             slots: Vec::new(),
             free_keys: Vec::new(),
             ready: Vec::new(),
+            iov: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
             rx_stats: RxStats::default(),
             tx_batch: TxBatch::default(),
@@ -1213,6 +1217,7 @@ impl EngineCore {
                 &mut self.rx,
                 &mut self.tx_batch,
                 &mut self.tx_pool,
+                &mut self.iov,
                 self.linger,
             );
             let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
@@ -1269,6 +1274,15 @@ impl EngineCore {
         slot.shared.retire();
         self.free_keys.push(key);
     }
+}
+
+/// Empties a list of buffers that borrowed from one pass's memory and gives its allocation
+/// back for the next write. The list outlives no borrow: collected from its own emptied
+/// iterator into a type of the same layout, it keeps its allocation (std collects such a
+/// `Vec` in place).
+fn reuse_iov(mut iov: Vec<IoSlice<'_>>) -> Vec<IoSlice<'static>> {
+    iov.clear();
+    iov.into_iter().map(|_| IoSlice::new(&[])).collect()
 }
 
 /// Returns a connection's transmit buffer to the pool (or frees it when the pool is full).
@@ -1368,6 +1382,7 @@ fn visit(
     rx: &mut [u8],
     batch: &mut TxBatch,
     pool: &mut Vec<Vec<u8>>,
+    iov_store: &mut Vec<IoSlice<'static>>,
     linger: Duration,
 ) -> Visit {
     let span = slot.span.clone();
@@ -1497,7 +1512,7 @@ fn visit(
                     // Sent after the peer spoke: these bytes wake it as a nudge would.
                     slot.owes_nudge = false;
                 }
-                let mut iov = Vec::with_capacity(batch.parts().len());
+                let mut iov: Vec<IoSlice<'_>> = std::mem::take(iov_store);
                 let sent = match batch.io_slices(&mem, &mut iov) {
                     Ok(()) => {
                         let iov = &iov[..iov.len().min(IOV_MAX)];
@@ -1506,7 +1521,7 @@ fn visit(
                     }
                     Err(_) => Err(LinkError::Reset),
                 };
-                drop(iov);
+                *iov_store = reuse_iov(iov);
                 let staged = match sent {
                     Ok((n, _)) if n == len => {
                         v.work = true;
@@ -1562,7 +1577,6 @@ fn visit(
         slot.tx_off = 0;
         slot.tx_len = 0;
     }
-    let now = Instant::now();
     let can_nudge = idle && drained && slot.conn.qp_ref().state() == QpState::Rts;
     if slot.heard {
         slot.nudge_at = None;
@@ -1570,6 +1584,7 @@ fn visit(
             slot.owes_nudge = !nudge(slot, "the peer spoke; what was sent before may lie unread");
         }
     } else if let Some(at) = slot.nudge_at {
+        let now = Instant::now();
         if at > now {
             v.timer = Some(at);
         } else if can_nudge {
@@ -1598,6 +1613,7 @@ fn visit(
     // Finished: nothing more can be sent (the link is gone, or shut after the last byte), or
     // the last bytes have waited for a peer that stopped reading for the whole linger.
     if state == QpState::Error {
+        let now = Instant::now();
         let since = *slot.finished_at.get_or_insert(now);
         let lingered = now.saturating_duration_since(since) >= linger;
         v.done = slot.link_down || (slot.write_shut && drained) || lingered;
@@ -1612,4 +1628,24 @@ fn visit(
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The write's buffer list keeps its allocation from one write to the next.
+    #[test]
+    fn the_iov_list_is_reused_without_allocating() {
+        let mut store: Vec<IoSlice<'static>> = Vec::with_capacity(32);
+        let first = store.as_ptr();
+        for round in 0..3u8 {
+            let data = vec![round; 8];
+            let mut iov: Vec<IoSlice<'_>> = std::mem::take(&mut store);
+            iov.extend(std::iter::repeat_n(IoSlice::new(&data), 20));
+            store = reuse_iov(iov);
+            assert!(store.is_empty());
+            assert_eq!((store.as_ptr(), store.capacity()), (first, 32), "round {round}");
+        }
+    }
 }
