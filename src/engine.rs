@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{CheckedSendWr, QpState, QueuePair, RecvWr, WcOpcode, WcStatus};
 
-use crate::readiness::{DOORBELL, Events, Poll, STACK_BASE, Token};
+use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
 
 /// How the engine waits for work.
@@ -113,6 +113,11 @@ pub struct EngineStats {
     /// Times the engine thread found the core held by another thread and left its readiness
     /// events to that thread instead of waiting for the lock.
     pub handoffs: u64,
+    /// Of the sleeps, those taken on the doorbell alone because an application thread had
+    /// just been woken for input and was about to wait for more: the links' input then wakes
+    /// that thread, not the engine, which looks at the links when the sleep ends (neither an
+    /// event nor a timer wake-up unless the doorbell or a timer ended it).
+    pub quiet_sleeps: u64,
     /// Bytes the connections received.
     pub rx_bytes: u64,
     /// Of those, payload bytes the links read straight into registered memory (the rest
@@ -138,6 +143,7 @@ struct Counters {
     app_polls: AtomicU64,
     waiting_passes: AtomicU64,
     handoffs: AtomicU64,
+    quiet_sleeps: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -169,6 +175,12 @@ const BUSY_YIELD_AFTER: Duration = Duration::from_micros(20);
 /// How long a sleep may last while some link has no readiness events (it is polled).
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
+/// How long after an application thread was woken for input the engine thread leaves the
+/// links' input to it (see `Engine::sleep`): longer than such a thread takes to handle what
+/// woke it and come back to wait, even when the peer it answered preempted it; and the
+/// longest that input no application thread waits for can wait for the engine meanwhile.
+const APP_BUSY: Duration = Duration::from_micros(200);
+
 /// The engine as the handles see it: its state behind a lock for the slow path, the
 /// doorbell, and the thread (or the application's calls, inline) that runs it.
 #[derive(Debug)]
@@ -195,6 +207,16 @@ pub(crate) struct Engine {
     /// When the engine thread's last computed sleep ends, in nanoseconds since `epoch`
     /// (`u64::MAX`: no limit); see `Engine::nap`.
     nap_until: AtomicU64,
+    /// Sleeps on the doorbell alone, for the engine thread while an application thread is
+    /// busy with input (see `Engine::sleep`). Made on first use, as only a device whose
+    /// threads wait in a queue's poll needs it: a descriptor less for the others (see
+    /// `Poll::add_link` on programs that refuse high descriptor numbers).
+    quiet: OnceLock<Option<DoorbellPoll>>,
+    /// Until when, in nanoseconds since `epoch`, an application thread woken for input is
+    /// taken to be busy with it and about to wait again (0: none has been).
+    app_busy_until: AtomicU64,
+    /// The engine thread sleeps (or is about to) on the doorbell alone.
+    quiet_sleeping: AtomicBool,
     epoch: Instant,
     counters: Counters,
 }
@@ -262,6 +284,9 @@ impl Engine {
             async_waiters: AtomicUsize::new(0),
             async_driver: Mutex::new(None),
             nap_until: AtomicU64::new(u64::MAX),
+            quiet: OnceLock::new(),
+            app_busy_until: AtomicU64::new(0),
+            quiet_sleeping: AtomicBool::new(false),
             epoch: Instant::now(),
             counters: Counters::default(),
         });
@@ -531,6 +556,7 @@ impl Engine {
             // has placed it already, the pass finds the socket drained.
             poll.wait(events, timeout);
             unregister(&poll);
+            self.app_busy(Instant::now());
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {
                 self.pass(Some(events));
@@ -630,7 +656,10 @@ impl Engine {
     fn let_go<'a>(&'a self, mut core: MutexGuard<'a, EngineCore>) -> (u64, u64) {
         let (mut passes, mut visits) = (0, 0);
         loop {
-            let rearm = (core.new_earliest() || !core.ready.is_empty()) && self.doorbell.parked();
+            // A link this holder filled reports its writable event only to the engine's poll,
+            // which an engine sleeping on the doorbell alone does not watch.
+            let filled = std::mem::take(&mut core.filled) && self.quiet_sleeping.load(Ordering::SeqCst);
+            let rearm = (core.new_earliest() || !core.ready.is_empty() || filled) && self.doorbell.parked();
             drop(core);
             if rearm {
                 self.doorbell.wake();
@@ -652,14 +681,17 @@ impl Engine {
 
     /// How long an idle engine may sleep: without limit when every link has readiness
     /// events and no stack has a timer pending.
-    fn nap(&self) -> Option<Duration> {
+    fn nap(&self) -> (Option<Duration>, bool) {
         let now = Instant::now();
         let Ok(mut core) = self.core.try_lock() else {
             // Another thread holds the core (and takes what was handed off): sleep until the
             // wake-up computed last time. A timer set since is earlier than that one only if
             // its pass flagged a new earliest timer, which wakes a parked engine.
             let at = self.nap_until.load(Ordering::Acquire);
-            return (at != u64::MAX).then(|| Duration::from_nanos(at).saturating_sub(now - self.epoch));
+            return (
+                (at != u64::MAX).then(|| Duration::from_nanos(at).saturating_sub(now - self.epoch)),
+                false,
+            );
         };
         // A thread that let go of the core while this one held it here found it taken and
         // left what it was to look at to this thread: the events this thread handed off to
@@ -668,7 +700,7 @@ impl Engine {
         // close never reported, the connection's readable event left in the hand-off queue).
         fence(Ordering::SeqCst);
         if self.doorbell.handed_off() || self.doorbell.has_pending() {
-            return Some(Duration::ZERO);
+            return (Some(Duration::ZERO), false);
         }
         core.new_earliest = false;
         let polled = (!core.polled.is_empty() || core.poll.is_none()).then_some(POLLED_NAP);
@@ -677,7 +709,22 @@ impl Engine {
         let at =
             nap.map_or(u64::MAX, |n| u64::try_from((now - self.epoch + n).as_nanos()).unwrap_or(u64::MAX));
         self.nap_until.store(at, Ordering::Release);
-        nap
+        // Stacks and links without readiness events need the engine's own polling, and a
+        // full link its writable event.
+        (nap, core.stacks.is_empty() && core.polled.is_empty() && core.waiting_writable == 0)
+    }
+
+    /// An application thread was woken for input at `now` (see [`APP_BUSY`]).
+    fn app_busy(&self, now: Instant) {
+        let until = (now + APP_BUSY).saturating_duration_since(self.epoch);
+        self.app_busy_until.store(u64::try_from(until.as_nanos()).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// How much longer an application thread is taken to be busy with input it was woken for.
+    fn app_busy_for(&self, now: Instant) -> Option<Duration> {
+        let until = Duration::from_nanos(self.app_busy_until.load(Ordering::Acquire));
+        let left = until.saturating_sub(now.saturating_duration_since(self.epoch));
+        (!left.is_zero()).then_some(left)
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
@@ -696,6 +743,7 @@ impl Engine {
             app_polls: c.app_polls.load(Ordering::Relaxed),
             waiting_passes: c.waiting_passes.load(Ordering::Relaxed),
             handoffs: c.handoffs.load(Ordering::Relaxed),
+            quiet_sleeps: c.quiet_sleeps.load(Ordering::Relaxed),
             rx_bytes: rx.bytes,
             rx_in_place: rx.in_place,
             tx_bytes: tx.bytes,
@@ -718,7 +766,7 @@ fn async_driver(e: &Engine) {
             std::thread::park_timeout(Duration::from_millis(100));
             continue;
         }
-        let nap = e.nap().map_or(Duration::from_millis(50), |n| n.min(Duration::from_millis(50)));
+        let nap = e.nap().0.map_or(Duration::from_millis(50), |n| n.min(Duration::from_millis(50)));
         e.collect_and_pass(&mut events, Some(nap));
     }
 }
@@ -778,15 +826,49 @@ impl Engine {
             self.doorbell.set_parked(false);
             return;
         }
-        let nap = self.nap();
+        // Announced before `nap` looks at the links under the core's lock: a pass that fills
+        // a link after that look wakes this thread (`let_go`), whose sleep on the doorbell
+        // alone would miss the link's writable event.
+        self.quiet_sleeping.store(true, Ordering::SeqCst);
+        let (nap, quiet_ok) = self.nap();
+        let busy = self.app_busy_for(Instant::now()).filter(|_| quiet_ok);
         if nap == Some(Duration::ZERO) {
             // Work now (left by a thread that let go while `nap` held the core, or a timer
             // that is due): a pass instead of a sleep.
+            self.quiet_sleeping.store(false, Ordering::SeqCst);
             self.doorbell.set_parked(false);
             self.engine_pass(None);
             return;
         }
         bump(&self.counters.sleeps, 1);
+        // An application thread was just woken for input and is about to wait for more (a
+        // ping-pong's answer): sleep on the doorbell alone, so that the next input wakes that
+        // thread, not this one. Input that comes while it is still busy (preempted by the
+        // peer it answered, say) finds no thread sleeping in its queue's poll, and woke this
+        // one instead, on every other round trip: a wake-up, on a virtual machine an
+        // interrupt to another core, and a pass racing the application's for the same input.
+        // What the links did meanwhile is collected when this sleep ends, at the latest when
+        // the application thread is no longer taken to be busy.
+        let quiet = busy.and_then(|_| {
+            self.quiet.get_or_init(|| self.poll.as_ref().and_then(|p| p.doorbell_only().ok())).as_ref()
+        });
+        if quiet.is_none() {
+            self.quiet_sleeping.store(false, Ordering::SeqCst);
+        }
+        if let (Some(busy), Some(quiet), Some(poll)) = (busy, quiet, &self.poll) {
+            bump(&self.counters.quiet_sleeps, 1);
+            let rang = quiet.wait(nap.map_or(busy, |n| n.min(busy)));
+            self.quiet_sleeping.store(false, Ordering::SeqCst);
+            poll.wait(events, Some(Duration::ZERO));
+            self.doorbell.set_parked(false);
+            self.engine_pass(Some(events));
+            if rang {
+                bump(&self.counters.event_wakeups, 1);
+            } else if nap.is_some_and(|n| n <= busy) {
+                bump(&self.counters.timer_wakeups, 1);
+            }
+            return;
+        }
         let woke_by_event = match &self.poll {
             Some(poll) => {
                 poll.wait(events, nap);
@@ -893,6 +975,11 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// Connections whose link was full and that wait for its writable event (which only
+    /// the engine's poll reports).
+    waiting_writable: usize,
+    /// A pass filled a link since the core was last let go.
+    filled: bool,
     /// The vectored write's buffer list, kept empty between writes so that a write
     /// allocates none (see [`reuse_iov`]).
     iov: Vec<IoSlice<'static>>,
@@ -937,6 +1024,8 @@ impl EngineCore {
             slots: Vec::new(),
             free_keys: Vec::new(),
             ready: Vec::new(),
+            waiting_writable: 0,
+            filled: false,
             iov: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
             rx_stats: RxStats::default(),
@@ -1154,6 +1243,7 @@ impl EngineCore {
         self.free_keys.clear();
         self.ready.clear();
         self.polled.clear();
+        self.waiting_writable = 0;
     }
 
     /// One pass: collects what is ready (readiness events, doorbells, links without events)
@@ -1174,6 +1264,9 @@ impl EngineCore {
             let Ok(key) = usize::try_from(ev.token) else { continue };
             if let Some(Some(slot)) = self.slots.get_mut(key) {
                 slot.readable |= ev.readable;
+                if ev.writable && !slot.writable {
+                    self.waiting_writable -= 1;
+                }
                 slot.writable |= ev.writable;
                 slot.closed |= ev.closed;
                 self.schedule(key);
@@ -1211,6 +1304,7 @@ impl EngineCore {
             slot.queued = false;
             visits += 1;
             let (before, tx_before) = (slot.conn.rx_stats(), slot.conn.tx_stats());
+            let was_writable = slot.writable;
             let v = visit(
                 slot,
                 &mut self.table,
@@ -1220,6 +1314,10 @@ impl EngineCore {
                 &mut self.iov,
                 self.linger,
             );
+            if was_writable && !slot.writable {
+                self.waiting_writable += 1;
+                self.filled = true;
+            }
             let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
             self.rx_stats.bytes += after.bytes - before.bytes;
             self.rx_stats.in_place += after.in_place - before.in_place;
@@ -1263,6 +1361,9 @@ impl EngineCore {
     /// Drops a finished connection; work posted to it from now on is flushed by the poster.
     fn remove(&mut self, key: usize) {
         let Some(mut slot) = self.slots.get_mut(key).and_then(Option::take) else { return };
+        if !slot.writable {
+            self.waiting_writable -= 1;
+        }
         if slot.has_source {
             if let (Some(p), Some(fd)) = (&self.poll, slot.link.fd()) {
                 let _ = p.delete(fd);

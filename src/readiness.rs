@@ -155,6 +155,14 @@ impl Poll {
         Ok(epoll::delete(&self.epoll, fd)?)
     }
 
+    /// A second poll that watches this one's doorbell alone: a thread sleeping there is woken
+    /// by a ring but not by the links, whose readiness this poll keeps recording meanwhile.
+    pub(crate) fn doorbell_only(&self) -> io::Result<DoorbellPoll> {
+        let epoll = epoll::create(CreateFlags::CLOEXEC)?;
+        epoll::add(&epoll, &self.doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
+        Ok(DoorbellPoll { epoll })
+    }
+
     /// Rings the doorbell: one thread sleeping in the poll wakes (each ring is a new edge).
     pub(crate) fn wake(&self) {
         // The counter only overflows after 2^64 - 2 rings without a read; a full counter
@@ -193,6 +201,24 @@ impl Poll {
                 }
             }
         }
+    }
+}
+
+/// A poll of another poll's doorbell alone (see [`Poll::doorbell_only`]).
+#[derive(Debug)]
+pub(crate) struct DoorbellPoll {
+    epoll: OwnedFd,
+}
+
+impl DoorbellPoll {
+    /// Sleeps until the doorbell rings or `timeout` passes; whether it rang.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let timespec = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; 1];
+        matches!(epoll::wait(self.epoll.as_fd(), &mut raw[..], Some(&timespec)), Ok((got, _)) if !got.is_empty())
     }
 }
 

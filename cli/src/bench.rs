@@ -757,8 +757,9 @@ fn text_report(args: &Args, report: &Report) -> String {
     ));
     for (name, e) in &report.engines {
         out.push_str(&format!(
-            "engine ({name}): slept {} times, woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times\n",
+            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times\n",
             e.sleeps,
+            e.quiet_sleeps,
             e.event_wakeups,
             e.timer_wakeups,
             e.passes,
@@ -835,6 +836,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "app_polls": e.app_polls,
                 "waiting_passes": e.waiting_passes,
                 "handoffs": e.handoffs,
+                "quiet_sleeps": e.quiet_sleeps,
             })).collect::<Vec<_>>(),
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({

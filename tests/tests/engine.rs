@@ -123,6 +123,11 @@ fn sparse_round_trips(mode: PollMode) {
         client.post_recv(200 + i);
         client.send(i, 8);
         server.wait_recv(100 + i, "ping");
+        // The server answers once its engine sleeps again: for a while after its thread was
+        // woken for the ping the engine sleeps on its doorbell alone and then looks at the
+        // links (see `EngineStats::quiet_sleeps`), and a post made while it looks finds it
+        // awake and leaves the work to it.
+        thread::sleep(Duration::from_millis(2));
         server.send(1000 + i, 8);
         client.wait_recv(200 + i, "pong");
         // Sparse: both engines go back to sleep between round trips.
