@@ -168,7 +168,15 @@ impl QueuePair {
     /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
     /// where the connection negotiated them).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        self.post_send_list([wr]).map_err(|e| e.error)
+        // As a list of one, without the list's chunk (a 16-entry array to fill and drop).
+        let shared = &self.handle.shared;
+        let wr = wr.check(&shared.config)?;
+        if shared.reserve_sq(1) == 0 {
+            return Err(PostError::QueueFull);
+        }
+        shared.sq.push(wr);
+        self.handle.dev.posted(shared);
+        Ok(())
     }
 
     /// Posts a list of send-queue work requests with one doorbell, as verbs'
@@ -191,7 +199,18 @@ impl QueuePair {
 
     /// Posts a receive buffer.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.post_recv_list([wr]).map_err(|e| e.error)
+        // As a list of one (see `post_send`).
+        let shared = &self.handle.shared;
+        if shared.uses_srq {
+            return Err(PostError::UsesSrq);
+        }
+        wr.validate()?;
+        if shared.reserve_rq(1) == 0 {
+            return Err(PostError::QueueFull);
+        }
+        shared.rq.push(wr);
+        self.handle.dev.posted_receives(shared);
+        Ok(())
     }
 
     /// Posts a list of receive buffers with one doorbell (verbs' `ibv_post_recv` with a

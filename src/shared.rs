@@ -486,6 +486,11 @@ impl<T> Default for WrRing<T> {
 }
 
 impl<T> WrRing<T> {
+    /// Appends one request.
+    pub(crate) fn push(&self, wr: T) {
+        lock(&self.queue).push_back(wr);
+    }
+
     /// Appends requests, in order, under one lock.
     pub(crate) fn push_all(&self, wrs: impl Iterator<Item = T>) {
         lock(&self.queue).extend(wrs);
