@@ -136,8 +136,23 @@ SERIAL="$OUT/serial.log"
 # The capture: every connection decodes, with no protocol violation.
 dis_rc=0
 "$IWARP_BIN" dissect "$OUT/guest-nic.pcap" > "$OUT/dissect.txt" 2> "$OUT/dissect.err" || dis_rc=$?
+# siw's rsocket server may speak before the drop-in's client when the client is slow to send
+# its first credits (docs/siw-quirks.md, "A responder must not send first"): such a violation by
+# the guest's responder is noted, not counted. Any other violation, and this one by the host's
+# responder, fails. Prints "TOTAL SIW_FIRST".
+siw_first() {
+  awk -v g="$G" '
+    /^conn [0-9]+ / { split($5, a, ":"); responder[$2] = a[1] }
+    /^  violation: conn [0-9]+ / {
+      total++
+      if ($4 == "r->i" && responder[$3] == g && index($0, "responder sent first")) siw++
+    }
+    END { print total + 0, siw + 0 }' "$OUT/dissect.txt"
+}
 if [ "$dis_rc" = 0 ]; then
   result PASS dissect "$(tail -1 "$OUT/dissect.txt")"
+elif read -r v_all v_siw < <(siw_first) && [ "$dis_rc" = 1 ] && [ "$v_all" -gt 0 ] && [ "$v_all" = "$v_siw" ]; then
+  result PASS dissect "$(tail -1 "$OUT/dissect.txt") (each: siw's responder sent first, noted, not counted)"
 else
   result FAIL dissect "exit $dis_rc: $(tail -1 "$OUT/dissect.err") $(tail -1 "$OUT/dissect.txt")"
 fi
