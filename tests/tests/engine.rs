@@ -96,6 +96,21 @@ fn connect_many(client: &Device, server: &Device, n: usize, recv: usize) -> Vec<
         .collect()
 }
 
+/// One round trip (wr_ids 99/199 and 999/1999), then a pause in which both engines fall asleep.
+/// An initiator that has sent but not yet heard from its peer keeps a nudge timer
+/// (docs/siw-quirks.md), which fires, rightly, when the answer takes longer than 10 ms (a
+/// loaded machine), and nudges once more when it first hears: once the client has heard the
+/// server, none is left to wake an engine.
+fn first_round_trip(client: &End, server: &End) {
+    server.post_recv(99);
+    client.post_recv(199);
+    client.send(999, 8);
+    server.wait_recv(99, "first ping");
+    server.send(1999, 8);
+    client.wait_recv(199, "first pong");
+    thread::sleep(Duration::from_millis(20));
+}
+
 /// Sparse Send/Send round trips between two sleeping engines: every message must wake the
 /// thread waiting for it (or the receiving engine) through the link's readiness, and every
 /// post must go out without waiting for the sending engine. A timer wake-up would mean some
@@ -105,18 +120,7 @@ fn sparse_round_trips(mode: PollMode) {
     let (client_dev, server_dev) = (open(mode), open(mode));
     let pairs = connect_many(&client_dev, &server_dev, 1, 4);
     let (client, server) = &pairs[0];
-    // One exchange first: an initiator that has sent but not yet heard from its peer keeps a
-    // nudge timer (docs/siw-quirks.md), which fires, rightly, when the answer takes longer
-    // than 10 ms (a loaded machine), and nudges once more when it first hears. Once the
-    // client has heard the server, none is left.
-    server.post_recv(99);
-    client.post_recv(199);
-    client.send(999, 8);
-    server.wait_recv(99, "first ping");
-    server.send(1999, 8);
-    client.wait_recv(199, "first pong");
-    // Let both engines fall asleep before the first ping.
-    thread::sleep(Duration::from_millis(20));
+    first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
     for i in 0..PINGS {
         server.post_recv(100 + i);
@@ -577,16 +581,7 @@ fn receives_posted_in_rts_wait_for_the_next_pass_and_are_flushed_after() {
     let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
     let pairs = connect_many(&client_dev, &server_dev, 1, N as usize);
     let (client, server) = &pairs[0];
-    // A round trip first: an initiator that has sent but not heard from its peer nudges it
-    // (see `sparse_round_trips`), which would wake the server's engine.
-    server.post_recv(99);
-    client.post_recv(199);
-    client.send(999, 8);
-    server.wait_recv(99, "ping");
-    server.send(1999, 8);
-    client.wait_recv(199, "pong");
-    // Let the server's engine fall asleep.
-    thread::sleep(Duration::from_millis(20));
+    first_round_trip(client, server);
     let before = server_dev.stats();
     for i in 0..N {
         server.post_recv(i);
