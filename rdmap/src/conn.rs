@@ -711,7 +711,10 @@ impl Connection {
         limit: usize,
     ) -> usize {
         let start = batch.len;
-        while batch.len - start < limit && batch.parts.len() + 3 <= TxBatch::MAX_PARTS {
+        while batch.len - start < limit
+            && batch.parts.len() + 3 <= TxBatch::MAX_PARTS
+            && self.qp.may_transmit()
+        {
             let by_ref = self.tx_by_ref_min.filter(|_| !self.framer.markers());
             let Some(min) = by_ref.filter(|_| !self.awaiting_peer) else {
                 let at = batch.meta_len;

@@ -1594,3 +1594,31 @@ fn a_receive_posted_after_the_read_takes_the_send_it_brought() {
         assert!(p.b.bytes(&dst) == pattern(len, 9), "{len}");
     }
 }
+
+/// `may_transmit` says false only when there is nothing to send: before any work, after the
+/// last segment of a Read's request and response has gone, and for a queue pair that has
+/// left RTS; true while a request waits in the send queue or a response is due.
+#[test]
+fn may_transmit_is_false_only_with_nothing_to_send() {
+    let mut p = Pair::new(false, false);
+    assert!(!p.a.conn.qp_ref().may_transmit() && !p.b.conn.qp_ref().may_transmit());
+    let len = 3 * MULPDU;
+    let src = p.b.buf(len, Access::REMOTE_READ, 0);
+    let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+        sgl: sink.sge_at(0, len as u32).into(),
+        signaled: true,
+    });
+    assert!(p.a.conn.qp_ref().may_transmit(), "a Read waits in the send queue");
+    let request = p.a.transmit();
+    assert!(!p.a.conn.qp_ref().may_transmit(), "the Read Request is out");
+    p.b.feed(&request);
+    assert!(p.b.conn.qp_ref().may_transmit(), "a Read Response is due");
+    let response = p.b.transmit();
+    p.a.feed(&response);
+    p.a.collect();
+    ok(&p.a.completions[0], 1, WcOpcode::Read);
+    assert!(!p.a.conn.qp_ref().may_transmit() && !p.b.conn.qp_ref().may_transmit());
+}

@@ -75,6 +75,19 @@ impl QueuePair {
         }
     }
 
+    /// Whether [`QueuePair::poll_transmit`] may have something to send (or memory work requests
+    /// to run): false only when it would certainly return `None`. A few field tests, where a
+    /// poll that finds nothing walks both turns and the send queue's head.
+    pub fn may_transmit(&self) -> bool {
+        self.terminate.is_some()
+            || (self.state == QpState::Rts
+                && (self.tx_cur.is_some()
+                    || self.tx_next.is_some()
+                    || self.resp_cur.is_some()
+                    || !self.resp_pending.is_empty()
+                    || !self.sq.is_empty()))
+    }
+
     /// Writes the next ULPDU (one DDP segment) to send into `buf`, which must hold at least
     /// [`QpConfig::mulpdu`](super::QpConfig::mulpdu) bytes, and returns its length; `None` when
     /// there is nothing to send. Read Responses and the send queue take turns, so neither
