@@ -656,10 +656,11 @@ impl Engine {
     fn let_go<'a>(&'a self, mut core: MutexGuard<'a, EngineCore>) -> (u64, u64) {
         let (mut passes, mut visits) = (0, 0);
         loop {
-            // A link this holder filled reports its writable event only to the engine's poll,
-            // which an engine sleeping on the doorbell alone does not watch.
-            let filled = std::mem::take(&mut core.filled) && self.quiet_sleeping.load(Ordering::SeqCst);
-            let rearm = (core.new_earliest() || !core.ready.is_empty() || filled) && self.doorbell.parked();
+            // A full link reports its writable event only to the engine's poll, which an engine
+            // sleeping on the doorbell alone does not watch (it does not start such a sleep while
+            // a link is full, but a link may fill after it looked).
+            let full = core.waiting_writable > 0 && self.quiet_sleeping.load(Ordering::SeqCst);
+            let rearm = (core.new_earliest() || !core.ready.is_empty() || full) && self.doorbell.parked();
             drop(core);
             if rearm {
                 self.doorbell.wake();
@@ -978,8 +979,6 @@ pub(crate) struct EngineCore {
     /// Connections whose link was full and that wait for its writable event (which only
     /// the engine's poll reports).
     waiting_writable: usize,
-    /// A pass filled a link since the core was last let go.
-    filled: bool,
     /// The vectored write's buffer list, kept empty between writes so that a write
     /// allocates none (see [`reuse_iov`]).
     iov: Vec<IoSlice<'static>>,
@@ -1025,7 +1024,6 @@ impl EngineCore {
             free_keys: Vec::new(),
             ready: Vec::new(),
             waiting_writable: 0,
-            filled: false,
             iov: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
             rx_stats: RxStats::default(),
@@ -1316,7 +1314,6 @@ impl EngineCore {
             );
             if was_writable && !slot.writable {
                 self.waiting_writable += 1;
-                self.filled = true;
             }
             let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
             self.rx_stats.bytes += after.bytes - before.bytes;

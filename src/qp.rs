@@ -81,6 +81,15 @@ fn post_list<W, C>(
     (posted, failed.map_or(Ok(()), |error| Err(PostListError { posted, error })))
 }
 
+/// A receive request as a queue pair takes it: one whose receives come from a shared queue
+/// takes none.
+fn check_recv(shared: &QpShared, wr: RecvWr) -> Result<RecvWr, PostError> {
+    if shared.uses_srq {
+        return Err(PostError::UsesSrq);
+    }
+    wr.validate().map(|()| wr)
+}
+
 /// A connected queue pair.
 ///
 /// Posting holds only its work queue's own lock, for one push of up to 16 requests of a list
@@ -201,10 +210,7 @@ impl QueuePair {
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
         // As a list of one (see `post_send`).
         let shared = &self.handle.shared;
-        if shared.uses_srq {
-            return Err(PostError::UsesSrq);
-        }
-        wr.validate()?;
+        let wr = check_recv(shared, wr)?;
         if shared.reserve_rq(1) == 0 {
             return Err(PostError::QueueFull);
         }
@@ -217,12 +223,7 @@ impl QueuePair {
     /// chain), up to the first that fails.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostListError> {
         let shared = &self.handle.shared;
-        let check = |wr: RecvWr| {
-            if shared.uses_srq {
-                return Err(PostError::UsesSrq);
-            }
-            wr.validate().map(|()| wr)
-        };
+        let check = |wr| check_recv(shared, wr);
         let (posted, result) = post_list(wrs, check, |n| shared.reserve_rq(n), |wrs| shared.rq.push_all(wrs));
         if posted > 0 {
             self.handle.dev.posted_receives(shared);

@@ -174,10 +174,7 @@ impl Poll {
     /// fills `events` with what happened (the doorbell included, as [`DOORBELL`]).
     pub(crate) fn wait(&self, events: &mut Events, timeout: Option<Duration>) {
         events.ready.clear();
-        let timespec = timeout.map(|t| Timespec {
-            tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(t.subsec_nanos()),
-        });
+        let timespec = timeout.map(timespec);
         let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; BATCH];
         // EINTR and the like: report nothing; the caller passes and comes back.
         let Ok((got, _)) = epoll::wait(self.epoll.as_fd(), &mut raw[..], timespec.as_ref()) else { return };
@@ -213,13 +210,14 @@ pub(crate) struct DoorbellPoll {
 impl DoorbellPoll {
     /// Sleeps until the doorbell rings or `timeout` passes; whether it rang.
     pub(crate) fn wait(&self, timeout: Duration) -> bool {
-        let timespec = Timespec {
-            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
         let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; 1];
-        matches!(epoll::wait(self.epoll.as_fd(), &mut raw[..], Some(&timespec)), Ok((got, _)) if !got.is_empty())
+        matches!(epoll::wait(self.epoll.as_fd(), &mut raw[..], Some(&timespec(timeout))), Ok((got, _)) if !got.is_empty())
     }
+}
+
+/// `t` as epoll's timeout.
+fn timespec(t: Duration) -> Timespec {
+    Timespec { tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX), tv_nsec: i64::from(t.subsec_nanos()) }
 }
 
 /// What one epoll event says.
