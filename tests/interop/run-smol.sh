@@ -22,7 +22,12 @@ BRIDGE="ip link add vsA type veth peer name vsB && ip link add br0 type bridge \
  && ip link set iwtap0 master br0 && ip link set vsA master br0 && ip addr flush dev iwtap0 \
  && ip addr add 10.99.0.1/24 dev br0 && ip link set br0 up && ip link set vsA up && ip link set vsB up"
 FAILS=0
-result() { printf '%-5s smoltcp/%-15s %s\n' "$1" "$2" "$3" >&2; [ "$1" = PASS ] || FAILS=$((FAILS + 1)); }
+# A passing case's work directory (the guest's serial log, about 2.5 MB) is removed; a failing
+# one's is kept and named in its FAIL line.
+result() {
+  printf '%-5s smoltcp/%-15s %s\n' "$1" "$2" "$3" >&2
+  if [ "$1" = PASS ]; then rm -rf "$out"; else FAILS=$((FAILS + 1)); fi
+}
 
 # boot NAME HOSTCMD GUESTCMD: one guest boot; sets $log (both sides' output) and $out.
 boot() {

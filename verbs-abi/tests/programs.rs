@@ -351,6 +351,10 @@ fn netcat_through_librspreload() {
         })
         .collect();
     std::fs::write(&input, &data).unwrap();
+    // The open file outlives its name: removing the directory now leaves nothing behind in
+    // the temporary directory, even if an assertion below fails.
+    let stdin = std::fs::File::open(&input).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     let port = free_port().to_string();
     // Under AddressSanitizer the sanitizer's runtime must stay first in the preload list.
     let preload = match dropin_env().into_iter().find(|(k, _)| k == "LD_PRELOAD") {
@@ -362,9 +366,8 @@ fn netcat_through_librspreload() {
     let mut c = dropin("nc.traditional");
     c.env("LD_PRELOAD", &preload)
         .args(["-q", "0", "127.0.0.1", &port])
-        .stdin(std::fs::File::open(&input).unwrap());
+        .stdin(stdin);
     let (_client, server) = server_and_client("nc.traditional", s, &port, c);
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(server.stdout.len(), data.len(), "bytes received");
     assert!(server.stdout == data, "the received bytes differ from those sent");
     assert!(
