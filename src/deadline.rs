@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 /// As good as never: about a century.
 const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// `timeout` from now, or `None` when it cannot be added to the clock: no deadline.
-pub(crate) fn after(timeout: Duration) -> Option<Instant> {
-    Instant::now().checked_add(timeout)
+/// `timeout` from `start` (a clock reading the caller has anyway), or `None` when it cannot
+/// be added to the clock: no deadline.
+pub(crate) fn after(start: Instant, timeout: Duration) -> Option<Instant> {
+    start.checked_add(timeout)
 }
 
 /// `timeout` from now, at most a century from now.
@@ -26,8 +27,8 @@ mod tests {
 
     #[test]
     fn an_endless_timeout_is_no_deadline_or_a_far_one() {
-        assert!(after(Duration::MAX).is_none());
-        assert!(after(Duration::from_secs(1)).is_some_and(|d| d > Instant::now()));
+        assert!(after(Instant::now(), Duration::MAX).is_none());
+        assert!(after(Instant::now(), Duration::from_secs(1)).is_some_and(|d| d > Instant::now()));
         let far = saturating(Duration::MAX);
         assert!(far > Instant::now() + Duration::from_secs(50 * 365 * 24 * 3600));
         let near = saturating(Duration::from_millis(5));

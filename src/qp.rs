@@ -300,15 +300,19 @@ impl QueuePair {
     /// As with [`crate::CompletionQueue::wait`], a `timeout` too long to be added to the
     /// current time ([`Duration::MAX`]) waits with no deadline and sleeps without a timer.
     pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
-        let deadline = crate::deadline::after(timeout);
+        // One clock read serves the deadline, the spin's end and the first look.
+        let start = Instant::now();
+        let deadline = crate::deadline::after(start, timeout);
         let (dev, shared) = (&self.handle.dev, &self.handle.shared);
         let arrivals = &shared.arrivals;
         let interrupts = arrivals.interrupts();
         if !dev.inline() {
-            let spin_until = Instant::now() + WAIT_SPIN;
+            let spin_until = start + WAIT_SPIN;
             let mut spins = 0u32;
+            let mut first = true;
             loop {
-                let now = Instant::now();
+                let now = if first { start } else { Instant::now() };
+                first = false;
                 let left = deadline.map(|d| d.saturating_duration_since(now));
                 if arrivals.due(seen, interrupts) || left.is_some_and(|l| l.is_zero()) {
                     return arrivals.epoch();

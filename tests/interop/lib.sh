@@ -23,6 +23,7 @@ IW_TAP=iwtap0
 IW_NS=""
 IW_QEMU_PID=""
 IW_SERIAL=""
+IW_MONITOR=""
 IW_GUEST_RC=""
 IW_BG_PIDS=()
 
@@ -131,11 +132,16 @@ iw_boot() { # OUTDIR [options]
   [ -n "$cmd" ] && append+=" iw.cmd=$(printf '%s' "$cmd" | base64 -w0)"
   local filter=()
   [ -n "$pcap" ] && filter=(-object "filter-dump,id=d0,netdev=n0,file=$pcap")
+  # qemu's monitor on a socket beside the log, for a look at a guest that stopped answering
+  # (iw_guest_state); none where the path is too long for a socket's name.
+  IW_MONITOR="$out/monitor.sock"
+  local monitor=(-monitor "unix:$IW_MONITOR,server=on,wait=off")
+  [ "${#IW_MONITOR}" -lt 100 ] || { IW_MONITOR=""; monitor=(-monitor none); }
   # qemu is exec'd by `ip netns exec` and `timeout`... keep qemu itself the PID we hold:
   # `ip netns exec` execs its command, so $! is qemu.
   ip netns exec "$IW_NS" qemu-system-x86_64 \
     -M pc -accel tcg -cpu max -m 512M -smp "$smp" \
-    -nographic -monitor none -serial "file:$IW_SERIAL" -no-reboot \
+    -nographic "${monitor[@]}" -serial "file:$IW_SERIAL" -no-reboot \
     -kernel "$IW_IMG/vmlinux" -initrd "$IW_IMG/initrd.img" -append "$append" \
     -netdev "tap,id=n0,ifname=$IW_TAP,script=no,downscript=no,vnet_hdr=off" \
     -device "virtio-net-pci,netdev=n0,mac=52:54:00:99:00:02" \
@@ -162,6 +168,41 @@ iw_wait_marker() { # REGEX SECS
   done
   iw_log "timeout ($secs s) waiting for '$re' on the guest console"
   return 1
+}
+
+# Appends what qemu's monitor says of the guest's CPU to FILE: whether it runs, and its
+# registers five times, 0.2 s apart (an instruction pointer that stays in one place with
+# interrupts off, IF clear in RFL, is a guest kernel spinning; one that moves, a guest that
+# runs but does not answer; no answer at all, qemu itself stuck). For a guest that stopped
+# answering the network mid-run. Returns 0 whatever happens.
+iw_guest_state() { # FILE
+  local file="$1"
+  [ -n "${IW_MONITOR:-}" ] && [ -S "$IW_MONITOR" ] || { echo "(no qemu monitor)" >> "$file"; return 0; }
+  timeout 15 python3 - "$IW_MONITOR" >> "$file" 2>&1 << 'PY' || echo "(the monitor did not answer in 15 s)" >> "$file"
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(3)
+s.connect(sys.argv[1])
+def cmd(c):
+    s.sendall((c + "\n").encode())
+    time.sleep(0.2)
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+            if out.rstrip().endswith(b"(qemu)"):
+                break
+    except socket.timeout:
+        pass
+    print(out.decode(errors="replace"))
+cmd("info status")
+for _ in range(5):
+    cmd("info registers")
+PY
+  return 0
 }
 
 # Whether the guest's kernel crashed (an oops or BUG on its console).

@@ -119,7 +119,9 @@ if [ -z "$bad_iser" ]; then
   iw_w="$(median "${IW_W[@]}")" iw_r="$(median "${IW_R[@]}")"
   result PASS data "iSER: $MIB MiB written and read back, every byte compared, $ROUNDS times; median write $iw_w MiB/s, read $iw_r MiB/s (each: ${IW_W[*]} / ${IW_R[*]})"
 else
-  result FAIL data "$bad_iser"
+  # The guest has been seen to stop answering mid-READ (even ARP): record where its CPU is.
+  iw_guest_state "$OUT/guest-state.txt"
+  result FAIL data "$bad_iser(the guest's CPU state: $OUT/guest-state.txt)"
 fi
 if [ -z "$bad_tcp" ]; then
   tcp_w="$(median "${TCP_W[@]}")" tcp_r="$(median "${TCP_R[@]}")"
