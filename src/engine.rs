@@ -34,7 +34,7 @@ use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{CheckedSendWr, QpState, QueuePair, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, STACK_BASE, Token};
-use crate::shared::{CqShared, Doorbell, QpShared, Waiter, WorkCompletion};
+use crate::shared::{CqShared, Doorbell, QpShared, WorkCompletion};
 
 /// How the engine waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -479,11 +479,11 @@ impl Engine {
         self.sleep_in_watch(
             cq,
             timeout,
-            |poll| {
-                cq.add_waiter(Waiter::Poll(poll.clone()));
+            |_| {
+                cq.add_poll_sleeper();
                 cq.wake_due(epoch)
             },
-            |poll| cq.remove_poll_waiter(poll),
+            |_| cq.remove_poll_sleeper(),
         )
     }
 

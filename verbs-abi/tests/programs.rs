@@ -364,9 +364,7 @@ fn netcat_through_librspreload() {
     let mut s = dropin("nc.traditional");
     s.env("LD_PRELOAD", &preload).env("IWARP_LOG", "iwarp_verbs_abi::cm=debug").args(["-l", "-p", &port]);
     let mut c = dropin("nc.traditional");
-    c.env("LD_PRELOAD", &preload)
-        .args(["-q", "0", "127.0.0.1", &port])
-        .stdin(stdin);
+    c.env("LD_PRELOAD", &preload).args(["-q", "0", "127.0.0.1", &port]).stdin(stdin);
     let (_client, server) = server_and_client("nc.traditional", s, &port, c);
     assert_eq!(server.stdout.len(), data.len(), "bytes received");
     assert!(server.stdout == data, "the received bytes differ from those sent");
