@@ -399,6 +399,16 @@ impl Engine {
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
     pub(crate) fn posted(&self, qp: &QpShared) {
+        // The usual case of a poster that finds the engine asleep: its queue pair alone is
+        // visited, without going through the doorbell's queue (see `visit_direct`).
+        if self.doorbell.parked()
+            && let Ok(mut core) = self.core.try_lock()
+            && let Some(_) = core.visit_direct(qp)
+        {
+            self.release(core, 1);
+            bump(&self.counters.direct_passes, 1);
+            return;
+        }
         if !qp.schedule(&self.doorbell) {
             return;
         }
@@ -423,17 +433,17 @@ impl Engine {
 
     /// Called after posting receives to `qp`. In RTS a receive matters only to input, and
     /// every visit takes the posted receives before it handles what it read (`visit`), so
-    /// the queue pair is only scheduled: the next pass, whoever runs it, takes them, and no
-    /// pass runs now and no one is woken. In a ping-pong that is one pass less on each side
-    /// per round trip (the receive reposted after each completion went through a pass of its
-    /// own). Outside RTS the receives are flushed, which [`Engine::posted`] does at once.
+    /// nothing is done: the next visit of the connection, which its next input brings,
+    /// takes them. No pass runs now, no one is woken, and the queue pair is not even queued
+    /// for a pass (a queued key had the next post's pass go the general way, through the
+    /// doorbell's queue, rather than visit the queue pair alone: see `visit_direct`). In a
+    /// ping-pong that is one pass less on each side per round trip than when the receive
+    /// reposted after each completion went through a pass of its own. Outside RTS the
+    /// receives are flushed, which [`Engine::posted`] does at once.
     pub(crate) fn posted_receives(&self, qp: &QpShared) {
-        if !qp.schedule(&self.doorbell) {
-            return;
-        }
-        // Pairs with the fence before a pass lets go of the core (`let_go`) and with the
-        // engine's announced park: either the state read here shows the change, or whoever
-        // made it finds the key pending and runs a pass for it.
+        // Pairs with the fence after a visit publishes a state other than RTS (`visit`):
+        // either the state read here shows the change, or that visit finds these receives in
+        // the ring and visits the connection again, which flushes them.
         fence(Ordering::SeqCst);
         if qp.state() != QpState::Rts {
             self.posted(qp);
@@ -1298,48 +1308,10 @@ impl EngineCore {
         let batch = std::mem::take(&mut self.ready);
         let mut visits = 0;
         for &key in &batch {
-            let Some(Some(slot)) = self.slots.get_mut(key) else { continue };
-            slot.queued = false;
-            visits += 1;
-            let (before, tx_before) = (slot.conn.rx_stats(), slot.conn.tx_stats());
-            let was_writable = slot.writable;
-            let v = visit(
-                slot,
-                &mut self.table,
-                &mut self.rx,
-                &mut self.tx_batch,
-                &mut self.tx_pool,
-                &mut self.iov,
-                self.linger,
-            );
-            if was_writable && !slot.writable {
-                self.waiting_writable += 1;
-            }
-            let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
-            self.rx_stats.bytes += after.bytes - before.bytes;
-            self.rx_stats.in_place += after.in_place - before.in_place;
-            self.tx_stats.bytes += tx_after.bytes - tx_before.bytes;
-            self.tx_stats.by_ref += tx_after.by_ref - tx_before.by_ref;
-            self.tx_staged += v.staged as u64;
-            work |= v.work;
-            if v.done {
-                self.remove(key);
-                continue;
-            }
-            // One timer per connection in the heap: a later one waits for the earlier; one
-            // the connection no longer needs is left to go stale.
-            if v.timer.is_none() {
-                slot.timer_at = None;
-            }
-            if let Some(at) = v.timer
-                && slot.timer_at.is_none_or(|t| at < t)
-            {
-                slot.timer_at = Some(at);
-                self.new_earliest |= self.timers.peek().is_none_or(|t| at < t.0.0);
-                self.timers.push(std::cmp::Reverse((at, key)));
-            }
-            if v.again {
-                self.schedule(key);
+            if let Some(Some(slot)) = self.slots.get_mut(key) {
+                slot.queued = false;
+                visits += 1;
+                work |= self.visit_key(key);
             }
         }
         // Keep the list's allocation for the next pass.
@@ -1353,6 +1325,70 @@ impl EngineCore {
             work |= self.poll_stacks();
         }
         (work, visits)
+    }
+
+    /// Visits the connection at `key` (which must hold one) and keeps the books: traffic
+    /// counts, its timer, its removal once finished, another turn when it has more to do.
+    /// Whether anything happened.
+    fn visit_key(&mut self, key: usize) -> bool {
+        let Some(Some(slot)) = self.slots.get_mut(key) else { return false };
+        let (before, tx_before) = (slot.conn.rx_stats(), slot.conn.tx_stats());
+        let was_writable = slot.writable;
+        let v = visit(
+            slot,
+            &mut self.table,
+            &mut self.rx,
+            &mut self.tx_batch,
+            &mut self.tx_pool,
+            &mut self.iov,
+            self.linger,
+        );
+        if was_writable && !slot.writable {
+            self.waiting_writable += 1;
+        }
+        let (after, tx_after) = (slot.conn.rx_stats(), slot.conn.tx_stats());
+        self.rx_stats.bytes += after.bytes - before.bytes;
+        self.rx_stats.in_place += after.in_place - before.in_place;
+        self.tx_stats.bytes += tx_after.bytes - tx_before.bytes;
+        self.tx_stats.by_ref += tx_after.by_ref - tx_before.by_ref;
+        self.tx_staged += v.staged as u64;
+        if v.done {
+            self.remove(key);
+            return v.work;
+        }
+        // One timer per connection in the heap: a later one waits for the earlier; one
+        // the connection no longer needs is left to go stale.
+        if v.timer.is_none() {
+            slot.timer_at = None;
+        }
+        if let Some(at) = v.timer
+            && slot.timer_at.is_none_or(|t| at < t)
+        {
+            slot.timer_at = Some(at);
+            self.new_earliest |= self.timers.peek().is_none_or(|t| at < t.0.0);
+            self.timers.push(std::cmp::Reverse((at, key)));
+        }
+        if v.again {
+            self.schedule(key);
+        }
+        v.work
+    }
+
+    /// A pass that visits `qp`'s connection alone, for a poster that found the engine
+    /// asleep: the work it posted goes out without the doorbell's queue and the general
+    /// pass's rounds (readiness handed off, due timers, polled links), which the engine
+    /// thread or the holder's `let_go` see to. `None`, having done nothing, where those
+    /// rounds cannot wait (a smoltcp stack or a link without readiness events is served by
+    /// every pass) or the queue pair has no connection here (retired: the poster's
+    /// schedule flushes its rings).
+    fn visit_direct(&mut self, qp: &QpShared) -> Option<bool> {
+        if !self.stacks.is_empty() || !self.polled.is_empty() {
+            return None;
+        }
+        match self.slots.get(qp.key) {
+            Some(Some(slot)) if std::ptr::eq(Arc::as_ptr(&slot.shared), qp) => Some(self.visit_key(qp.key)),
+            _ => None,
+        }
     }
 
     /// Drops a finished connection; work posted to it from now on is flushed by the poster.
@@ -1708,6 +1744,12 @@ fn visit(
     slot.shared.send_cq.drain_backlog();
     slot.shared.recv_cq.drain_backlog();
     slot.shared.set_state(state);
+    if state != QpState::Rts {
+        // Receives posted while this visit ran, by a poster that read RTS: another visit
+        // takes them (see `Engine::posted_receives`).
+        fence(Ordering::SeqCst);
+        v.again |= !slot.shared.rq.is_empty();
+    }
     // Finished: nothing more can be sent (the link is gone, or shut after the last byte), or
     // the last bytes have waited for a peer that stopped reading for the whole linger.
     if state == QpState::Error {

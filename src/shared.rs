@@ -536,7 +536,6 @@ impl<T> WrRing<T> {
     }
 
     /// Whether no request is queued.
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         lock(&self.queue).is_empty()
     }
