@@ -134,9 +134,7 @@ pub struct EngineStats {
 
 #[derive(Debug, Default)]
 struct Counters {
-    passes: AtomicU64,
     direct_passes: AtomicU64,
-    visits: AtomicU64,
     sleeps: AtomicU64,
     event_wakeups: AtomicU64,
     timer_wakeups: AtomicU64,
@@ -251,9 +249,7 @@ impl std::ops::DerefMut for CoreGuard<'_> {
 impl Drop for CoreGuard<'_> {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
-            let (passes, visits) = self.engine.let_go(guard);
-            bump(&self.engine.counters.passes, passes);
-            bump(&self.engine.counters.visits, visits);
+            self.engine.let_go(guard);
         }
     }
 }
@@ -377,9 +373,9 @@ impl Engine {
         if let Some(poll) = &self.poll {
             poll.wait(&mut events, Some(Duration::ZERO));
         }
-        let (work, visits) = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
+        let work = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
         drop(events);
-        self.release(core, visits);
+        self.let_go(core);
         bump(&self.counters.direct_passes, 1);
         work
     }
@@ -405,7 +401,7 @@ impl Engine {
             && let Ok(mut core) = self.core.try_lock()
             && let Some(_) = core.visit_direct(qp)
         {
-            self.release(core, 1);
+            self.let_go(core);
             bump(&self.counters.direct_passes, 1);
             return;
         }
@@ -417,10 +413,10 @@ impl Engine {
         }
         match self.core.try_lock() {
             Ok(mut core) => {
-                let (_, visits) = core.progress(None, &self.doorbell);
+                core.progress(None, &self.doorbell);
                 // Links without readiness events wait for the engine's next poll of them.
                 let polled = !core.polled.is_empty();
-                self.release(core, visits);
+                self.let_go(core);
                 if polled {
                     self.doorbell.wake();
                 }
@@ -584,8 +580,8 @@ impl Engine {
         }
         let mut core = lock(&self.core);
         self.pass_waiting.store(false, Ordering::Release);
-        let (work, visits) = core.progress(events, &self.doorbell);
-        self.release(core, visits);
+        let work = core.progress(events, &self.doorbell);
+        self.let_go(core);
         work
     }
 
@@ -619,8 +615,8 @@ impl Engine {
                 self.try_core()?
             }
         };
-        let (work, visits) = core.progress(events, &self.doorbell);
-        self.release(core, visits);
+        let work = core.progress(events, &self.doorbell);
+        self.let_go(core);
         Some(work)
     }
 
@@ -649,22 +645,13 @@ impl Engine {
     /// another thread) set a timer earlier than the one it sleeps for, or left a connection
     /// ready with its read or write budget spent (no readiness event will come for the rest:
     /// a large Read Response half sent by an application thread's pass would wait forever),
-    /// and counts it.
+    /// Every holder of the core lets go through here.
     ///
     /// Before it lets go for good it takes what the engine thread handed off meanwhile (see
     /// [`Engine::engine_pass`]), and work posted while the engine thread was going to sleep
     /// (the poster saw it awake and did not ring): the engine thread, finding the core held,
     /// relied on this thread for both.
-    fn release<'a>(&'a self, core: MutexGuard<'a, EngineCore>, visits: u64) {
-        let (passes, more) = self.let_go(core);
-        bump(&self.counters.passes, 1 + passes);
-        bump(&self.counters.visits, visits + more);
-    }
-
-    /// Lets go of the core (see [`Engine::release`]); returns the passes it ran on the way
-    /// and the connections they visited.
-    fn let_go<'a>(&'a self, mut core: MutexGuard<'a, EngineCore>) -> (u64, u64) {
-        let (mut passes, mut visits) = (0, 0);
+    fn let_go<'a>(&'a self, mut core: MutexGuard<'a, EngineCore>) {
         loop {
             // A full link reports its writable event only to the engine's poll, which an engine
             // sleeping on the doorbell alone does not watch (it does not start such a sleep while
@@ -682,12 +669,9 @@ impl Engine {
             }
             // Another holder now: it looks again when it lets go.
             let Ok(mut again) = self.core.try_lock() else { break };
-            let (_, v) = again.progress(None, &self.doorbell);
-            visits += v;
-            passes += 1;
+            again.progress(None, &self.doorbell);
             core = again;
         }
-        (passes, visits)
     }
 
     /// How long an idle engine may sleep: without limit when every link has readiness
@@ -739,15 +723,15 @@ impl Engine {
     }
 
     pub(crate) fn stats(&self) -> EngineStats {
-        let (rx, tx, tx_staged) = {
+        let (rx, tx, tx_staged, passes, visits) = {
             let core = self.core();
-            (core.rx_stats, core.tx_stats, core.tx_staged)
+            (core.rx_stats, core.tx_stats, core.tx_staged, core.passes, core.visits)
         };
         let c = &self.counters;
         EngineStats {
-            passes: c.passes.load(Ordering::Relaxed),
+            passes,
             direct_passes: c.direct_passes.load(Ordering::Relaxed),
-            visits: c.visits.load(Ordering::Relaxed),
+            visits,
             sleeps: c.sleeps.load(Ordering::Relaxed),
             event_wakeups: c.event_wakeups.load(Ordering::Relaxed),
             timer_wakeups: c.timer_wakeups.load(Ordering::Relaxed),
@@ -997,6 +981,11 @@ pub(crate) struct EngineCore {
     /// Transmitted bytes, all connections together, and those staged for a full link.
     tx_stats: TxStats,
     tx_staged: u64,
+    /// Passes run, and connection visits they made ([`EngineStats::passes`],
+    /// [`EngineStats::visits`]): counted under the lock every pass holds, so with no atomic
+    /// update of their own.
+    passes: u64,
+    visits: u64,
     /// The FPDUs a visit frames for one vectored write (reused).
     tx_batch: TxBatch,
     /// Connection timers (nudges, lingers): when, and whose key. A timer whose connection is
@@ -1040,6 +1029,8 @@ impl EngineCore {
             tx_batch: TxBatch::default(),
             tx_stats: TxStats::default(),
             tx_staged: 0,
+            passes: 0,
+            visits: 0,
             linger,
             zero_copy,
             new_earliest: false,
@@ -1255,9 +1246,8 @@ impl EngineCore {
     }
 
     /// One pass: collects what is ready (readiness events, doorbells, links without events)
-    /// and visits those connections. Returns whether anything happened and how many
-    /// connections it visited.
-    fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> (bool, u64) {
+    /// and visits those connections. Returns whether anything happened.
+    fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> bool {
         // Frames received reach the sockets before the connections read them...
         let mut work = self.poll_stacks();
         for ev in events
@@ -1324,7 +1314,9 @@ impl EngineCore {
         if !self.stacks.is_empty() {
             work |= self.poll_stacks();
         }
-        (work, visits)
+        self.passes += 1;
+        self.visits += visits;
+        work
     }
 
     /// Visits the connection at `key` (which must hold one) and keeps the books: traffic
@@ -1386,7 +1378,11 @@ impl EngineCore {
             return None;
         }
         match self.slots.get(qp.key) {
-            Some(Some(slot)) if std::ptr::eq(Arc::as_ptr(&slot.shared), qp) => Some(self.visit_key(qp.key)),
+            Some(Some(slot)) if std::ptr::eq(Arc::as_ptr(&slot.shared), qp) => {
+                self.passes += 1;
+                self.visits += 1;
+                Some(self.visit_key(qp.key))
+            }
             _ => None,
         }
     }

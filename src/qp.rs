@@ -37,14 +37,32 @@ const POST_CHUNK: usize = 16;
 
 /// Posts a list: checks each request in order (`check`), and for each chunk of checked ones
 /// reserves queue entries (`reserve(n)` takes up to `n`, says how many) and pushes that many
-/// (`push`), up to the first request that fails. Returns how many were posted and the error.
-/// The caller's iterator never runs while the queue is locked.
+/// (`push`), up to the first request that fails; a list of one goes in through `push_one`.
+/// Returns how many were posted and the error. The caller's iterator never runs while the
+/// queue is locked.
 fn post_list<W, C>(
     wrs: impl IntoIterator<Item = W>,
     check: impl Fn(W) -> Result<C, PostError>,
     reserve: impl Fn(usize) -> usize,
     push: impl Fn(&mut dyn Iterator<Item = C>),
+    push_one: impl Fn(C),
 ) -> (usize, Result<(), PostListError>) {
+    let mut wrs = wrs.into_iter();
+    let Some(first) = wrs.next() else { return (0, Ok(())) };
+    let Some(second) = wrs.next() else {
+        // A list of one (verbs' usual chain): no chunk to fill and clear, which cost more
+        // than the rest of posting a small request.
+        let posted = match check(first) {
+            Ok(c) if reserve(1) == 1 => {
+                push_one(c);
+                1
+            }
+            Ok(_) => return (0, Err(PostListError { posted: 0, error: PostError::QueueFull })),
+            Err(error) => return (0, Err(PostListError { posted: 0, error })),
+        };
+        return (posted, Ok(()));
+    };
+    let wrs = [first, second].into_iter().chain(wrs);
     let mut chunk: [Option<C>; POST_CHUNK] = Default::default();
     let (mut posted, mut n) = (0, 0);
     // Pushes the chunk's first `n`, as many as there are entries for; whether all went.
@@ -199,6 +217,7 @@ impl QueuePair {
             |wr| wr.check(&shared.config),
             |n| shared.reserve_sq(n),
             |wrs| shared.sq.push_all(wrs),
+            |wr| shared.sq.push(wr),
         );
         if posted > 0 {
             self.handle.dev.posted(shared);
@@ -224,7 +243,13 @@ impl QueuePair {
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostListError> {
         let shared = &self.handle.shared;
         let check = |wr| check_recv(shared, wr);
-        let (posted, result) = post_list(wrs, check, |n| shared.reserve_rq(n), |wrs| shared.rq.push_all(wrs));
+        let (posted, result) = post_list(
+            wrs,
+            check,
+            |n| shared.reserve_rq(n),
+            |wrs| shared.rq.push_all(wrs),
+            |wr| shared.rq.push(wr),
+        );
         if posted > 0 {
             self.handle.dev.posted_receives(shared);
         }

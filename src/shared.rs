@@ -421,7 +421,7 @@ pub(crate) struct Doorbell {
     pending: SegQueue<usize>,
     /// Readiness events the engine thread collected while another thread held the core: it
     /// leaves them here instead of sleeping on the lock, and the holder takes them before it
-    /// lets go (`Engine::engine_pass`, `Engine::release`).
+    /// lets go (`Engine::engine_pass`, `Engine::let_go`).
     handoff: SegQueue<Ready>,
 }
 

@@ -113,12 +113,7 @@ fn a_bad_request_in_a_list_stops_the_list_there() {
     let (client, server) = pair(PollMode::Adaptive, N);
     server.qp.post_recv_list((0..N).map(|i| recv(&server, 100 + i as u64, 64 * i))).unwrap();
     // The fourth Send is an RDMA Read with two local elements, which the queue pair refuses.
-    let bad = SendWr {
-        wr_id: 3,
-        op: SendOp::Read { remote_stag: server.mr.rkey(), remote_to: server.mr.addr() },
-        sgl: vec![client.mr.sge(0, 8), client.mr.sge(8, 8)].into(),
-        signaled: true,
-    };
+    let bad = bad_read(&client, &server);
     let list = (0..3)
         .map(|i| send(&client, i, 0, 8))
         .chain([bad])
@@ -173,6 +168,39 @@ fn a_bad_request_in_a_list_stops_the_list_there() {
         client.qp.post_recv_list(list).unwrap_err(),
         PostListError { posted: 2, error: PostError::TooLong }
     );
+
+    // Lists of one (which skip the chunk) and empty lists: the same answers.
+    let (client, server) = pair(PollMode::Adaptive, 1);
+    client.qp.post_recv_list(std::iter::empty()).unwrap();
+    assert_eq!(
+        client.qp.post_recv_list([too_long(&client)]).unwrap_err(),
+        PostListError { posted: 0, error: PostError::TooLong }
+    );
+    client.qp.post_recv_list([recv(&client, 1, 0)]).unwrap();
+    assert_eq!(
+        client.qp.post_recv_list([recv(&client, 2, 0)]).unwrap_err(),
+        PostListError { posted: 0, error: PostError::QueueFull }
+    );
+    client.qp.post_send_list(std::iter::empty()).unwrap();
+    assert_eq!(
+        client.qp.post_send_list([bad_read(&client, &server)]).unwrap_err(),
+        PostListError { posted: 0, error: PostError::ReadNeedsOneSge }
+    );
+    client.qp.disconnect();
+    let wcs = collect(&client.cq, 1, "client");
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::WrFlushError), "{wcs:?}");
+    thread::sleep(Duration::from_millis(20));
+    assert!(client.cq.poll().is_none(), "a refused request of a list of one was posted");
+}
+
+/// An RDMA Read with two local elements, which the queue pair refuses.
+fn bad_read(client: &End, server: &End) -> SendWr {
+    SendWr {
+        wr_id: 3,
+        op: SendOp::Read { remote_stag: server.mr.rkey(), remote_to: server.mr.addr() },
+        sgl: vec![client.mr.sge(0, 8), client.mr.sge(8, 8)].into(),
+        signaled: true,
+    }
 }
 
 /// Completions pushed in batches when the connection goes down under a stream: a list of
