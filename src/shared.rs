@@ -499,44 +499,69 @@ impl Doorbell {
 #[derive(Debug)]
 pub(crate) struct WrRing<T> {
     queue: Mutex<VecDeque<T>>,
+    /// Whether `queue` may hold a request: set under the lock by every push, cleared under it
+    /// when the ring is emptied, so a taker that finds it clear takes no lock. A visit looks
+    /// at both rings of its queue pair, and most of the time one or both are empty (in a
+    /// ping-pong, three of every four looks): a lock and an unlock each, for nothing.
+    /// A push that completed before the taker's look (a receive posted before the peer was
+    /// told to send, whose message the look follows) is seen: the flag is written before the
+    /// lock is let go, and read with Acquire after the system call that brought the input.
+    any: AtomicBool,
 }
 
 impl<T> Default for WrRing<T> {
     fn default() -> WrRing<T> {
-        WrRing { queue: Mutex::new(VecDeque::new()) }
+        WrRing { queue: Mutex::new(VecDeque::new()), any: AtomicBool::new(false) }
     }
 }
 
 impl<T> WrRing<T> {
     /// Appends one request.
     pub(crate) fn push(&self, wr: T) {
-        lock(&self.queue).push_back(wr);
+        let mut queue = lock(&self.queue);
+        queue.push_back(wr);
+        self.any.store(true, Ordering::Release);
     }
 
     /// Appends requests, in order, under one lock.
     pub(crate) fn push_all(&self, wrs: impl Iterator<Item = T>) {
-        lock(&self.queue).extend(wrs);
+        let mut queue = lock(&self.queue);
+        queue.extend(wrs);
+        self.any.store(!queue.is_empty(), Ordering::Release);
     }
 
     /// The oldest request, if any.
     pub(crate) fn pop(&self) -> Option<T> {
-        lock(&self.queue).pop_front()
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut queue = lock(&self.queue);
+        let wr = queue.pop_front();
+        self.any.store(!queue.is_empty(), Ordering::Release);
+        wr
     }
 
     /// Moves every queued request, in order, to the end of `into`. With `into` empty this
     /// swaps the two deques, so the ring keeps `into`'s capacity for later posts and the
     /// caller gets the ring's; no request is copied under the lock.
     pub(crate) fn take_all(&self, into: &mut VecDeque<T>) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
         let mut queue = lock(&self.queue);
         if into.is_empty() {
             std::mem::swap(&mut *queue, into);
         } else {
             into.extend(queue.drain(..));
         }
+        self.any.store(false, Ordering::Release);
     }
 
     /// Whether no request is queued.
     pub(crate) fn is_empty(&self) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return true;
+        }
         lock(&self.queue).is_empty()
     }
 
@@ -800,6 +825,9 @@ impl QpShared {
     /// Engine side (or a poster giving back a reservation): `n` send work requests left the
     /// send queue.
     pub(crate) fn sq_retired(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         let _ =
             self.sq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
     }
@@ -871,6 +899,11 @@ impl QpShared {
     }
 
     pub(crate) fn set_state(&self, s: QpState) {
+        // Set after every visit, and almost always unchanged: a read first, so that takes no
+        // locked update.
+        if self.state.load(Ordering::Acquire) == state_code(s) {
+            return;
+        }
         let old = self.state.swap(state_code(s), Ordering::AcqRel);
         if old != state_code(s)
             && let Some(hook) = self.state_hook.get()
@@ -888,7 +921,8 @@ impl QpShared {
     }
 
     pub(crate) fn take_disconnect(&self) -> bool {
-        self.disconnect.swap(false, Ordering::AcqRel)
+        // Looked at on every visit: a read first, so the usual answer takes no locked update.
+        self.disconnect.load(Ordering::Acquire) && self.disconnect.swap(false, Ordering::AcqRel)
     }
 }
 
