@@ -478,8 +478,7 @@ fn layouts_match_rdma_core_headers() {
         writeln!(c, "_Static_assert({name} == {value}, \"{name} is {value} in the crate\");").unwrap();
     }
     c.push_str("\nint main(void) { return 0; }\n");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("layout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("layout");
     let src = dir.join("layout.c");
     std::fs::write(&src, &c).unwrap();
     let out = Command::new("cc").arg("-std=gnu11").arg("-fsyntax-only").arg(&src).output().expect("cc");
@@ -494,8 +493,7 @@ fn layouts_match_rdma_core_headers() {
 
 /// Compiles the C program `NAME.c` of verbs-abi/tests/c/ against the drop-in libraries.
 fn compile_c(name: &str, extra: &[&str]) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("c");
     let exe = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("c").join(format!("{name}.c"));
     let mut cc = Command::new("cc");

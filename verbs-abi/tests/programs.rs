@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -224,8 +224,7 @@ fn mpi_pingpong_over_the_ofi_mtl_on_verbs_ofi_rxm() {
     if !installed(&["mpicc", "mpirun", "fi_info"], "libopenmpi-dev, openmpi-bin, libfabric-bin") {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("mpi");
     let exe = dir.join("pingpong");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("tests/mpi/pingpong.c");
     let out =

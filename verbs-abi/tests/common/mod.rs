@@ -34,6 +34,31 @@ pub(crate) fn have_headers() -> bool {
         && Path::new("/usr/include/rdma/rdma_cma.h").exists()
 }
 
+/// A scratch directory of this test process, `PREFIX-PID` in cargo's directory for test
+/// data (target/tmp). Test processes cannot remove theirs as they exit (nextest runs each test
+/// in a process of its own, which ends without running destructors of statics), so each new
+/// one removes the `PREFIX-*` directories of processes that no longer run: what piles up is
+/// bounded by the processes alive, not by every run there ever was (about 900 directories
+/// had gathered in one working copy).
+pub(crate) fn scratch_dir(prefix: &str) -> PathBuf {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let stale = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(prefix)?.strip_prefix('-')?.parse::<u32>().ok())
+                .is_some_and(|pid| pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists());
+            if stale {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = base.join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
 /// The directory holding the drop-in libraries: symbolic links to the crate's cdylib (as
 /// libibverbs.so.1) and to the build script's librdmacm.so.1 and provider stubs, made once per
 /// test process (nextest runs tests of one binary in parallel processes).
@@ -45,10 +70,11 @@ pub(crate) fn libdir() -> &'static Path {
         let cdylib = deps.join("libiwarp_verbs_abi.so");
         assert!(cdylib.exists(), "{} not built", cdylib.display());
         let built = PathBuf::from(env!("IWARP_VERBS_ABI_LIBS"));
-        let dir =
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("verbs-abi-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the library directory");
+        let dir = scratch_dir("verbs-abi");
+        // Links left by an earlier process of the same number.
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
         let link = |from: &Path, name: &str| {
             std::os::unix::fs::symlink(from, dir.join(name)).expect("link a library");
         };
