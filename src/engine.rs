@@ -33,7 +33,7 @@ use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
 use iwarp_rdmap::qp::{CheckedSendWr, QpState, QueuePair, RecvWr, WcOpcode, WcStatus};
 
-use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, STACK_BASE, Token};
+use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, Ready, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, WorkCompletion};
 
 /// How the engine waits for work.
@@ -565,7 +565,7 @@ impl Engine {
             self.app_busy(Instant::now());
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) {
-                self.pass(Some(events));
+                self.pass_events(events);
             }
         });
         true
@@ -573,6 +573,11 @@ impl Engine {
 
     /// One pass over the ready connections, given the readiness events collected for it.
     fn pass(&self, events: Option<&Events>) -> bool {
+        self.pass_with(|core, doorbell| core.progress(events, doorbell))
+    }
+
+    /// Takes the core (after a slow-path caller waiting for it), runs `pass` and lets go.
+    fn pass_with(&self, pass: impl FnOnce(&mut EngineCore, &Doorbell) -> bool) -> bool {
         // Let a slow-path caller that is waiting for the lock have it first.
         self.pass_waiting.store(true, Ordering::Release);
         while self.waiting.load(Ordering::Acquire) > 0 {
@@ -580,9 +585,15 @@ impl Engine {
         }
         let mut core = lock(&self.core);
         self.pass_waiting.store(false, Ordering::Release);
-        let work = core.progress(events, &self.doorbell);
+        let work = pass(&mut core, &self.doorbell);
         self.let_go(core);
         work
+    }
+
+    /// As [`Engine::pass`], visiting only the connections `events` name
+    /// ([`EngineCore::progress_events`]).
+    fn pass_events(&self, events: &Events) -> bool {
+        self.pass_with(|core, doorbell| core.progress_events(events, doorbell))
     }
 
     /// The engine thread's pass (and inline mode's async driver's): like [`Engine::pass`],
@@ -1250,26 +1261,13 @@ impl EngineCore {
     fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> bool {
         // Frames received reach the sockets before the connections read them...
         let mut work = self.poll_stacks();
-        for ev in events
-            .into_iter()
-            .flat_map(Events::iter)
-            .copied()
-            .chain(std::iter::from_fn(|| doorbell.take_handed_off()))
-        {
-            if ev.token == DOORBELL {
-                continue;
-            }
-            let Ok(key) = usize::try_from(ev.token) else { continue };
-            if let Some(Some(slot)) = self.slots.get_mut(key) {
-                slot.readable |= ev.readable;
-                if ev.writable && !slot.writable {
-                    self.waiting_writable -= 1;
-                }
-                slot.writable |= ev.writable;
-                slot.closed |= ev.closed;
-                self.schedule(key);
-            }
-        }
+        self.note(
+            events
+                .into_iter()
+                .flat_map(Events::iter)
+                .copied()
+                .chain(std::iter::from_fn(|| doorbell.take_handed_off())),
+        );
         while let Some(key) = doorbell.take() {
             if let Some(Some(slot)) = self.slots.get(key) {
                 slot.shared.unschedule();
@@ -1295,12 +1293,56 @@ impl EngineCore {
                 self.schedule(key);
             }
         }
+        work |= self.visit_ready();
+        // ... and what they wrote leaves now rather than at the next pass.
+        if !self.stacks.is_empty() {
+            work |= self.poll_stacks();
+        }
+        self.passes += 1;
+        work
+    }
+
+    /// The pass of a thread woken in a queue's own poll, given what woke it: the connections
+    /// the events name are visited, and nothing else (see [`EngineCore::visit_direct`] for
+    /// what the general pass's other rounds are left to). The general pass where a smoltcp
+    /// stack or a link without readiness events needs every pass.
+    fn progress_events(&mut self, events: &Events, doorbell: &Doorbell) -> bool {
+        if !self.stacks.is_empty() || !self.polled.is_empty() {
+            return self.progress(Some(events), doorbell);
+        }
+        self.note(events.iter().copied());
+        let work = self.visit_ready();
+        self.passes += 1;
+        work
+    }
+
+    /// Records readiness events on their connections and queues those for a visit.
+    fn note(&mut self, events: impl Iterator<Item = Ready>) {
+        for ev in events {
+            if ev.token == DOORBELL {
+                continue;
+            }
+            let Ok(key) = usize::try_from(ev.token) else { continue };
+            if let Some(Some(slot)) = self.slots.get_mut(key) {
+                slot.readable |= ev.readable;
+                if ev.writable && !slot.writable {
+                    self.waiting_writable -= 1;
+                }
+                slot.writable |= ev.writable;
+                slot.closed |= ev.closed;
+                self.schedule(key);
+            }
+        }
+    }
+
+    /// Visits the connections queued for a visit; whether anything happened.
+    fn visit_ready(&mut self) -> bool {
         let batch = std::mem::take(&mut self.ready);
-        let mut visits = 0;
+        let mut work = false;
         for &key in &batch {
             if let Some(Some(slot)) = self.slots.get_mut(key) {
                 slot.queued = false;
-                visits += 1;
+                self.visits += 1;
                 work |= self.visit_key(key);
             }
         }
@@ -1310,12 +1352,6 @@ impl EngineCore {
         if self.ready.is_empty() {
             self.ready = batch;
         }
-        // ... and what they wrote leaves now rather than at the next pass.
-        if !self.stacks.is_empty() {
-            work |= self.poll_stacks();
-        }
-        self.passes += 1;
-        self.visits += visits;
         work
     }
 
