@@ -84,16 +84,23 @@ pub(crate) enum Waiter {
 }
 
 /// Wakes and drops every waiter of `waiters` if `has` says there may be any.
+#[inline]
 fn wake_all(waiters: &Mutex<Vec<Waiter>>, has: &AtomicBool) {
     if has.load(Ordering::SeqCst) {
-        let mut waiters = lock(waiters);
-        has.store(false, Ordering::SeqCst);
-        for w in waiters.drain(..) {
-            match w {
-                Waiter::Thread(t) => t.unpark(),
-                Waiter::Task(_, w) => w.wake(),
-                Waiter::Poll(p) => p.wake(),
-            }
+        wake_listed(waiters, has);
+    }
+}
+
+/// Wakes and drops every registered waiter (called only when there may be some).
+#[cold]
+fn wake_listed(waiters: &Mutex<Vec<Waiter>>, has: &AtomicBool) {
+    let mut waiters = lock(waiters);
+    has.store(false, Ordering::SeqCst);
+    for w in waiters.drain(..) {
+        match w {
+            Waiter::Thread(t) => t.unpark(),
+            Waiter::Task(_, w) => w.wake(),
+            Waiter::Poll(p) => p.wake(),
         }
     }
 }
@@ -381,10 +388,15 @@ impl CqShared {
     }
 
     /// Engine side: moves backlogged completions into the ring as room appears.
+    #[inline]
     pub(crate) fn drain_backlog(&self) {
-        if !self.backlogged.load(Ordering::Acquire) {
-            return;
+        if self.backlogged.load(Ordering::Acquire) {
+            self.move_backlogged();
         }
+    }
+
+    #[cold]
+    fn move_backlogged(&self) {
         let mut backlog = lock(&self.backlog);
         Self::move_backlog(&self.ring, &mut backlog);
         self.backlogged.store(!backlog.is_empty(), Ordering::Release);
