@@ -51,13 +51,19 @@ impl CompletionQueue {
     /// The next completion, if one is ready. Lock-free; in inline mode it first lets the
     /// engine make progress on this thread.
     pub fn poll(&self) -> Option<WorkCompletion> {
-        if let Some(wc) = self.shared.ring.pop() {
+        // An empty ring is told by two loads; a pop that finds it empty also fences.
+        let ring = &self.shared.ring;
+        if !ring.is_empty()
+            && let Some(wc) = ring.pop()
+        {
             return Some(wc);
         }
         // Completions the ring had no room for move up as room appears, without waiting for
         // the engine to visit a connection of this queue.
         self.shared.drain_backlog();
-        if let Some(wc) = self.shared.ring.pop() {
+        if !ring.is_empty()
+            && let Some(wc) = ring.pop()
+        {
             return Some(wc);
         }
         if self.dev.inline() {

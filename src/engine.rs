@@ -1466,7 +1466,14 @@ fn take_posted_receives(slot: &mut ConnSlot) -> bool {
 
 /// Moves the receives posted to `shared`'s ring into `qp` (through `taken`, kept for its
 /// capacity); whether there were any.
+#[inline]
 fn post_taken_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut QueuePair) -> bool {
+    // Looked at up to three times a visit, and usually empty: the call costs more than that.
+    shared.rq.may_hold() && post_receives(shared, taken, qp)
+}
+
+/// [`post_taken_receives`] once the ring may hold receives.
+fn post_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut QueuePair) -> bool {
     shared.rq.take_all(taken);
     let any = !taken.is_empty();
     while let Some(wr) = taken.pop_front() {

@@ -569,6 +569,13 @@ impl<T> WrRing<T> {
         self.any.store(false, Ordering::Release);
     }
 
+    /// Whether the ring may hold a request (false: it holds none that was pushed before
+    /// this look; see `any`).
+    #[inline]
+    pub(crate) fn may_hold(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
     /// Whether no request is queued.
     pub(crate) fn is_empty(&self) -> bool {
         if !self.any.load(Ordering::Acquire) {
