@@ -655,7 +655,7 @@ impl Engine {
     /// Ends a pass: releases the core, wakes a sleeping engine thread when the pass (on
     /// another thread) set a timer earlier than the one it sleeps for, or left a connection
     /// ready with its read or write budget spent (no readiness event will come for the rest:
-    /// a large Read Response half sent by an application thread's pass would wait forever),
+    /// a large Read Response half sent by an application thread's pass would wait forever).
     /// Every holder of the core lets go through here.
     ///
     /// Before it lets go for good it takes what the engine thread handed off meanwhile (see
