@@ -172,8 +172,8 @@ iw_wait_marker() { # REGEX SECS
 
 # Appends what qemu's monitor says of the guest's CPU to FILE: whether it runs, and its
 # registers five times, 0.2 s apart (an instruction pointer that stays in one place with
-# interrupts off, IF clear in RFL, is a guest kernel spinning; one that moves, a guest that
-# runs but does not answer; no answer at all, qemu itself stuck). For a guest that stopped
+# interrupts off, IF (0x200) clear in RFL, is a guest kernel spinning; one that moves, a guest
+# that runs but does not answer; no answer at all, qemu itself stuck). For a guest that stopped
 # answering the network mid-run. Returns 0 whatever happens.
 iw_guest_state() { # FILE
   local file="$1"
