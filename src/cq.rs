@@ -143,7 +143,7 @@ impl CompletionQueue {
                     if let Some(wc) = self.poll() {
                         if adaptive {
                             let took = start.elapsed();
-                            self.shared.record_wait(took);
+                            self.shared.record_wait(start, took);
                             if let (true, Some(drove)) = (chose, choice) {
                                 self.shared.record_choice(drove, took);
                             }
@@ -175,7 +175,7 @@ impl CompletionQueue {
             if parked && !chose {
                 chose = true;
                 if adaptive {
-                    choice = self.shared.choose_drive(spin);
+                    choice = self.shared.choose_drive(spin, start);
                     if choice == Some(true) {
                         drive_until = start + spin;
                     }

@@ -172,7 +172,21 @@ pub(crate) struct CqShared {
     driven_us: AtomicU32,
     slept_us: AtomicU32,
     pub(crate) choices: AtomicU32,
+    /// When the last blocking wait that recorded its time saw its completion, in nanoseconds
+    /// after `origin` (0: none yet). A wait that starts long after it (the application was
+    /// away: a ping 10 ms after the last answer) is not in dense traffic however short the
+    /// waits themselves are, and does not drive (see [`CqShared::choose_drive`]).
+    wait_ended: AtomicU64,
+    origin: Instant,
 }
+
+/// A blocking wait that starts longer than this after the last one ended is not in dense
+/// traffic, whatever the waits' own times say (see [`CqShared::choose_drive`]): the
+/// application was away (a ping every 10 ms). Streams block again sooner. Set to the adaptive
+/// mode's spin (50 us) instead, it took waits of a stream for sparse ones too (waits that find
+/// their completion at once record no end, so the last recorded end can be a while back): the
+/// 64 B Read stream with 64 outstanding ran at 0.42 Mmsg/s against 0.52 driving; at 1 ms, 0.51.
+const DENSE_GAP: Duration = Duration::from_millis(1);
 
 /// One wait in this many takes the way [`CqShared::choose_drive`] does not prefer, so that
 /// both averages follow the traffic.
@@ -208,6 +222,8 @@ impl CqShared {
             driven_us: AtomicU32::new(0),
             slept_us: AtomicU32::new(0),
             choices: AtomicU32::new(0),
+            wait_ended: AtomicU64::new(0),
+            origin: Instant::now(),
         }
     }
 
@@ -217,15 +233,28 @@ impl CqShared {
         u128::from(self.wait_us.load(Ordering::Relaxed)) <= 2 * spin.as_micros()
     }
 
-    /// Records how long a blocking wait took to see its completion (weight 1/8; a race
-    /// between two waiting threads loses one sample, which does not matter here).
-    pub(crate) fn record_wait(&self, took: Duration) {
+    /// Records how long a blocking wait that started at `start` took to see its completion
+    /// (weight 1/8; a race between two waiting threads loses one sample, which does not
+    /// matter here), and when it ended.
+    pub(crate) fn record_wait(&self, start: Instant, took: Duration) {
         average_into(&self.wait_us, took, false);
+        let ended = (start + took).saturating_duration_since(self.origin);
+        self.wait_ended.store(u64::try_from(ended.as_nanos()).unwrap_or(u64::MAX).max(1), Ordering::Relaxed);
     }
 
-    /// Whether a blocking wait that finds the engine asleep should run the engine's passes
-    /// before it sleeps (`Some(true)`) or sleep at once (`Some(false)`); `None` when
-    /// completions come late (see `wait_us`) and sleeping is the only way.
+    /// Whether a wait starting at `start` comes within [`DENSE_GAP`] of the end of the last
+    /// one recorded: the application is waiting back to back.
+    fn back_to_back(&self, start: Instant) -> bool {
+        let ended = self.wait_ended.load(Ordering::Relaxed);
+        let since = start.saturating_duration_since(self.origin);
+        ended != 0 && since.saturating_sub(Duration::from_nanos(ended)) <= DENSE_GAP
+    }
+
+    /// Whether a blocking wait that started at `start` and finds the engine asleep should
+    /// run the engine's passes before it sleeps (`Some(true)`) or sleep at once
+    /// (`Some(false)`); `None` when completions come late (see `wait_us`), or when the wait
+    /// starts more than [`DENSE_GAP`] after the last one ended (see `wait_ended`), and sleeping
+    /// is the only way.
     ///
     /// Which way is quicker depends on the machine and the traffic, so it is measured: the way
     /// whose recent waits were shorter is taken, and every eighth wait takes the other one. A
@@ -234,8 +263,15 @@ impl CqShared {
     /// within microseconds, a ping-pong with 10 ms between round trips took 52-93 us per round
     /// trip driving and 33-43 us sleeping at once, while 16 Reads of 64 B outstanding ran at
     /// 0.53 Mmsg/s driving and 0.21-0.29 sleeping.
-    pub(crate) fn choose_drive(&self, spin: Duration) -> Option<bool> {
-        if !self.drive_pays(spin) {
+    ///
+    /// A ping-pong with gaps has short waits, so `wait_us` took it for dense traffic and the
+    /// measured choice still drove now and then. Each driven wait left its input to wake the
+    /// engine thread, which then spun (adaptive mode) beside the application: with both
+    /// threads of the 2-core development machine on one core, the engine thread was woken in a
+    /// third to a half of the round trips 10 ms apart. A wait that comes long after the last
+    /// one therefore sleeps at once.
+    pub(crate) fn choose_drive(&self, spin: Duration, start: Instant) -> Option<bool> {
+        if !self.drive_pays(spin) || !self.back_to_back(start) {
             return None;
         }
         let n = self.choices.fetch_add(1, Ordering::Relaxed);
@@ -949,9 +985,9 @@ impl QpShared {
 mod tests {
     use std::collections::VecDeque;
     use std::sync::Arc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
-    use super::{Arrivals, CqShared, DRIVE_EXPLORE, WrRing};
+    use super::{Arrivals, CqShared, DENSE_GAP, DRIVE_EXPLORE, WrRing};
 
     #[test]
     fn arrivals_wake_a_waiter_and_time_out_without_one() {
@@ -996,18 +1032,18 @@ mod tests {
         let cq = CqShared::new(4);
         assert!(cq.drive_pays(spin), "a new queue drives");
         // One slow wait (a sparse message) is enough to stop.
-        cq.record_wait(Duration::from_millis(5));
+        cq.record_wait(Instant::now(), Duration::from_millis(5));
         assert!(!cq.drive_pays(spin));
         // Dense traffic brings it back within a few waits, and a single late one among them
         // does not stop it.
         for _ in 0..24 {
-            cq.record_wait(Duration::from_micros(20));
+            cq.record_wait(Instant::now(), Duration::from_micros(20));
         }
         assert!(cq.drive_pays(spin));
-        cq.record_wait(Duration::from_micros(400));
+        cq.record_wait(Instant::now(), Duration::from_micros(400));
         assert!(cq.drive_pays(spin));
         // A wait too long for the counter saturates instead of wrapping.
-        cq.record_wait(Duration::from_secs(u64::MAX / 4));
+        cq.record_wait(Instant::now(), Duration::from_secs(u64::MAX / 4));
         assert!(!cq.drive_pays(spin));
     }
 
@@ -1015,8 +1051,15 @@ mod tests {
     fn waits_take_the_way_that_was_quicker_and_try_the_other_now_and_then() {
         let spin = Duration::from_micros(50);
         let cq = CqShared::new(4);
-        let ways =
-            |cq: &CqShared| (0..DRIVE_EXPLORE).map(|_| cq.choose_drive(spin).unwrap()).collect::<Vec<_>>();
+        // Waits back to back: each starts right after the last one ended.
+        let ways = |cq: &CqShared| {
+            (0..DRIVE_EXPLORE)
+                .map(|_| {
+                    cq.record_wait(Instant::now(), Duration::from_micros(20));
+                    cq.choose_drive(spin, Instant::now()).unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
         // A new queue drives, and tries sleeping once in eight waits.
         let tried = ways(&cq);
         assert_eq!(tried.iter().filter(|&&d| d).count(), 7, "{tried:?}");
@@ -1033,8 +1076,26 @@ mod tests {
         let tried = ways(&cq);
         assert_eq!(tried.iter().filter(|&&d| d).count(), 7, "{tried:?}");
         // Completions that come late leave no choice: the wait sleeps.
-        cq.record_wait(Duration::from_millis(5));
-        assert_eq!(cq.choose_drive(spin), None);
+        cq.record_wait(Instant::now(), Duration::from_millis(5));
+        assert_eq!(cq.choose_drive(spin, Instant::now()), None);
+    }
+
+    #[test]
+    fn a_wait_long_after_the_last_one_sleeps_at_once() {
+        let spin = Duration::from_micros(50);
+        let cq = CqShared::new(4);
+        let start = Instant::now();
+        // No wait has ended yet: nothing says the traffic is dense.
+        assert_eq!(cq.choose_drive(spin, start), None);
+        // Short waits back to back: the measured choice.
+        cq.record_wait(start, Duration::from_micros(20));
+        assert!(cq.choose_drive(spin, start + Duration::from_micros(30)).is_some());
+        assert!(cq.choose_drive(spin, start + DENSE_GAP).is_some());
+        // The same short waits with the application away 10 ms between them (a sparse
+        // ping-pong): sleep at once.
+        assert_eq!(cq.choose_drive(spin, start + Duration::from_millis(10)), None);
+        // A wait that starts before the last recorded end (another thread's) is back to back.
+        assert!(cq.choose_drive(spin, start).is_some());
     }
 
     #[test]
