@@ -87,10 +87,10 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let port = free_port();
-        let p = port.to_string();
+        // Port 0: the server binds a free port itself and names it, so no other test process
+        // can take it between a look for a free port and the bind.
         let mut child = Command::new(BIN)
-            .args(["rping", "-s", "-a", "127.0.0.1", "-p", &p, "-d", "--accept-timeout", "60"])
+            .args(["rping", "-s", "-a", "127.0.0.1", "-p", "0", "-d", "--accept-timeout", "60"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -112,8 +112,13 @@ impl Server {
             let _ = BufReader::new(out).read_to_string(&mut s);
             s
         });
-        let server = Server { child: Some(child), port, stderr: rx, stdout: Some(stdout) };
-        server.wait_line("listening on 127.0.0.1:");
+        let mut server = Server { child: Some(child), port: 0, stderr: rx, stdout: Some(stdout) };
+        let lines = server.wait_line("listening on 127.0.0.1:");
+        let listening = lines.last().expect("the line waited for");
+        server.port = listening
+            .split_once("listening on 127.0.0.1:")
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {listening:?}"));
         server
     }
 
@@ -171,8 +176,22 @@ impl Server {
         };
         self.child = None;
         let out = self.stdout.take().unwrap().join().unwrap();
-        let err: Vec<String> = self.stderr.try_iter().collect();
-        (status, out, err)
+        (status, out, self.rest_of_stderr())
+    }
+
+    /// The stderr lines not read yet, up to the end of the stream (the child has exited; its
+    /// reader thread may not have passed on the last lines yet, which once lost the server's
+    /// closing line).
+    fn rest_of_stderr(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut err = Vec::new();
+        loop {
+            match self.stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => err.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return err,
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("stderr did not end; got {err:?}"),
+            }
+        }
     }
 
     /// Kills the server and returns its stdout and the stderr lines not read yet.
@@ -181,8 +200,7 @@ impl Server {
         let _ = child.kill();
         let _ = child.wait();
         let out = self.stdout.take().unwrap().join().unwrap();
-        let err: Vec<String> = self.stderr.try_iter().collect();
-        (out, err)
+        (out, self.rest_of_stderr())
     }
 }
 
