@@ -51,24 +51,18 @@ impl CompletionQueue {
     /// The next completion, if one is ready. Lock-free; in inline mode it first lets the
     /// engine make progress on this thread.
     pub fn poll(&self) -> Option<WorkCompletion> {
-        // An empty ring is told by two loads; a pop that finds it empty also fences.
-        let ring = &self.shared.ring;
-        if !ring.is_empty()
-            && let Some(wc) = ring.pop()
-        {
+        if let Some(wc) = self.shared.pop() {
             return Some(wc);
         }
         // Completions the ring had no room for move up as room appears, without waiting for
         // the engine to visit a connection of this queue.
         self.shared.drain_backlog();
-        if !ring.is_empty()
-            && let Some(wc) = ring.pop()
-        {
+        if let Some(wc) = self.shared.pop() {
             return Some(wc);
         }
         if self.dev.inline() {
             self.dev.progress();
-            return self.shared.ring.pop();
+            return self.shared.pop();
         }
         None
     }
@@ -137,21 +131,20 @@ impl CompletionQueue {
         // The first turn has looked already, at `start`.
         let mut first = true;
         loop {
-            let now = match first {
-                true => start,
-                false => {
-                    if let Some(wc) = self.poll() {
-                        if adaptive {
-                            let took = start.elapsed();
-                            self.shared.record_wait(start, took);
-                            if let (true, Some(drove)) = (chose, choice) {
-                                self.shared.record_choice(drove, took);
-                            }
+            let now = if first {
+                start
+            } else {
+                if let Some(wc) = self.poll() {
+                    if adaptive {
+                        let took = start.elapsed();
+                        self.shared.record_wait(start, took);
+                        if let (true, Some(drove)) = (chose, choice) {
+                            self.shared.record_choice(drove, took);
                         }
-                        return Some(wc);
                     }
-                    Instant::now()
+                    return Some(wc);
                 }
+                Instant::now()
             };
             first = false;
             if deadline.is_some_and(|d| now >= d) || self.shared.interrupts() != epoch {
@@ -335,7 +328,7 @@ impl AsyncWait {
             cq.dev.async_wait_started();
         }
         // Re-check after registering: a push in between is not missed.
-        match cq.shared.ring.pop() {
+        match cq.shared.pop() {
             Some(wc) => {
                 self.end(cq);
                 Poll::Ready(wc)

@@ -399,7 +399,7 @@ impl Engine {
         // visited, without going through the doorbell's queue (see `visit_direct`).
         if self.doorbell.parked()
             && let Ok(mut core) = self.core.try_lock()
-            && let Some(_) = core.visit_direct(qp)
+            && core.visit_direct(qp)
         {
             self.let_go(core);
             bump(&self.counters.direct_passes, 1);
@@ -1304,10 +1304,10 @@ impl EngineCore {
 
     /// The pass of a thread woken in a queue's own poll, given what woke it: the connections
     /// the events name are visited, and nothing else (see [`EngineCore::visit_direct`] for
-    /// what the general pass's other rounds are left to). The general pass where a smoltcp
-    /// stack or a link without readiness events needs every pass.
+    /// what the general pass's other rounds are left to). The general pass where
+    /// [`EngineCore::every_pass_serves`].
     fn progress_events(&mut self, events: &Events, doorbell: &Doorbell) -> bool {
-        if !self.stacks.is_empty() || !self.polled.is_empty() {
+        if self.every_pass_serves() {
             return self.progress(Some(events), doorbell);
         }
         self.note(events.iter().copied());
@@ -1402,24 +1402,31 @@ impl EngineCore {
         v.work
     }
 
+    /// Whether every pass must serve something besides the connections it visits: a smoltcp
+    /// stack, or a link without readiness events. Then the general pass runs, not one that
+    /// visits only some connections.
+    fn every_pass_serves(&self) -> bool {
+        !self.stacks.is_empty() || !self.polled.is_empty()
+    }
+
     /// A pass that visits `qp`'s connection alone, for a poster that found the engine
     /// asleep: the work it posted goes out without the doorbell's queue and the general
-    /// pass's rounds (readiness handed off, due timers, polled links), which the engine
-    /// thread or the holder's `let_go` see to. `None`, having done nothing, where those
-    /// rounds cannot wait (a smoltcp stack or a link without readiness events is served by
-    /// every pass) or the queue pair has no connection here (retired: the poster's
-    /// schedule flushes its rings).
-    fn visit_direct(&mut self, qp: &QpShared) -> Option<bool> {
-        if !self.stacks.is_empty() || !self.polled.is_empty() {
-            return None;
+    /// pass's rounds (readiness handed off, due timers), which the engine thread or the
+    /// holder's `let_go` see to. Whether it ran: not where those rounds cannot wait
+    /// ([`EngineCore::every_pass_serves`]) or the queue pair has no connection here
+    /// (retired: the poster's schedule flushes its rings).
+    fn visit_direct(&mut self, qp: &QpShared) -> bool {
+        if self.every_pass_serves() {
+            return false;
         }
         match self.slots.get(qp.key) {
             Some(Some(slot)) if std::ptr::eq(Arc::as_ptr(&slot.shared), qp) => {
                 self.passes += 1;
                 self.visits += 1;
-                Some(self.visit_key(qp.key))
+                self.visit_key(qp.key);
+                true
             }
-            _ => None,
+            _ => false,
         }
     }
 

@@ -99,15 +99,6 @@ fn post_list<W, C>(
     (posted, failed.map_or(Ok(()), |error| Err(PostListError { posted, error })))
 }
 
-/// A receive request as a queue pair takes it: one whose receives come from a shared queue
-/// takes none.
-fn check_recv(shared: &QpShared, wr: RecvWr) -> Result<RecvWr, PostError> {
-    if shared.uses_srq {
-        return Err(PostError::UsesSrq);
-    }
-    wr.validate().map(|()| wr)
-}
-
 /// A connected queue pair.
 ///
 /// Posting holds only its work queue's own lock, for one push of up to 16 requests of a list
@@ -195,15 +186,7 @@ impl QueuePair {
     /// Posts a send-queue work request (Send, RDMA Write, RDMA Read, RFC 7306 operations
     /// where the connection negotiated them).
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        // As a list of one, without the list's chunk (a 16-entry array to fill and drop).
-        let shared = &self.handle.shared;
-        let wr = wr.check(&shared.config)?;
-        if shared.reserve_sq(1) == 0 {
-            return Err(PostError::QueueFull);
-        }
-        shared.sq.push(wr);
-        self.handle.dev.posted(shared);
-        Ok(())
+        self.post_send_list([wr]).map_err(|e| e.error)
     }
 
     /// Posts a list of send-queue work requests with one doorbell, as verbs'
@@ -227,22 +210,16 @@ impl QueuePair {
 
     /// Posts a receive buffer.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        // As a list of one (see `post_send`).
-        let shared = &self.handle.shared;
-        let wr = check_recv(shared, wr)?;
-        if shared.reserve_rq(1) == 0 {
-            return Err(PostError::QueueFull);
-        }
-        shared.rq.push(wr);
-        self.handle.dev.posted_receives(shared);
-        Ok(())
+        self.post_recv_list([wr]).map_err(|e| e.error)
     }
 
     /// Posts a list of receive buffers with one doorbell (verbs' `ibv_post_recv` with a
     /// chain), up to the first that fails.
     pub fn post_recv_list(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostListError> {
         let shared = &self.handle.shared;
-        let check = |wr| check_recv(shared, wr);
+        // A queue pair whose receives come from a shared queue takes none of its own.
+        let check =
+            |wr: RecvWr| if shared.uses_srq { Err(PostError::UsesSrq) } else { wr.validate().map(|()| wr) };
         let (posted, result) = post_list(
             wrs,
             check,

@@ -331,6 +331,13 @@ impl CqShared {
         }
     }
 
+    /// Application side: the oldest completion in the ring, if any. An empty ring is told by
+    /// two loads first: a pop that finds it empty also fences.
+    #[inline]
+    pub(crate) fn pop(&self) -> Option<WorkCompletion> {
+        if self.ring.is_empty() { None } else { self.ring.pop() }
+    }
+
     /// Engine side: wakes whoever waits for this queue (after one or more pushes).
     pub(crate) fn signal(&self) {
         // Pairs with the fence in `add_waiter`: either the waiter's re-check sees the
