@@ -74,6 +74,7 @@
 use crate::dma::RegionMemory;
 use crate::header::{STag, TaggedOffset};
 use crate::terminate::{TerminateCode, ddp_type, rdmap_type};
+use core::cell::Cell;
 use core::fmt;
 
 /// Access rights of a region or window: a small set of four flags.
@@ -515,6 +516,11 @@ pub struct TaggedBufferTable {
     capacity: u32,
     used: u32,
     perm: IndexPermutation,
+    /// The last STag indices looked up and their slot numbers (`(index, slot)`), one per
+    /// value of the index's low two bits: the data path looks up the same few regions again
+    /// and again, and the permutation's inverse costs more than the rest of a check. Always
+    /// right, since the permutation never changes (the slot's entry is read afresh).
+    memo: [Cell<(u32, u32)>; 4],
     rng: SplitMix64,
 }
 
@@ -551,6 +557,7 @@ impl TaggedBufferTable {
             capacity,
             used: 0,
             perm,
+            memo: Default::default(),
             rng,
         }
     }
@@ -587,7 +594,16 @@ impl TaggedBufferTable {
         if index == 0 || index > INDEX_MASK {
             return None;
         }
-        let n = usize::try_from(self.perm.inverse(index)).ok()?;
+        let memo = &self.memo[(index & 3) as usize];
+        let slot = match memo.get() {
+            (known, slot) if known == index => slot,
+            _ => {
+                let slot = self.perm.inverse(index);
+                memo.set((index, slot));
+                slot
+            }
+        };
+        let n = usize::try_from(slot).ok()?;
         (n < self.slots.len()).then_some(n)
     }
 
@@ -1160,6 +1176,40 @@ mod tests {
         // The old key no longer matches.
         assert_eq!(t.check(s, PD, w, TaggedOffset(BASE), 1), Err(AccessError::InvalidStag));
         assert_eq!(t.invalidate(s), Err(TableError::NoSuchStag(s)));
+    }
+
+    /// Lookups go through the memo of recent index -> slot numbers: more regions than memo
+    /// entries, looked up in turn and against each other's keys, with some deregistered and
+    /// their indices reused, always find their own region and nothing else.
+    #[test]
+    fn lookups_through_the_memo_find_their_own_entry() {
+        let mut t = TaggedBufferTable::with_seed(64, 3);
+        let mut stags: Vec<STag> =
+            (0..24u64).map(|i| t.register(PD, spec(i << 20, 100, RW), mem(100)).unwrap()).collect();
+        let read = Access::REMOTE_READ;
+        for _ in 0..3 {
+            for (i, s) in (0u64..).zip(&stags) {
+                let p = t.check(*s, PD, read, TaggedOffset((i << 20) + 10), 1).unwrap();
+                assert_eq!(p, Placement { region_index: s.index(), offset_in_region: 10 });
+                assert!(t.region_memory(p.region_index).is_some());
+                // Another region's range under this STag is out of bounds.
+                let other = ((i + 1) % 24) << 20;
+                assert_eq!(t.check(*s, PD, read, TaggedOffset(other), 1), Err(AccessError::BaseOrBounds));
+            }
+        }
+        for s in stags.iter().step_by(2) {
+            t.deregister(*s).unwrap();
+            assert_eq!(t.check(*s, PD, read, TaggedOffset(0), 0), Err(AccessError::InvalidStag));
+        }
+        for (i, s) in (0u64..).zip(stags.iter_mut()).step_by(2) {
+            let old = *s;
+            *s = t.register(PD, spec(i << 20, 100, RW), mem(100)).unwrap();
+            assert_eq!(t.check(old, PD, read, TaggedOffset(i << 20), 1), Err(AccessError::InvalidStag));
+        }
+        for (i, s) in (0u64..).zip(&stags) {
+            let p = t.check(*s, PD, read, TaggedOffset((i << 20) + 99), 1).unwrap();
+            assert_eq!(p.region_index, s.index());
+        }
     }
 
     #[test]

@@ -598,7 +598,10 @@ impl Bench {
         Ok(Throughput { msgs: done, bytes: done * size as u64, secs })
     }
 
-    /// Round trips of one message of `size` bytes on the first pair.
+    /// Round trips of one message of `size` bytes on the first pair. Never inlined, so that
+    /// callgrind can count what happens within it (docs/architecture.md, "What a message costs
+    /// on the way").
+    #[inline(never)]
     pub(super) fn latency(&mut self, op: Op, size: usize, budget: &Budget) -> Result<Latency, BenchError> {
         let what = format!("{} {size} B ping-pong", op.name());
         self.serve(match op {
