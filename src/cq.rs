@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, WaitingApp};
 use crate::shared::{CqShared, Waiter, WorkCompletion};
 
 /// How long [`CompletionQueue::wait`] spins before it sleeps.
@@ -111,6 +111,7 @@ impl CompletionQueue {
         if let Some(wc) = self.poll() {
             return Some(wc);
         }
+        let _waiting = WaitingApp::new(&self.dev);
         let epoch = self.shared.interrupts();
         let start = Instant::now();
         let deadline = crate::deadline::after(start, timeout);

@@ -8,7 +8,7 @@ use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
 use crate::cq::{WAIT_SPIN, spin_turn};
-use crate::engine::Engine;
+use crate::engine::{Engine, WaitingApp};
 use crate::shared::QpShared;
 
 /// Why a list of work requests was not posted whole (verbs' `bad_wr`): the requests before
@@ -308,6 +308,7 @@ impl QueuePair {
         let (dev, shared) = (&self.handle.dev, &self.handle.shared);
         let arrivals = &shared.arrivals;
         let interrupts = arrivals.interrupts();
+        let _waiting = WaitingApp::new(dev);
         if !dev.inline() {
             let spin_until = start + WAIT_SPIN;
             let mut spins = 0u32;

@@ -757,7 +757,7 @@ fn text_report(args: &Args, report: &Report) -> String {
     ));
     for (name, e) in &report.engines {
         out.push_str(&format!(
-            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times\n",
+            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times\n",
             e.sleeps,
             e.quiet_sleeps,
             e.event_wakeups,
@@ -767,6 +767,7 @@ fn text_report(args: &Args, report: &Report) -> String {
             e.app_polls,
             e.waiting_passes,
             e.handoffs,
+            e.contended_yields,
         ));
     }
     out
@@ -837,6 +838,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "waiting_passes": e.waiting_passes,
                 "handoffs": e.handoffs,
                 "quiet_sleeps": e.quiet_sleeps,
+                "contended_yields": e.contended_yields,
             })).collect::<Vec<_>>(),
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({

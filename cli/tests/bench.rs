@@ -308,3 +308,32 @@ fn bench_smoltcp_flag_errors() {
     let o = iwarp(&["bench", "--netns", "a", "--peer-netns", "b"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// The first CPU this process may run on (`Cpus_allowed_list` in /proc/self/status).
+fn first_allowed_cpu() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
+    list.trim().split([',', '-']).next().unwrap().to_string()
+}
+
+/// Two adaptive devices on one core (`taskset`), 8 B Send ping-pong: the server's engine
+/// thread finds its spin competing with the threads it waits for and sleeps, and the
+/// application threads, which wait for that input anyway, run the passes. A spin that kept
+/// going ran every pass on the engine thread (none by the posting thread) and took turns on
+/// the core with the threads that had the messages: twice event mode's round trip.
+#[test]
+fn adaptive_engines_sharing_a_core_leave_the_passes_to_the_waiting_threads() {
+    let cpu = first_allowed_cpu();
+    let o = std::process::Command::new("taskset")
+        .args(["-c", &cpu, common::BIN, "bench", "--ops", "send", "--sizes", "8", "--iters", "300"])
+        .args(["--poll", "adaptive", "--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let engines = v["config"]["engines"].as_array().unwrap();
+    let server = engines.iter().find(|e| e["device"] == "server").unwrap();
+    let n = |k: &str| server[k].as_u64().unwrap();
+    assert!(n("contended_yields") >= 1, "{server}");
+    assert!(2 * n("direct_passes") >= n("passes"), "most passes by the posting thread: {server}");
+}
