@@ -101,6 +101,13 @@ pub(crate) struct Args {
     /// flight than that.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     window: u16,
+    /// CQ moderation of the bandwidth measurements, like perftest's -Q: only every N-th work
+    /// request of a queue pair asks for a completion, and the last of each list posted (a
+    /// completion retires the unsignaled ones before it); 1 signals every one. At most the
+    /// work requests a queue pair may have outstanding. Receives always complete. Ping-pongs
+    /// signal every message.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    cq_mod: u16,
     /// Print one JSON document with the configuration and every row instead of tables.
     #[arg(long)]
     json: bool,
@@ -541,6 +548,7 @@ fn measure(
         revision: args.mpa_rev,
         qps: usize::from(args.qps),
         window: usize::from(args.window),
+        cq_mod: usize::from(args.cq_mod),
         shared_device: args.shared_device,
         zero_copy: args.zero_copy == OnOff::On,
         gap: gap(args),
@@ -637,13 +645,14 @@ fn config_line(args: &Args, report: &Report) -> String {
         None => String::new(),
     };
     format!(
-        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, {per} per measurement{neg}\n\
+        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, {per} per measurement{neg}\n\
          {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
         args.qps,
         args.window,
+        args.cq_mod,
         if raw_busy(args) { "busy-polling" } else { "blocking" },
     )
 }
@@ -816,6 +825,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "offloads": report.offloads.map(|(c, s)| json!({ "client": c.to_string(), "server": s.to_string() })),
             "qps": args.qps,
             "window": args.window,
+            "cq_mod": args.cq_mod,
             "send_credits_per_qp": rdma::send_credits(usize::from(args.window), usize::from(args.qps)),
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
             "shared_device": args.shared_device,

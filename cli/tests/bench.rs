@@ -101,6 +101,38 @@ fn bench_sends_beyond_the_window_up_to_the_posted_receives() {
     assert_eq!(engines[0]["device"], "shared");
 }
 
+/// CQ moderation: whatever share of the work requests signal, every message of every op is
+/// counted once (a completion retires the unsignaled ones before it), over one queue pair
+/// and over several, with moderation above the window (cut to it) and with none.
+#[test]
+fn bench_cq_moderation_counts_every_message_once() {
+    for (cq_mod, window, qps) in [("7", "20", "1"), ("1", "8", "1"), ("100", "10", "3"), ("16", "64", "2")] {
+        let o = iwarp(&[
+            "bench",
+            "--ops",
+            "write,read,send",
+            "--sizes",
+            "64,8k",
+            "--iters",
+            "500",
+            "--cq-mod",
+            cq_mod,
+            "--window",
+            window,
+            "--qps",
+            qps,
+            "--json",
+            "--quiet",
+        ]);
+        assert!(o.status.success(), "{cq_mod} {window} {qps}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["config"]["cq_mod"].as_u64().unwrap().to_string(), cq_mod);
+        for r in v["rows"].as_array().unwrap() {
+            assert_eq!(r["iwarp"]["msgs"], 500, "{cq_mod} {window} {qps}: {r}");
+        }
+    }
+}
+
 #[test]
 fn bench_text_and_iters() {
     let o = iwarp(&["bench", "--ops", "send", "--sizes", "1K", "--iters", "50", "--poll", "event"]);
@@ -144,6 +176,7 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         (&["--sizes", "12q"], "not a size"),
         (&["--qps", "0"], "--qps"),
         (&["--window", "0"], "--window"),
+        (&["--cq-mod", "0"], "--cq-mod"),
         (&["--crc", "maybe"], "--crc"),
         (&["--mpa-rev", "3"], "--mpa-rev"),
         (&["--poll", "sometimes"], "--poll"),

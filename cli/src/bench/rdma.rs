@@ -4,6 +4,7 @@
 //! (keeping receive buffers posted, answering ping-pongs). `--shared-device` puts both ends
 //! on one device (one engine), the layout that hides wake-up costs.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, mpsc};
@@ -75,6 +76,9 @@ pub(super) struct Config {
     pub(super) revision: u8,
     pub(super) qps: usize,
     pub(super) window: usize,
+    /// Bandwidth runs: every this many work requests of a pair (and the last of each list)
+    /// ask for a completion.
+    pub(super) cq_mod: usize,
     /// The largest message size of the run (buffers are registered once, this big).
     pub(super) max_size: usize,
     /// Both ends on one device.
@@ -475,6 +479,10 @@ impl Bench {
         let credits = self.rq_target - RQ_SLACK;
         // Per pair: send-queue work outstanding, and (Send) messages posted.
         let mut sq_out = vec![0usize; n];
+        // Per pair, for each signaled work request outstanding: how many it retires when it
+        // completes (itself and the unsignaled ones posted before it; the send queue completes
+        // in order).
+        let mut covers: Vec<VecDeque<usize>> = vec![VecDeque::new(); n];
         let mut sent = vec![0u64; n];
         let base: Vec<u64> = self.received.iter().map(|r| r.load(Ordering::Acquire)).collect();
         let in_flight = |i: usize, sent: &[u64]| -> usize {
@@ -515,6 +523,16 @@ impl Bench {
                 }
                 stop = stop || budget.spent(posted, start);
                 let k = batch.len();
+                let cq_mod = self.cfg.cq_mod.min(limit[i]).max(1);
+                let mut run = 0;
+                for (j, wr) in batch.iter_mut().enumerate() {
+                    run += 1;
+                    wr.signaled = run == cq_mod || j + 1 == k;
+                    if wr.signaled {
+                        covers[i].push_back(run);
+                        run = 0;
+                    }
+                }
                 self.qps[i]
                     .post_send_list(batch.drain(..))
                     .map_err(|e| BenchError(format!("posting {what} failed: {e}")))?;
@@ -559,9 +577,10 @@ impl Bench {
             while let Some(c) = wc {
                 match split(c.wr_id) {
                     (i, TAG_SQ) if i < n => {
-                        sq_out[i] = sq_out[i].saturating_sub(1);
+                        let retired = covers[i].pop_front().unwrap_or(1);
+                        sq_out[i] = sq_out[i].saturating_sub(retired);
                         if op != Op::Send {
-                            done += 1;
+                            done += retired as u64;
                         }
                     }
                     _ => return Err(unexpected(&what, &c)),
