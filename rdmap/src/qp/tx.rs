@@ -211,7 +211,11 @@ impl QueuePair {
             if let Some(next) = self.tx_next.take() {
                 self.tx_cur = Some(next);
             } else {
-                self.run_memory_operations(mem);
+                // Looked at here first: the call costs more than the look, and the head is
+                // rarely a memory operation.
+                if self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation()) {
+                    self.run_memory_operations(mem);
+                }
                 let (seq, wr) = self.sq.front()?;
                 let (seq, uses_ord) = (*seq, wr.wr().op.uses_ord());
                 if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
