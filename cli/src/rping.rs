@@ -105,6 +105,9 @@ struct Conn {
     send_mr: MemoryRegion,
     timeout: Duration,
     next_wr: u64,
+    /// The connection's event, seen while a completion was still to be taken
+    /// ([`toolbox::completion_or_event`]).
+    event: Option<QpEvent>,
 }
 
 impl Conn {
@@ -139,9 +142,6 @@ impl Conn {
     fn wait(&mut self, want: WcOpcode, what: &str) -> Result<WorkCompletion, Stop> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            if let Some(ev) = self.qp.poll_event() {
-                return Err(event_stop(ev, what));
-            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Stop::Failed(format!(
@@ -149,7 +149,12 @@ impl Conn {
                     self.timeout.as_secs()
                 )));
             }
-            let Some(wc) = self.cq.wait(left.min(Duration::from_millis(50))) else { continue };
+            let slice = left.min(Duration::from_millis(50));
+            let wc = match toolbox::completion_or_event(&self.cq, &self.qp, &mut self.event, slice) {
+                Ok(Some(wc)) => wc,
+                Ok(None) => continue,
+                Err(ev) => return Err(event_stop(ev, what)),
+            };
             if wc.status != WcStatus::Success {
                 // The event (Terminate, connection lost) usually explains the failure better,
                 // and may be published just after the flushed completions.
@@ -239,6 +244,7 @@ fn client(args: &Args) -> Result<(), Fail> {
         send_mr,
         timeout: Duration::from_secs(args.timeout),
         next_wr: 0,
+        event: None,
     };
     if args.debug {
         let p = conn.qp.conn_params();
@@ -359,7 +365,8 @@ pub(crate) fn probe_client(device: &Device, addr: SocketAddr, probe: &Probe) -> 
     let connected = device
         .connect(addr, &pd, &cq, &cq, &probe.options())
         .map_err(|e| format!("cannot connect to {addr}: {}", cm_message(&e)))?;
-    let mut conn = Conn { qp: connected.qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 0 };
+    let mut conn =
+        Conn { qp: connected.qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 0, event: None };
     let result = conn.post_recv().map_err(|s| s.to_string()).and_then(|()| {
         let (data, got) = one_ping(&mut conn, 0, &start_mr, &rdma_mr, SIZE, false).map_err(fail_text)?;
         if got == data { Ok(()) } else { Err(mismatch(0, &data, &got)) }
@@ -395,7 +402,7 @@ pub(crate) fn probe_server(
     let qp = device
         .accept_link(Box::new(link), &pd, &cq, &cq, &opts)
         .map_err(|e| format!("cannot accept the connection from {peer}: {}", cm_message(&e)))?;
-    let mut conn = Conn { qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 1 };
+    let mut conn = Conn { qp, cq, recv_mr, send_mr, timeout: probe.timeout, next_wr: 1, event: None };
     let result = serve_pings(&mut conn, &pd, &mut rdma_mr, peer, &settings);
     conn.close();
     match result {
@@ -483,7 +490,7 @@ fn accept_and_post(req: iwarp::ConnectRequest, p: Prepared, s: &ServerSettings) 
     let first = RecvWr { wr_id: 1, sgl: recv_mr.sge_all().into() };
     let opts = ConnectOptions { recv: vec![first], ..s.opts.clone() };
     let qp = req.accept(&pd, &cq, &cq, &opts).map_err(|e| cm_message(&e))?;
-    let conn = Conn { qp, cq, recv_mr, send_mr, timeout: s.timeout, next_wr: 1 };
+    let conn = Conn { qp, cq, recv_mr, send_mr, timeout: s.timeout, next_wr: 1, event: None };
     Ok(Served { _device: device, conn, pd, rdma_mr })
 }
 

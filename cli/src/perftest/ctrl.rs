@@ -22,7 +22,8 @@ pub(super) struct Ctrl {
     pub(super) send_mr: MemoryRegion,
     /// Completions of the other kind seen while waiting for one kind.
     pub(super) stash: Vec<WorkCompletion>,
-    /// The connection's event, seen while a completion was still to be taken.
+    /// The connection's event, seen while a completion was still to be taken
+    /// ([`toolbox::completion_or_event`]).
     pub(super) event: Option<QpEvent>,
     pub(super) timeout: Duration,
     pub(super) server: bool,
@@ -80,31 +81,11 @@ impl Ctrl {
         }
         let deadline = limit.map(|l| Instant::now() + l);
         loop {
-            // Completions before the connection's end: a peer that sends its last message and
-            // closes at once (perftest's server after its final handshake) has both reach this
-            // side in one read, and the message is what was waited for. Looked at the other
-            // way round, the close hid it: `iwarp perftest read` against a drop-in server
-            // failed "the peer closed the connection" once in a CI run, after the server had
-            // printed its results.
-            let wc = match self.cq.poll() {
-                Some(wc) => wc,
-                None => {
-                    if let Some(ev) = self.qp.poll_event() {
-                        match self.cq.poll() {
-                            // Completed as the event came: the event is seen at the next wait.
-                            Some(wc) if wc.status == WcStatus::Success => {
-                                self.event = Some(ev);
-                                wc
-                            }
-                            _ => return Err(toolbox::event_text(ev, Some(what))),
-                        }
-                    } else if let Some(ev) = self.event.take() {
-                        return Err(toolbox::event_text(ev, Some(what)));
-                    } else {
-                        let Some(wc) = self.cq.wait(wait_slice(deadline, what)?) else { continue };
-                        wc
-                    }
-                }
+            let slice = wait_slice(deadline, what)?;
+            let wc = match toolbox::completion_or_event(&self.cq, &self.qp, &mut self.event, slice) {
+                Ok(Some(wc)) => wc,
+                Ok(None) => continue,
+                Err(ev) => return Err(toolbox::event_text(ev, Some(what))),
             };
             if wc.status != WcStatus::Success {
                 return Err(wc_failure(&self.qp, &wc, what));
