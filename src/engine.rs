@@ -773,8 +773,8 @@ impl Engine {
     }
 }
 
-/// An application thread blocked in a wait of `0`'s completion queue or queue pair, for as
-/// long as it lives (see `Engine::app_waiters`).
+/// Counts an application thread as blocked in a wait on one of the engine's completion
+/// queues or queue pairs, for as long as it lives (see `Engine::app_waiters`).
 pub(crate) struct WaitingApp<'a>(&'a Engine);
 
 impl<'a> WaitingApp<'a> {
@@ -817,15 +817,19 @@ fn engine_loop(e: &Engine) {
             last_work = Instant::now();
             continue;
         }
-        match mode {
+        let nap = match mode {
             // Idle for a while: offer the core to whatever else is runnable on it (the
             // application's threads, the peer's engine) and take it back at once if nothing is.
             // Spinning without it, four such threads on two cores waited for the scheduler's
             // tick at every hand-over.
             PollMode::Busy | PollMode::Inline if last_work.elapsed() >= BUSY_YIELD_AFTER => {
                 std::thread::yield_now();
+                false
             }
-            PollMode::Busy | PollMode::Inline => std::hint::spin_loop(),
+            PollMode::Busy | PollMode::Inline => {
+                std::hint::spin_loop();
+                false
+            }
             // The adaptive spin polls the links for their next input, offering the core between
             // polls: a spinning engine kept the application's threads (the ones producing that
             // input) off the core, and 64 B Sends ran at 1.3-1.8 Mmsg/s, 2.1-2.4 with the
@@ -843,17 +847,19 @@ fn engine_loop(e: &Engine) {
             PollMode::Adaptive if last_work.elapsed() < e.config.spin => {
                 let before = Instant::now();
                 std::thread::yield_now();
-                if before.elapsed() >= CONTENDED_YIELD && e.app_waiters.load(Ordering::Relaxed) > 0 {
+                let contended =
+                    before.elapsed() >= CONTENDED_YIELD && e.app_waiters.load(Ordering::Relaxed) > 0;
+                if contended {
                     bump(&e.counters.contended_yields, 1);
-                    e.sleep(&mut events);
-                    last_work = Instant::now().checked_sub(e.config.spin).unwrap_or_else(Instant::now);
                 }
+                contended
             }
-            PollMode::Adaptive | PollMode::Event => {
-                e.sleep(&mut events);
-                // Back from a nap: keep napping while idle instead of spinning again.
-                last_work = Instant::now().checked_sub(e.config.spin).unwrap_or_else(Instant::now);
-            }
+            PollMode::Adaptive | PollMode::Event => true,
+        };
+        if nap {
+            e.sleep(&mut events);
+            // Back from a nap: keep napping while idle instead of spinning again.
+            last_work = Instant::now().checked_sub(e.config.spin).unwrap_or_else(Instant::now);
         }
     }
 }

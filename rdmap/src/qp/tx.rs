@@ -213,7 +213,7 @@ impl QueuePair {
             } else {
                 // Looked at here first: the call costs more than the look, and the head is
                 // rarely a memory operation.
-                if self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation()) {
+                if self.memory_operation_at_head() {
                     self.run_memory_operations(mem);
                 }
                 let (seq, wr) = self.sq.front()?;
@@ -270,7 +270,7 @@ impl QueuePair {
         if self.state != QpState::Rts || self.tx_cur.is_some() || self.tx_next.is_some() {
             return;
         }
-        while self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation()) {
+        while self.memory_operation_at_head() {
             let Some((seq, wr)) = self.sq.pop_front() else { return };
             match Self::memory_operation(mem, wr.into_wr().op) {
                 Ok(()) => self.finish(seq, WcStatus::Success),
@@ -281,6 +281,11 @@ impl QueuePair {
                 }
             }
         }
+    }
+
+    /// Whether the send queue's head is a memory work request.
+    fn memory_operation_at_head(&self) -> bool {
+        self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation())
     }
 
     fn memory_operation(mem: &mut TableMemory<'_>, op: SendOp) -> Result<(), TableError> {
