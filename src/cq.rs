@@ -188,7 +188,7 @@ impl CompletionQueue {
             let nap = deadline.map(|d| (d - now).min(Duration::from_millis(10)));
             // While the engine sleeps, wait in this queue's own readiness poll: the input it
             // waits for then wakes this thread, which runs the pass itself.
-            if self.dev.wait_polling(&self.shared, nap, epoch) {
+            if self.dev.wait_polling(&self.shared, now, nap, epoch) {
                 continue;
             }
             self.shared.add_waiter(Waiter::Thread(std::thread::current()));

@@ -121,6 +121,11 @@ pub struct EngineStats {
     /// Times the adaptive engine's spin ended in a sleep because a yield came back late:
     /// another thread had run on the core meanwhile, so the spin competed with it.
     pub contended_yields: u64,
+    /// Times the alarm that ends application threads' timed sleeps in a queue's poll was
+    /// armed: at most once per 10 ms of waiting in a steady exchange, not once per sleep (a
+    /// timer armed and cancelled for each sleep costs a round trip a few tenths of a
+    /// microsecond).
+    pub alarms: u64,
     /// Bytes the connections received.
     pub rx_bytes: u64,
     /// Of those, payload bytes the links read straight into registered memory (the rest
@@ -146,6 +151,7 @@ struct Counters {
     handoffs: AtomicU64,
     quiet_sleeps: AtomicU64,
     contended_yields: AtomicU64,
+    alarms: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -494,9 +500,16 @@ impl Engine {
     /// way, not the engine thread's and then its own. (The engine's poll sees the input too;
     /// whichever thread passes first does the work.) Returns false, having done nothing, when
     /// the engine is awake (it will push the completion) or another thread watches.
-    pub(crate) fn wait_polling(&self, cq: &CqShared, timeout: Option<Duration>, epoch: u64) -> bool {
+    pub(crate) fn wait_polling(
+        &self,
+        cq: &CqShared,
+        now: Instant,
+        timeout: Option<Duration>,
+        epoch: u64,
+    ) -> bool {
         self.sleep_in_watch(
             cq,
+            now,
             timeout,
             |_| {
                 cq.add_poll_sleeper();
@@ -518,26 +531,31 @@ impl Engine {
         qp: &QpShared,
         seen: u64,
         interrupts: u64,
+        now: Instant,
         timeout: Option<Duration>,
     ) -> bool {
         self.sleep_in_watch(
             &qp.recv_cq,
+            now,
             timeout,
             |poll| qp.arrivals.add_poll_waiter(poll, seen, interrupts),
             |poll| qp.arrivals.remove_poll_waiter(poll),
         )
     }
 
-    /// Sleeps up to `timeout` (`None`: with no timer) in `cq`'s own readiness poll (made, and
-    /// the queue's connections added to it, on first use) and runs the pass with what woke
-    /// it; `register` makes the awaited event wake the poll and says whether it is due
-    /// already, `unregister` undoes that once the thread is awake (before the pass: a
-    /// registration left behind would have the pass wake the poll for nothing, a system call
-    /// per wait). False, having done nothing, when the engine is awake, inline or without a
-    /// poll, or another thread sleeps in this queue's poll.
+    /// Sleeps up to `timeout` after `now` (`None`: no limit) in `cq`'s own readiness poll
+    /// (made, and the queue's connections added to it, on first use) and runs the pass with
+    /// what woke it. The sleep has no timeout of its own: the queue's
+    /// [`Alarm`](crate::readiness::Alarm) ends it in time, armed once per many sleeps.
+    /// `register` makes the awaited event wake the poll and says whether it is due already,
+    /// `unregister` undoes that once the thread is awake (before the pass: a registration
+    /// left behind would have the pass wake the poll for nothing, a system call per wait).
+    /// False, having done nothing, when the engine is awake, inline or without a poll, or
+    /// another thread sleeps in this queue's poll.
     fn sleep_in_watch(
         &self,
         cq: &CqShared,
+        now: Instant,
         timeout: Option<Duration>,
         register: impl FnOnce(&Arc<Poll>) -> bool,
         unregister: impl FnOnce(&Arc<Poll>),
@@ -545,7 +563,7 @@ impl Engine {
         if !self.doorbell.parked() || self.inline() || self.poll.is_none() {
             return false;
         }
-        let Ok(_watching) = cq.watching.try_lock() else { return false };
+        let Ok(mut alarm) = cq.watching.try_lock() else { return false };
         let poll = match cq.watch() {
             Some(p) => p.clone(),
             None => {
@@ -573,6 +591,10 @@ impl Engine {
             // thread: two more context switches on every round trip, 44 -> 30 us p50 for 8 B
             // Send/Send back to back in event mode, two devices on 2 cores. When the engine
             // has placed it already, the pass finds the socket drained.
+            let (timeout, armed) = alarm.cover(&poll, now, timeout);
+            if armed {
+                bump(&self.counters.alarms, 1);
+            }
             poll.wait(events, timeout);
             unregister(&poll);
             self.app_busy(Instant::now());
@@ -764,6 +786,7 @@ impl Engine {
             handoffs: c.handoffs.load(Ordering::Relaxed),
             quiet_sleeps: c.quiet_sleeps.load(Ordering::Relaxed),
             contended_yields: c.contended_yields.load(Ordering::Relaxed),
+            alarms: c.alarms.load(Ordering::Relaxed),
             rx_bytes: rx.bytes,
             rx_in_place: rx.in_place,
             tx_bytes: tx.bytes,

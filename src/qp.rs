@@ -334,7 +334,7 @@ impl QueuePair {
                 // engine may park or wake meanwhile, which changes where this thread should
                 // sleep. Without one, no timer: the input or an interrupt wakes either sleep.
                 let nap = left.map(|l| l.min(Duration::from_millis(10)));
-                if !dev.wait_input_polling(shared, seen, interrupts, nap) {
+                if !dev.wait_input_polling(shared, seen, interrupts, now, nap) {
                     arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
                 }
             }

@@ -19,7 +19,7 @@ use iwarp_ddp::STag;
 use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{CheckedSendWr, Completion, QpConfig, QpEvent, QpState, RecvWr, WcOpcode, WcStatus};
 
-use crate::readiness::{Poll, Ready};
+use crate::readiness::{Alarm, Poll, Ready};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -149,8 +149,8 @@ pub(crate) struct CqShared {
     /// engine's signal. A waiting thread sleeps in it while the engine sleeps, so the input
     /// it waits for wakes it directly (see `Engine::wait_polling`).
     watch: OnceLock<Arc<Poll>>,
-    /// Held by the one thread sleeping in `watch`.
-    pub(crate) watching: Mutex<()>,
+    /// Held by the one thread sleeping in `watch`, with the alarm that ends its timed sleeps.
+    pub(crate) watching: Mutex<Alarm>,
     /// Whether that thread is registered to be woken by the next signal. A flag rather
     /// than an entry in `waiters`: there is at most one such thread, and registering it
     /// through the list (a lock, a shared pointer's count, and the same again to take it
@@ -215,7 +215,7 @@ impl CqShared {
             interrupts: std::sync::atomic::AtomicU64::new(0),
             next_task: std::sync::atomic::AtomicU64::new(0),
             watch: OnceLock::new(),
-            watching: Mutex::new(()),
+            watching: Mutex::new(Alarm::default()),
             poll_sleeper: AtomicBool::new(false),
             hook: OnceLock::new(),
             wait_us: AtomicU32::new(0),

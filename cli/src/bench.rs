@@ -766,7 +766,7 @@ fn text_report(args: &Args, report: &Report) -> String {
     ));
     for (name, e) in &report.engines {
         out.push_str(&format!(
-            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times\n",
+            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll (arming its timer {} times) and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times\n",
             e.sleeps,
             e.quiet_sleeps,
             e.event_wakeups,
@@ -774,6 +774,7 @@ fn text_report(args: &Args, report: &Report) -> String {
             e.passes,
             e.direct_passes,
             e.app_polls,
+            e.alarms,
             e.waiting_passes,
             e.handoffs,
             e.contended_yields,
@@ -849,6 +850,7 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "handoffs": e.handoffs,
                 "quiet_sleeps": e.quiet_sleeps,
                 "contended_yields": e.contended_yields,
+                "alarms": e.alarms,
             })).collect::<Vec<_>>(),
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
