@@ -116,7 +116,15 @@ impl TcpLink {
         {
             // MSG_NOSIGNAL: a write to a reset connection returns EPIPE instead of raising
             // SIGPIPE, which would kill a host program that did not ignore it.
-            SockRef::from(&self.stream).send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL)
+            let sock = SockRef::from(&self.stream);
+            match bufs {
+                // One buffer (every write of small messages framed into the transmit buffer):
+                // `send(2)` skips `sendmsg`'s copy-in of the message header and the vector.
+                // In a C ping-pong of 8 B over loopback, one core, `sendmsg` took the round
+                // trip from 4.35 to 4.44 us (medians of 8 alternating runs).
+                [one] => sock.send_with_flags(one, libc::MSG_NOSIGNAL),
+                _ => sock.send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL),
+            }
         }
         #[cfg(not(target_os = "linux"))]
         {
