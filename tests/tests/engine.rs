@@ -168,9 +168,11 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
 
 /// Back-to-back Send/Send round trips between two event-mode engines, each end waiting with
 /// a deadline: the waiting threads sleep in their queues' polls, and those sleeps share one
-/// timer per queue, armed again only when it would go off too late (at most every 10 ms),
-/// not one timer per sleep (a kernel timer armed and cancelled for each sleep cost an 8 B
-/// round trip 0.25-0.3 us of its 6.7).
+/// timer per queue, armed again only once it has gone off (it is set 10 ms ahead, the longest
+/// a timed sleep there lasts), not one timer per sleep (a kernel timer armed and cancelled for
+/// each sleep cost an 8 B round trip 0.25-0.3 us of its 6.7). Two queues may thus arm theirs
+/// at most once per 10 ms each, however loaded the machine; one arm per sleep would be about
+/// 600 in a few hundred milliseconds.
 #[test]
 fn timed_waits_share_an_alarm() {
     const ROUNDS: u64 = 300;
@@ -179,6 +181,7 @@ fn timed_waits_share_an_alarm() {
     let (client, server) = &pairs[0];
     first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
+    let start = std::time::Instant::now();
     thread::scope(|s| {
         s.spawn(|| {
             for i in 0..ROUNDS {
@@ -194,13 +197,16 @@ fn timed_waits_share_an_alarm() {
             client.wait_recv(200 + i, "pong");
         }
     });
+    // Measured after the counts, so the bound is never short.
     let after = (client_dev.stats(), server_dev.stats());
+    let periods = u64::try_from(start.elapsed().as_millis() / 10).unwrap() + 1;
     let delta = |f: fn(&iwarp::EngineStats) -> u64| f(&after.0) + f(&after.1) - f(&before.0) - f(&before.1);
     let (sleeps, alarms) = (delta(|s| s.app_polls), delta(|s| s.alarms));
-    let counts = format!("{before:?} -> {after:?}");
-    assert!(sleeps >= ROUNDS, "the waiting threads did not sleep in their queues' polls: {counts}");
+    let counts =
+        format!("{sleeps} sleeps, {alarms} alarms, {periods} periods of 10 ms: {before:?} -> {after:?}");
+    assert!(sleeps >= ROUNDS / 2, "the waiting threads did not sleep in their queues' polls: {counts}");
     assert!(alarms >= 1, "timed sleeps armed no alarm: {counts}");
-    assert!(alarms * 4 <= sleeps, "an alarm armed for most sleeps: {counts}");
+    assert!(alarms <= 2 * periods, "the alarms were armed more often than they went off: {counts}");
 }
 
 /// A peer that sends its last message and closes at once: its close often arrives before the
