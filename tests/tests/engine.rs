@@ -96,6 +96,13 @@ fn connect_many(client: &Device, server: &Device, n: usize, recv: usize) -> Vec<
         .collect()
 }
 
+/// Two devices in `mode` and one connection between them (client end, server end).
+fn one_pair(mode: PollMode) -> (Device, Device, (End, End)) {
+    let (client_dev, server_dev) = (open(mode), open(mode));
+    let pair = connect_many(&client_dev, &server_dev, 1, 4).pop().unwrap();
+    (client_dev, server_dev, pair)
+}
+
 /// One round trip (wr_ids 99/199 and 999/1999), then a pause in which both engines fall asleep.
 /// An initiator that has sent but not yet heard from its peer keeps a nudge timer
 /// (docs/siw-quirks.md), which fires, rightly, when the answer takes longer than 10 ms (a
@@ -117,9 +124,8 @@ fn first_round_trip(client: &End, server: &End) {
 /// step waited for a sleep timeout instead.
 fn sparse_round_trips(mode: PollMode) {
     const PINGS: u64 = 20;
-    let (client_dev, server_dev) = (open(mode), open(mode));
-    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
-    let (client, server) = &pairs[0];
+    let (client_dev, server_dev, pair) = one_pair(mode);
+    let (client, server) = (&pair.0, &pair.1);
     first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
     for i in 0..PINGS {
@@ -176,9 +182,8 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
 #[test]
 fn timed_waits_share_an_alarm() {
     const ROUNDS: u64 = 300;
-    let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
-    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
-    let (client, server) = &pairs[0];
+    let (client_dev, server_dev, pair) = one_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
     first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
     let start = std::time::Instant::now();
@@ -258,9 +263,8 @@ fn adaptive_engines_see_a_close_that_came_with_the_last_message() {
 /// than waiting for the engine thread to be woken, place it and wake it in turn.
 fn writes_wake_a_sleeping_target(mode: PollMode) {
     const ROUNDS: u8 = 20;
-    let (client_dev, server_dev) = (open(mode), open(mode));
-    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
-    let (client, server) = &pairs[0];
+    let (_client_dev, server_dev, pair) = one_pair(mode);
+    let (client, server) = (&pair.0, &pair.1);
     let before = server_dev.stats();
     thread::scope(|s| {
         let waiter = s.spawn(|| {
@@ -576,9 +580,8 @@ fn a_read_response_begun_by_a_polling_thread_is_finished_by_the_engine() {
 #[test]
 fn input_the_engine_leaves_to_the_lock_holder_is_handled() {
     const MAX_READS: u64 = 20_000;
-    let (client_dev, server_dev) = (open(PollMode::Event), open(PollMode::Event));
-    let pairs = connect_many(&client_dev, &server_dev, 1, 4);
-    let (client, server) = &pairs[0];
+    let (_client_dev, server_dev, pair) = one_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
     server.mr.write(0, &[0x5a; 64]).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
     /// Stops the copying thread when the Reads end, failed or not.
