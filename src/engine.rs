@@ -704,9 +704,21 @@ impl Engine {
             // a link is full, but a link may fill after it looked).
             let full = core.waiting_writable > 0 && self.quiet_sleeping.load(Ordering::SeqCst);
             let rearm = (core.new_earliest() || !core.ready.is_empty() || full) && self.doorbell.parked();
+            let changes = match core.state_changes.is_empty() {
+                true => Vec::new(),
+                false => std::mem::take(&mut core.state_changes),
+            };
             drop(core);
             if rearm {
                 self.doorbell.wake();
+            }
+            // State hooks run with the core let go: one may drop the last handle of a region
+            // or a queue pair (the verbs drop-in's, for one, may hold the last reference to
+            // its connection's identifier there), whose drop takes the core. Run under it, the
+            // engine thread waited for itself for good: a hang seen in 1 of 25 runs of
+            // `fi_pingpong` over the drop-in.
+            for (shared, state) in changes {
+                shared.run_state_hook(state);
             }
             // Pairs with the fence in `engine_pass` (and the engine's announced park).
             fence(Ordering::SeqCst);
@@ -1046,6 +1058,8 @@ struct Visit {
     timer: Option<Instant>,
     /// Bytes framed but left unsent by a full link, copied to go out later.
     staged: usize,
+    /// The queue pair's new state, which its state hook waits to hear of.
+    state_change: Option<QpState>,
 }
 
 /// Everything the engine owns.
@@ -1059,6 +1073,9 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// Queue pairs whose state changed in a pass, for their state hooks, which run once the
+    /// core is let go (`Engine::let_go`).
+    state_changes: Vec<(Arc<QpShared>, QpState)>,
     /// Connections whose link was full and that wait for its writable event (which only
     /// the engine's poll reports).
     waiting_writable: usize,
@@ -1111,6 +1128,7 @@ impl EngineCore {
             slots: Vec::new(),
             free_keys: Vec::new(),
             ready: Vec::new(),
+            state_changes: Vec::new(),
             waiting_writable: 0,
             iov: Vec::new(),
             timers: std::collections::BinaryHeap::new(),
@@ -1324,7 +1342,9 @@ impl EngineCore {
             slot.conn.qp().close();
             slot.link.shutdown_write();
             publish(slot);
-            slot.shared.set_state(QpState::Error);
+            if slot.shared.set_state(QpState::Error) {
+                self.state_changes.push((slot.shared.clone(), QpState::Error));
+            }
             slot.shared.retire();
         }
         self.slots.clear();
@@ -1458,6 +1478,9 @@ impl EngineCore {
         self.tx_stats.bytes += tx_after.bytes - tx_before.bytes;
         self.tx_stats.by_ref += tx_after.by_ref - tx_before.by_ref;
         self.tx_staged += v.staged as u64;
+        if let Some(state) = v.state_change {
+            self.state_changes.push((slot.shared.clone(), state));
+        }
         if v.done {
             self.remove(key);
             return v.work;
@@ -1867,7 +1890,9 @@ fn visit(
     v.work |= publish(slot);
     slot.shared.send_cq.drain_backlog();
     slot.shared.recv_cq.drain_backlog();
-    slot.shared.set_state(state);
+    if slot.shared.set_state(state) {
+        v.state_change = Some(state);
+    }
     if state != QpState::Rts {
         // Receives posted while this visit ran, by a poster that read RTS: another visit
         // takes them (see `Engine::posted_receives`).

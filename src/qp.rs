@@ -241,10 +241,11 @@ impl QueuePair {
     /// Has `hook` called with the new state each time the queue pair's state changes (the
     /// connection closed, lost or terminated: see [`QueuePair::state`]), from the thread
     /// that saw the change, usually the engine's, after the completions and events that came
-    /// with the change were published. If the queue pair has already left RTS, `hook` is
-    /// also called at once with the current state, so a change is never missed (it may then
-    /// be reported twice). The hook must be short and must not call into the stack. A queue
-    /// pair takes one hook; returns false if it has one already.
+    /// with the change were published, and with the engine's lock let go: the hook may drop
+    /// the last handle of a region or a queue pair. If the queue pair has already left RTS,
+    /// `hook` is also called at once with the current state, so a change is never missed (it
+    /// may then be reported twice). The hook must be short and must not wait for the stack.
+    /// A queue pair takes one hook; returns false if it has one already.
     pub fn on_state_change(&self, hook: impl Fn(QpState) + Send + Sync + 'static) -> bool {
         let hook = std::sync::Arc::new(hook);
         let engine_hook = hook.clone();

@@ -960,16 +960,23 @@ impl QpShared {
         lock(&self.events).pop_front()
     }
 
-    pub(crate) fn set_state(&self, s: QpState) {
+    /// Records the state the engine saw; whether it changed and a state hook waits to hear of
+    /// it ([`QpShared::run_state_hook`], which the engine calls once it has let go of its
+    /// core: see `Engine::let_go`).
+    #[must_use]
+    pub(crate) fn set_state(&self, s: QpState) -> bool {
         // Set after every visit, and almost always unchanged: a read first, so that takes no
         // locked update.
         if self.state.load(Ordering::Acquire) == state_code(s) {
-            return;
+            return false;
         }
         let old = self.state.swap(state_code(s), Ordering::AcqRel);
-        if old != state_code(s)
-            && let Some(hook) = self.state_hook.get()
-        {
+        old != state_code(s) && self.state_hook.get().is_some()
+    }
+
+    /// Tells the state hook of a change [`QpShared::set_state`] recorded.
+    pub(crate) fn run_state_hook(&self, s: QpState) {
+        if let Some(hook) = self.state_hook.get() {
             (hook.0)(s);
         }
     }

@@ -214,6 +214,47 @@ fn timed_waits_share_an_alarm() {
     assert!(alarms <= 2 * periods, "the alarms were armed more often than they went off: {counts}");
 }
 
+/// A state hook may drop the last handle of a region when its connection goes down (the
+/// verbs drop-in's hooks may hold the last reference to a connection and its regions). The
+/// region's drop takes the engine's core, so the hook must run with the core let go: run
+/// under it, the engine waited for itself for good (`fi_pingpong` over the drop-in hung so
+/// in 1 of 25 runs).
+#[test]
+fn a_state_hook_may_drop_the_last_handle_of_a_region() {
+    for mode in [PollMode::Event, PollMode::Adaptive, PollMode::Inline] {
+        let (client_dev, server_dev, pair) = one_pair(mode);
+        let region = client_dev.alloc_pd().register(64, Access::LOCAL_WRITE).unwrap();
+        let held = std::sync::Mutex::new(Some(region));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hooked = pair.0.qp.on_state_change(move |state| {
+            if state != QpState::Rts {
+                drop(held.lock().unwrap().take());
+                let _ = tx.send(state);
+            }
+        });
+        assert!(hooked);
+        pair.1.qp.disconnect();
+        // Inline, nothing runs an engine unless a thread calls into it.
+        let deadline = std::time::Instant::now() + T;
+        let got = loop {
+            if mode == PollMode::Inline {
+                let _ = (pair.1.cq.poll(), pair.0.cq.poll());
+            }
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok(state) => break Some(state),
+                Err(_) if std::time::Instant::now() >= deadline => break None,
+                Err(_) => {}
+            }
+        };
+        if got.is_none() {
+            // An engine that waits for itself: its handles would wait too when dropped.
+            std::mem::forget((client_dev, server_dev, pair));
+            panic!("{mode:?}: the hook did not get through dropping the region");
+        }
+        assert_eq!(got, Some(QpState::Error), "{mode:?}");
+    }
+}
+
 /// A peer that sends its last message and closes at once: its close often arrives before the
 /// receiving end collected the message's readable edge, under that same edge, and the read
 /// that takes the message consumes the close too. The engine takes a short read as having
