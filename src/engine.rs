@@ -704,10 +704,7 @@ impl Engine {
             // a link is full, but a link may fill after it looked).
             let full = core.waiting_writable > 0 && self.quiet_sleeping.load(Ordering::SeqCst);
             let rearm = (core.new_earliest() || !core.ready.is_empty() || full) && self.doorbell.parked();
-            let changes = match core.state_changes.is_empty() {
-                true => Vec::new(),
-                false => std::mem::take(&mut core.state_changes),
-            };
+            let changes = std::mem::take(&mut core.state_changes);
             drop(core);
             if rearm {
                 self.doorbell.wake();

@@ -171,7 +171,7 @@ pub(crate) fn completion_or_event(
         };
     }
     match held.take().or_else(|| qp.poll_event()) {
-        Some(ev) => match cq.poll().or_else(|| cq.wait(COMPLETIONS_AFTER_EVENT)) {
+        Some(ev) => match cq.wait(COMPLETIONS_AFTER_EVENT) {
             Some(wc) if wc.status == WcStatus::Success => {
                 *held = Some(ev);
                 Ok(Some(wc))
