@@ -579,6 +579,77 @@ fn read_response_whose_source_is_invalidated_mid_flight_is_terminated() {
     }
 }
 
+#[test]
+fn the_terminate_for_a_read_source_gone_goes_out_in_the_same_call() {
+    // As above, looking at one call. The engine frames what a queue pair has once per visit and
+    // visits again only when something prompts it, so the call that finds the response's
+    // source gone must carry the Terminate. Left for a later call, it waited until A's next
+    // bytes or a timer, while A, with nothing more to send, waited for its Read. B's source
+    // goes by a local invalidate work request (run on B's send queue's turn, between two
+    // turns of the response), by an invalidation or by deregistration, and B frames into a
+    // byte buffer or into a batch (the engine's way).
+    let code = TerminateCode::rdmap(1, 0x00);
+    for how in ["work request", "invalidate", "deregister"] {
+        for batched in [false, true] {
+            let what = format!("{how}, batched {batched}");
+            let mut p = Pair::new(false, false);
+            let len = 3 * MULPDU + 7;
+            let src = p.b.buf(len, Access::REMOTE_READ, 0);
+            let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
+            p.a.post_send(SendWr {
+                wr_id: 3,
+                op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+                sgl: sink.sge().into(),
+                signaled: true,
+            });
+            let request = p.a.transmit();
+            p.b.feed(&request);
+            // The response's first segment only.
+            let mut first = Vec::new();
+            p.b.conn.poll_transmit(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &mut first, 1);
+            assert!(!first.is_empty(), "{what}: no first segment");
+            match how {
+                "work request" => p.b.post_send(SendWr {
+                    wr_id: 9,
+                    op: SendOp::LocalInvalidate { stag: src.stag },
+                    sgl: Default::default(),
+                    signaled: true,
+                }),
+                "invalidate" => p.b.table.invalidate(src.stag).unwrap(),
+                _ => drop(p.b.table.deregister(src.stag).unwrap()),
+            }
+            let mut out = Vec::new();
+            let mut mem = TableMemory { table: &mut p.b.table, pd: p.b.pd };
+            if batched {
+                let mut batch = TxBatch::default();
+                let n = p.b.conn.poll_transmit_batch(&mut mem, &mut batch, 64 * 1024);
+                let mut iov = Vec::new();
+                batch.io_slices(&mem, &mut iov).unwrap();
+                iov.iter().for_each(|b| out.extend_from_slice(b));
+                assert_eq!(out.len(), n, "{what}");
+            } else {
+                p.b.conn.poll_transmit(&mut mem, &mut out, 1 << 20);
+            }
+            p.b.collect();
+            let ulpdus = common::deframe_all(&out, false, false);
+            assert_eq!(ulpdus.len(), 1, "{what}: {} segments, not the Terminate alone", ulpdus.len());
+            let sent = common::parse_terminate(&ulpdus[0]);
+            assert_eq!(sent.msg.header.cause, code, "{what}");
+            assert_eq!(p.b.state(), QpState::Error, "{what}");
+            assert!(!p.b.conn.qp_ref().may_transmit(), "{what}: more to send");
+            if how == "work request" {
+                let done: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+                assert_eq!(done, [(9, WcStatus::Success)], "{what}");
+            }
+            // A's Read fails on the Terminate.
+            p.a.feed(&first);
+            p.a.feed(&out);
+            assert_eq!(p.a.completions.len(), 1, "{what}: {:?}", p.a.completions);
+            assert_eq!((p.a.completions[0].wr_id, p.a.completions[0].status), (3, WcStatus::WrFlushError));
+        }
+    }
+}
+
 // --- faults in the byte stream ------------------------------------------------------------
 
 #[test]

@@ -146,6 +146,13 @@ impl QueuePair {
                 return n;
             }
         }
+        // A turn that failed the stream (a Read Response whose source was invalidated since
+        // the request, a work request that could not start) queued a Terminate: it goes in
+        // this call. Left for a later one, it could wait for good, since nothing else may
+        // make the caller poll this queue pair again.
+        if self.terminate.is_some() {
+            return self.poll_segment(mem, buf, refs);
+        }
         None
     }
 
@@ -225,7 +232,9 @@ impl QueuePair {
                 match self.start_message(seq, wr) {
                     Ok(m) => self.tx_cur = Some(m),
                     Err(status) => {
+                        // As any failed work request does, it takes the queue pair to error.
                         self.finish(seq, status);
+                        self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
                         return None;
                     }
                 }
