@@ -40,6 +40,8 @@ fn bench_json_has_every_row() {
     assert_eq!(v["config"]["poll"], "adaptive");
     assert_eq!(v["config"]["shared_device"], false);
     assert_eq!(v["config"]["negotiated"]["crc"], true);
+    // Reads go as deep as the window (64 by default).
+    assert_eq!(v["config"]["negotiated"]["ord"], 64);
     // One engine per end, each with its counters; both ran passes.
     let engines = v["config"]["engines"].as_array().unwrap();
     let names: Vec<_> = engines.iter().map(|e| e["device"].as_str().unwrap()).collect();
@@ -74,6 +76,8 @@ fn bench_inline_two_qps_no_crc() {
     }
     assert_eq!(v["config"]["negotiated"]["crc"], false);
     assert_eq!(v["config"]["negotiated"]["mpa_revision"], 1);
+    // A window of 4 per queue pair still lets 16 Reads be outstanding, the stack's default.
+    assert_eq!(v["config"]["negotiated"]["ord"], 16);
 }
 
 #[test]

@@ -7,6 +7,11 @@
 # numbers, not the comparison. Prints both results and their ratio per operation, vCPU count
 # and poll mode; a measurement, not a test (exit status 0 when every run produced its numbers).
 #
+# Both sides run at perftest's depth: `ib_*_bw`'s defaults are a transmit depth of 128, CQ
+# moderation 100 and, for reads, as many outstanding as the device allows (siw: 128), so the
+# bench runs with `--window 128 --cq-mod 100` (its Reads then go 128 deep too); set
+# IWARP_BENCH_FLAGS to run it otherwise (empty: the bench's own defaults).
+#
 #   compare.sh [SIZE] [SECONDS] [VCPUS] [POLL_MODES]
 #   defaults:   65536   3         "1 2"   "inline adaptive"
 set -euo pipefail
@@ -16,6 +21,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 source "$HERE/lib.sh"
 SIZE="${1:-65536}" SECS="${2:-3}" VCPUS="${3:-1 2}" POLLS="${4:-inline adaptive}"
 BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
+FLAGS="${IWARP_BENCH_FLAGS---window 128 --cq-mod 100}"
 [ -x "$BIN" ] || iw_die "$BIN is not built (cargo build --release --bin iwarp)"
 base="$(bash "$HERE/build-guest.sh" | tail -1)"
 work="$(mktemp -d /tmp/iwarp-compare.XXXXXX)"
@@ -32,28 +38,41 @@ cat "$base/initrd.img" "$work/extra.cpio.gz" > "$work/img/initrd.img"
 export IW_IMG="$work/img"
 iw_setup_ns
 
-# The guest: for each operation perftest's server then client over siw (its default CRC
-# setting: off), then this stack's bench in each poll mode with CRC off too.
+# The guest: ROUNDS rounds of, for each operation, perftest's server then client over siw (its
+# default CRC setting: off), then this stack's bench in each poll mode with CRC off too. siw's
+# figures move by a third from one run to the next (Write 103 then 140 MB/s in two boots of
+# one image), so one run of each says little: the ratios are of the medians over the rounds,
+# which alternate the two stacks.
+ROUNDS="${IWARP_COMPARE_ROUNDS:-3}"
 cmd="[ -x /opt/iwarp ] || { echo 'IWARP-COMPARE: /opt/iwarp missing'; exit 3; }; "
+# The rounds loop in the guest's shell: the command goes to the guest on the kernel command
+# line, which holds 2 KiB.
+cmd+="for r in $(seq -s ' ' "$ROUNDS"); do "
 # perftest's client gives up when it cannot calibrate its cycle counter under TCG ("Can't
 # produce a report"): up to three tries.
 for op in write read send; do
   cmd+="for try in 1 2 3; do "
   cmd+="timeout 120 ib_${op}_bw -R -d siw0 -s $SIZE -D $SECS > /tmp/srv 2>&1 & sleep 3; "
   cmd+="timeout 120 ib_${op}_bw -R -d siw0 -s $SIZE -D $SECS $IW_GUEST_IP > /tmp/cli 2>&1; wait; "
-  cmd+="grep -qE '^ +$SIZE ' /tmp/cli && break; done; sed 's/^/[siw-$op] /' /tmp/cli; "
+  cmd+="grep -qE '^ +$SIZE ' /tmp/cli && break; done; sed \"s/^/[siw-$op-r\$r] /\" /tmp/cli; "
 done
 for poll in $POLLS; do
-  cmd+="timeout 400 /opt/iwarp bench --ops write,read,send --sizes $SIZE --duration $SECS --crc off "
-  cmd+="--poll $poll --quiet 2>&1 | sed 's/^/[iwarp-$poll] /'; "
+  cmd+="timeout 400 /opt/iwarp bench --ops write,read,send --sizes $SIZE --duration $SECS --crc off $FLAGS "
+  cmd+="--poll $poll --quiet 2>&1 | sed \"s/^/[iwarp-$poll-r\$r] /\"; "
 done
+cmd+="done"
+max=$((300 + 420 * ROUNDS))
+
+# The median of the numbers on stdin, one per line (empty when there are none), and their
+# range.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s %s", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }'; }
 
 failed=0
 results=""
 for n in $VCPUS; do
   out="$work/smp$n"
-  iw_boot "$out" --smp "$n" --max 900 --cmd "$cmd"
-  iw_wait_exit 900 || true
+  iw_boot "$out" --smp "$n" --max "$max" --cmd "$cmd"
+  iw_wait_exit "$max" || true
   iw_stop_guest
   if grep -q 'IWARP-COMPARE:' "$IW_SERIAL"; then
     cat "$IW_SERIAL"
@@ -61,24 +80,26 @@ for n in $VCPUS; do
   fi
   for op in write read send; do
     # perftest: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]"
-    # A run without its result line leaves the value empty (reported below), not the script.
-    siw="$(grep -aE "^\[siw-$op\] +$SIZE " "$IW_SERIAL" | awk '{print $5}' | head -1 || true)"
+    # A round without its result line leaves the value out (and none at all is reported
+    # below), not the script.
+    read -r siw siw_lo siw_hi < <(grep -aE "^\[siw-$op-r[0-9]+\] +$SIZE " "$IW_SERIAL" | awk '{ print $5 }' | median) || true
     for poll in $POLLS; do
-      # bench: per operation a section whose first row is "  64K |  GB/s ..."
-      iw="$(grep -aE "^\[iwarp-$poll\] +[0-9]+[KMG]? \|" "$IW_SERIAL" |
-        awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] }' || true)"
-      if [ -z "$siw" ] || [ -z "$iw" ]; then
+      # bench: per operation a section whose first row is "  64K |  GB/s ..."; MB/s
+      read -r iw iw_lo iw_hi < <(for r in $(seq "$ROUNDS"); do
+        grep -aE "^\[iwarp-$poll-r$r\] +[0-9]+[KMG]? \|" "$IW_SERIAL" |
+          awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000 }'
+      done | median) || true
+      if [ -z "${siw:-}" ] || [ -z "${iw:-}" ]; then
         failed=1
-        iw_mb="$(awk -v i="$iw" 'BEGIN { if (i != "") printf "%.2f", i * 1000; else print "?" }')"
-        results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "$iw_mb")"$'\n'
+        results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "${iw:-?}")"$'\n'
         continue
       fi
-      results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" 'BEGIN {
-        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f", n, o, p, s, i * 1000, (s > 0) ? i * 1000 / s : 0 }')"$'\n'
+      results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" -v r="$siw_lo-$siw_hi / $iw_lo-$iw_hi" 'BEGIN {
+        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f  (ranges %s)", n, o, p, s, i, (s > 0) ? i / s : 0, r }')"$'\n'
     done
   done
 done
-echo "same emulated machine (TCG), $SIZE B, CRC off on both, iwarp client and server on separate devices:"
+echo "same emulated machine (TCG), $SIZE B, CRC off on both, iwarp client and server on separate devices, iwarp bench ${FLAGS:-(default flags)}; medians of $ROUNDS rounds:"
 printf '%s' "$results"
 [ "$failed" = 0 ] || { grep -aE '^\[(siw|iwarp)' "$work"/smp*/serial.log | tail -40; iw_die "some runs gave no result"; }
 # The guests' logs stay only when a run gave no result.

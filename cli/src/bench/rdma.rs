@@ -11,6 +11,7 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use iwarp::mpa::frame::IRD_ORD_MAX;
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
     Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, ProtectionDomain,
@@ -254,12 +255,16 @@ impl Bench {
         let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
         let rq_target = send_credits(cfg.window, cfg.qps) + RQ_SLACK;
+        // Reads as deep as the window, as perftest's are (its outstanding reads are the
+        // device's maximum, 128 on siw, then at most its transmit depth), and never under
+        // the stack's default of 16.
+        let ird_ord = u16::try_from(per_pair.max(16)).unwrap_or(u16::MAX).min(IRD_ORD_MAX);
         let opts = ConnectOptions {
             policy: Policy {
                 revision: cfg.revision,
                 crc: if cfg.crc { CrcPolicy::Required } else { CrcPolicy::Off },
-                ird: 16,
-                ord: 16,
+                ird: ird_ord,
+                ord: ird_ord,
                 ..Policy::default()
             },
             max_send_wr: per_pair + 64,
