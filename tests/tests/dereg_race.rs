@@ -34,12 +34,20 @@ fn next(state: &mut u64) -> u64 {
 }
 
 /// Waits for `n` completions with distinct work request ids from `cq` (each within [`T`]); a
-/// repeated id fails the test.
-fn exactly_once(cq: &CompletionQueue, n: usize, what: &str) -> Vec<(u64, WcOpcode, WcStatus)> {
+/// repeated id fails the test, and so does a wait that times out, with what `state` says of
+/// the two queue pairs then.
+fn exactly_once(
+    cq: &CompletionQueue,
+    n: usize,
+    what: &str,
+    state: &dyn Fn() -> String,
+) -> Vec<(u64, WcOpcode, WcStatus)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     while out.len() < n {
-        let wc = cq.wait(T).unwrap_or_else(|| panic!("{what}: {} of {n} completions: {out:?}", out.len()));
+        let wc = cq
+            .wait(T)
+            .unwrap_or_else(|| panic!("{what}: {} of {n} completions: {out:?}; {}", out.len(), state()));
         assert!(seen.insert(wc.wr_id), "{what}: work request {} completed twice: {out:?} {wc:?}", wc.wr_id);
         out.push((wc.wr_id, wc.opcode, wc.status));
     }
@@ -102,10 +110,22 @@ fn round(devs: &[iwarp::Device], r: u64) {
     });
     let (buffer, snapshot) = taker.join().unwrap();
     let what = format!("round {r} (delay {delay:?}, invalidate {invalidate_first})");
-    let done = exactly_once(&client.cq, 12, &format!("{what}: client"));
+    // A work request that never completes says where it stopped: the queue pairs' states
+    // (a side left in Terminate never sent its Terminate) and the events they reported.
+    let state = || {
+        let events = |qp: &iwarp::QueuePair| std::iter::from_fn(|| qp.poll_event()).collect::<Vec<_>>();
+        format!(
+            "client {:?} {:?}, server {:?} {:?}",
+            client.qp.state(),
+            events(&client.qp),
+            server.qp.state(),
+            events(&server.qp)
+        )
+    };
+    let done = exactly_once(&client.cq, 12, &format!("{what}: client"), &state);
     // The server: its receives, and the local invalidate if it posted one.
     let server_wrs = RECVS as usize + usize::from(invalidate_first);
-    let got = exactly_once(&server.cq, server_wrs, &format!("{what}: server"));
+    let got = exactly_once(&server.cq, server_wrs, &format!("{what}: server"), &state);
     // Sends that completed successfully on the server filled receives: each exactly once.
     let filled = got
         .iter()
