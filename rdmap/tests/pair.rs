@@ -529,6 +529,24 @@ fn send_with_invalidate_of_a_local_only_region_is_refused() {
     }
 }
 
+/// A pair where A's Read (work request 3) of `len` bytes from a region of B's holding
+/// `pattern(len, 9)` has reached B, which owes the response. Returns B's source and A's sink.
+fn read_owed(len: usize) -> (Pair, Buf, Buf) {
+    let mut p = Pair::new(false, false);
+    let src = p.b.buf(len, Access::REMOTE_READ, 0);
+    p.b.write(&src, 0, &pattern(len, 9)).unwrap();
+    let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
+    p.a.post_send(SendWr {
+        wr_id: 3,
+        op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
+        sgl: sink.sge().into(),
+        signaled: true,
+    });
+    let request = p.a.transmit();
+    p.b.feed(&request);
+    (p, src, sink)
+}
+
 #[test]
 fn read_response_whose_source_is_invalidated_mid_flight_is_terminated() {
     // A Read Response of several segments: after its first segment went out, B's application
@@ -536,21 +554,8 @@ fn read_response_whose_source_is_invalidated_mid_flight_is_terminated() {
     // cannot be read: B terminates with the RDMAP code its source now fails with (invalid
     // STag, 0/1/0x00), sends nothing more from the region, and A's Read fails.
     for deregister in [false, true] {
-        let mut p = Pair::new(false, false);
         let len = 3 * MULPDU + 7;
-        let src = p.b.buf(len, Access::REMOTE_READ, 0);
-        p.b.write(&src, 0, &pattern(len, 9)).unwrap();
-        let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
-        p.a.post_send(SendWr {
-            wr_id: 3,
-            op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
-            sgl: sink.sge().into(),
-            signaled: true,
-        });
-        // A's Read Request reaches B.
-        let mut bytes = Vec::new();
-        p.a.conn.poll_transmit(&mut TableMemory { table: &mut p.a.table, pd: p.a.pd }, &mut bytes, 1 << 20);
-        p.b.conn.handle_bytes(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &bytes);
+        let (mut p, src, sink) = read_owed(len);
         // B sends the first segment of the response only.
         let mut first = Vec::new();
         let n = p.b.conn.poll_transmit(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &mut first, 1);
@@ -592,18 +597,7 @@ fn the_terminate_for_a_read_source_gone_goes_out_in_the_same_call() {
     for how in ["work request", "invalidate", "deregister"] {
         for batched in [false, true] {
             let what = format!("{how}, batched {batched}");
-            let mut p = Pair::new(false, false);
-            let len = 3 * MULPDU + 7;
-            let src = p.b.buf(len, Access::REMOTE_READ, 0);
-            let sink = p.a.buf(len, Access::LOCAL_WRITE, 0);
-            p.a.post_send(SendWr {
-                wr_id: 3,
-                op: SendOp::Read { remote_stag: src.stag, remote_to: src.va },
-                sgl: sink.sge().into(),
-                signaled: true,
-            });
-            let request = p.a.transmit();
-            p.b.feed(&request);
+            let (mut p, src, _) = read_owed(3 * MULPDU + 7);
             // The response's first segment only.
             let mut first = Vec::new();
             p.b.conn.poll_transmit(&mut TableMemory { table: &mut p.b.table, pd: p.b.pd }, &mut first, 1);
