@@ -60,7 +60,7 @@ step "tests"
 cargo nextest run --workspace --locked --no-fail-fast
 cargo test --workspace --doc --locked
 
-step "random fault schedules through real devices (10^4, optimized build)"
+step "random fault schedules, and schedules that must finish without a teardown, through real devices (10^4 each, optimized build)"
 cargo test --release --locked -p iwarp-tests --test faults -- --nocapture
 
 step "fuzz-peer against this stack's own rping on loopback, both roles (scripts/fuzz-peer-loopback.sh)"

@@ -6,7 +6,13 @@
 //! again (the engine never touches memory it no longer holds; under AddressSanitizer,
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
-//! `IWARP_RACE_ROUNDS` sets the number of rounds (default 200).
+//! A deterministic variant runs both devices inline on the test's thread over the same
+//! sockets and takes the region away after a number of engine passes that varies from round
+//! to round: it checks, without depending on timing, that a failure mid-transfer always
+//! prompts the visits that report it to the peer (a Terminate queued in a visit that then sent
+//! nothing once waited for good, and left the peer's Reads uncompleted).
+//!
+//! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code panics on failure")]
 #![allow(clippy::cast_possible_truncation, reason = "test sizes are small")]
@@ -54,20 +60,36 @@ fn exactly_once(
     out
 }
 
-fn round(devs: &[iwarp::Device], r: u64) {
+/// A round's connection and memory: the server's region of `region` bytes (the target of the
+/// client's Writes and Reads, with the server's receives in its last bytes), and the client's
+/// source, Read sink of `sink` bytes and message.
+struct Setup {
+    client: End,
+    server: End,
+    mr: iwarp::MemoryRegion,
+    src: iwarp::MemoryRegion,
+    sink: iwarp::MemoryRegion,
+    msg: iwarp::MemoryRegion,
+}
+
+fn set_up(devs: &[iwarp::Device], r: u64, region: usize, sink: usize) -> Setup {
     let (client, server, _, _) =
         connect_on(&devs[0], &devs[1], &ConnectOptions::default(), &ConnectOptions::default());
     let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
-    let mr = server.pd.register_buffer(vec![0x5au8; REGION], rw).unwrap();
-    let (rkey, base) = (mr.rkey(), mr.addr());
-    // The server's receives land in the last bytes of the region too.
+    let mr = server.pd.register_buffer(vec![0x5au8; region], rw).unwrap();
     for i in 0..RECVS {
-        let off = REGION - (i as usize + 1) * RECV_LEN;
+        let off = region - (i as usize + 1) * RECV_LEN;
         server.recv(1000 + i, vec![mr.sge(off, RECV_LEN as u32)]);
     }
     let src = client.pd.register_bytes(&pattern(CHUNK, r as u8), Access::NONE).unwrap();
-    let sink = client.pd.register(CHUNK * 4, Access::LOCAL_WRITE).unwrap();
+    let sink = client.pd.register(sink, Access::LOCAL_WRITE).unwrap();
     let msg = client.pd.register_bytes(&[0x77; RECV_LEN], Access::NONE).unwrap();
+    Setup { client, server, mr, src, sink, msg }
+}
+
+fn round(devs: &[iwarp::Device], r: u64) {
+    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, REGION, CHUNK * 4);
+    let (rkey, base) = (mr.rkey(), mr.addr());
     // Writes, Reads and Sends, interleaved; the ORD lets a few Reads be outstanding.
     let mut wrs = Vec::new();
     for i in 0..12u64 {
@@ -144,6 +166,105 @@ fn round(devs: &[iwarp::Device], r: u64) {
     drop(buffer);
     client.qp.disconnect();
     server.qp.disconnect();
+}
+
+/// The region of an inline round: large enough that a Read of it is answered over several
+/// engine passes (a socket takes a few hundred KiB at a time, a pass writes at most 512 KiB).
+const INLINE_REGION: usize = 2 * MIB;
+
+/// One round of the deterministic variant: both devices inline (this thread runs every pass)
+/// over loopback TCP, so that a connection is visited only when its socket is ready or work
+/// was posted to it, as with an engine thread. The client writes into the server's region,
+/// reads from it (up to its whole length) and sends into it; the region goes away after a
+/// number of passes that varies from round to round, after a local invalidate in some. Every
+/// work request on both sides must then complete without a teardown, exactly once: a step
+/// that failed the stream and left nothing to prompt another visit (a Terminate queued but
+/// not sent) shows as a Read that never completes.
+fn inline_round(devs: &[iwarp::Device], r: u64) {
+    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, INLINE_REGION, INLINE_REGION);
+    let (rkey, base) = (mr.rkey(), mr.addr());
+    let mut rng = r.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut wrs = Vec::new();
+    for i in 0..12u64 {
+        let (op, sge) = match i % 3 {
+            0 => (
+                SendOp::Write { remote_stag: rkey, remote_to: base + (i as usize * CHUNK) as u64 },
+                src.sge_all(),
+            ),
+            1 => {
+                // From a few KiB to the whole region.
+                let len = 4096 + next(&mut rng) as usize % (INLINE_REGION - 4096);
+                (SendOp::Read { remote_stag: rkey, remote_to: base }, sink.sge(0, len as u32))
+            }
+            _ => (send_op(false), msg.sge_all()),
+        };
+        wrs.push(SendWr { wr_id: i, op, sgl: sge.into(), signaled: true });
+    }
+    let take_at = next(&mut rng) % 24;
+    let invalidate_first = next(&mut rng).is_multiple_of(4);
+    client.qp.post_send_list(wrs).unwrap();
+    let mut mr = Some(mr);
+    let mut seen: [HashSet<u64>; 2] = Default::default();
+    // Client: its 12 work requests (4 Sends, one per receive); server: its receives and the
+    // local invalidate.
+    let owed = [12, RECVS as usize + usize::from(invalidate_first)];
+    let started = Instant::now();
+    for pass in 0u64.. {
+        if pass == take_at
+            && let Some(mr) = mr.take()
+        {
+            if invalidate_first {
+                let op = SendOp::LocalInvalidate { stag: mr.rkey() };
+                server
+                    .qp
+                    .post_send(SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true })
+                    .unwrap();
+            }
+            drop(mr.deregister().unwrap());
+        }
+        for dev in devs {
+            dev.progress();
+        }
+        for (side, end) in [&client, &server].into_iter().enumerate() {
+            while let Some(wc) = end.cq.poll() {
+                assert!(seen[side].insert(wc.wr_id), "round {r}: work request {} completed twice", wc.wr_id);
+            }
+        }
+        if mr.is_none() && seen[0].len() == owed[0] && seen[1].len() == owed[1] {
+            break;
+        }
+        assert!(
+            started.elapsed() < T,
+            "round {r} (taken at pass {take_at}, invalidate {invalidate_first}): after {pass} passes, \
+             client {:?} completed {:?}, server {:?} completed {:?}",
+            client.qp.state(),
+            seen[0],
+            server.qp.state(),
+            seen[1]
+        );
+        if pass > 1000 {
+            // Nothing more to do now: what is left waits on the sockets (or a timer).
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+    client.qp.disconnect();
+    server.qp.disconnect();
+    for _ in 0..100 {
+        if devs.iter().all(|d| !d.progress())
+            && devs.iter().map(iwarp::Device::connections).sum::<usize>() == 0
+        {
+            break;
+        }
+    }
+}
+
+#[test]
+fn deregistration_at_any_pass_leaves_no_work_request_waiting() {
+    let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let devs = vec![open(PollMode::Inline), open(PollMode::Inline)];
+    for r in 0..rounds {
+        inline_round(&devs, r);
+    }
 }
 
 #[test]
