@@ -7,10 +7,11 @@
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
-//! sockets and takes the region away after a number of engine passes that varies from round
-//! to round: it checks, without depending on timing, that a failure mid-transfer always
-//! prompts the visits that report it to the peer (a Terminate queued in a visit that then sent
-//! nothing once waited for good, and left the peer's Reads uncompleted).
+//! sockets and, after a number of engine passes that varies from round to round, takes the
+//! region away, disconnects one side or has the client send more than a receive holds: it
+//! checks, without depending on timing, that a failure mid-transfer always prompts the visits
+//! that report it to the peer (a Terminate queued in a visit that then sent nothing once waited
+//! for good, and left the peer's Reads uncompleted).
 //!
 //! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
@@ -172,14 +173,39 @@ fn round(devs: &[iwarp::Device], r: u64) {
 /// engine passes (a socket takes a few hundred KiB at a time, a pass writes at most 512 KiB).
 const INLINE_REGION: usize = 2 * MIB;
 
+/// What an inline round does to its connection at a pass it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upset {
+    /// The server deregisters its region.
+    Deregister,
+    /// The server posts a local invalidate of its region, then deregisters it.
+    InvalidateThenDeregister,
+    /// The client disconnects.
+    ClientDisconnects,
+    /// The server disconnects.
+    ServerDisconnects,
+    /// The client sends a message longer than the server's receives (a Terminate from the
+    /// server).
+    SendTooLong,
+}
+
+const UPSETS: [Upset; 5] = [
+    Upset::Deregister,
+    Upset::InvalidateThenDeregister,
+    Upset::ClientDisconnects,
+    Upset::ServerDisconnects,
+    Upset::SendTooLong,
+];
+
 /// One round of the deterministic variant: both devices inline (this thread runs every pass)
 /// over loopback TCP, so that a connection is visited only when its socket is ready or work
 /// was posted to it, as with an engine thread. The client writes into the server's region,
-/// reads from it (up to its whole length) and sends into it; the region goes away after a
-/// number of passes that varies from round to round, after a local invalidate in some. Every
-/// work request on both sides must then complete without a teardown, exactly once: a step
-/// that failed the stream and left nothing to prompt another visit (a Terminate queued but
-/// not sent) shows as a Read that never completes.
+/// reads from it (up to its whole length) and sends into it; after a number of passes that
+/// varies from round to round the region goes away (after a local invalidate in some rounds),
+/// one side disconnects, or the client sends more than a receive holds. Every work request on
+/// both sides must then complete without a teardown, exactly once: a step that failed the
+/// stream and left nothing to prompt another visit (a Terminate queued but not sent) shows
+/// as a Read that never completes.
 fn inline_round(devs: &[iwarp::Device], r: u64) {
     let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, INLINE_REGION, INLINE_REGION);
     let (rkey, base) = (mr.rkey(), mr.addr());
@@ -200,43 +226,50 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
         };
         wrs.push(SendWr { wr_id: i, op, sgl: sge.into(), signaled: true });
     }
-    let take_at = next(&mut rng) % 24;
-    let invalidate_first = next(&mut rng).is_multiple_of(4);
+    let at = next(&mut rng) % 24;
+    let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
     client.qp.post_send_list(wrs).unwrap();
     let mut mr = Some(mr);
     let mut seen: [HashSet<u64>; 2] = Default::default();
-    // Client: its 12 work requests (4 Sends, one per receive); server: its receives and the
-    // local invalidate.
-    let owed = [12, RECVS as usize + usize::from(invalidate_first)];
+    // Client: its 12 work requests (4 Sends, one per receive) and the long Send; server: its
+    // receives and the local invalidate.
+    let owed = [
+        12 + usize::from(upset == Upset::SendTooLong),
+        RECVS as usize + usize::from(upset == Upset::InvalidateThenDeregister),
+    ];
+    let what = format!("round {r} ({upset:?} at pass {at})");
     let started = Instant::now();
     for pass in 0u64.. {
-        if pass == take_at
-            && let Some(mr) = mr.take()
-        {
-            if invalidate_first {
-                let op = SendOp::LocalInvalidate { stag: mr.rkey() };
-                server
-                    .qp
-                    .post_send(SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true })
-                    .unwrap();
+        if pass == at {
+            match upset {
+                Upset::Deregister | Upset::InvalidateThenDeregister => {
+                    let mr = mr.take().unwrap();
+                    if upset == Upset::InvalidateThenDeregister {
+                        let op = SendOp::LocalInvalidate { stag: mr.rkey() };
+                        let wr = SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true };
+                        server.qp.post_send(wr).unwrap();
+                    }
+                    drop(mr.deregister().unwrap());
+                }
+                Upset::ClientDisconnects => client.qp.disconnect(),
+                Upset::ServerDisconnects => server.qp.disconnect(),
+                Upset::SendTooLong => client.send(12, send_op(false), vec![src.sge(0, 2 * RECV_LEN as u32)]),
             }
-            drop(mr.deregister().unwrap());
         }
         for dev in devs {
             dev.progress();
         }
         for (side, end) in [&client, &server].into_iter().enumerate() {
             while let Some(wc) = end.cq.poll() {
-                assert!(seen[side].insert(wc.wr_id), "round {r}: work request {} completed twice", wc.wr_id);
+                assert!(seen[side].insert(wc.wr_id), "{what}: work request {} completed twice", wc.wr_id);
             }
         }
-        if mr.is_none() && seen[0].len() == owed[0] && seen[1].len() == owed[1] {
+        if pass >= at && seen[0].len() == owed[0] && seen[1].len() == owed[1] {
             break;
         }
         assert!(
             started.elapsed() < T,
-            "round {r} (taken at pass {take_at}, invalidate {invalidate_first}): after {pass} passes, \
-             client {:?} completed {:?}, server {:?} completed {:?}",
+            "{what}: after {pass} passes, client {:?} completed {:?}, server {:?} completed {:?}",
             client.qp.state(),
             seen[0],
             server.qp.state(),
@@ -259,7 +292,7 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
 }
 
 #[test]
-fn deregistration_at_any_pass_leaves_no_work_request_waiting() {
+fn a_failure_at_any_pass_leaves_no_work_request_waiting() {
     let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let devs = vec![open(PollMode::Inline), open(PollMode::Inline)];
     for r in 0..rounds {

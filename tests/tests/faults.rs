@@ -258,7 +258,7 @@ const LIVE_WAIT: Duration = Duration::from_secs(5);
 /// own: each failure must reach both ends (a Terminate, the link's loss) and flush their
 /// queues. An in-memory link has no readiness events, so every pass visits both connections:
 /// whether a failure also prompts the visit that sends its Terminate is checked over sockets
-/// (tests/tests/dereg_race.rs, `deregistration_at_any_pass_leaves_no_work_request_waiting`).
+/// (tests/tests/dereg_race.rs, `a_failure_at_any_pass_leaves_no_work_request_waiting`).
 fn live_schedule(seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let capacity = 1024 + rng.below(256 << 10) as usize;
