@@ -73,9 +73,8 @@ struct Setup {
     msg: iwarp::MemoryRegion,
 }
 
-fn set_up(devs: &[iwarp::Device], r: u64, region: usize, sink: usize) -> Setup {
-    let (client, server, _, _) =
-        connect_on(&devs[0], &devs[1], &ConnectOptions::default(), &ConnectOptions::default());
+fn set_up(devs: &[iwarp::Device], r: u64, opts: &ConnectOptions, region: usize, sink: usize) -> Setup {
+    let (client, server, _, _) = connect_on(&devs[0], &devs[1], opts, opts);
     let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
     let mr = server.pd.register_buffer(vec![0x5au8; region], rw).unwrap();
     for i in 0..RECVS {
@@ -89,7 +88,8 @@ fn set_up(devs: &[iwarp::Device], r: u64, region: usize, sink: usize) -> Setup {
 }
 
 fn round(devs: &[iwarp::Device], r: u64) {
-    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, REGION, CHUNK * 4);
+    let Setup { client, server, mr, src, sink, msg } =
+        set_up(devs, r, &ConnectOptions::default(), REGION, CHUNK * 4);
     let (rkey, base) = (mr.rkey(), mr.addr());
     // Writes, Reads and Sends, interleaved; the ORD lets a few Reads be outstanding.
     let mut wrs = Vec::new();
@@ -207,9 +207,15 @@ const UPSETS: [Upset; 5] = [
 /// stream and left nothing to prompt another visit (a Terminate queued but not sent) shows
 /// as a Read that never completes.
 fn inline_round(devs: &[iwarp::Device], r: u64) {
-    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, INLINE_REGION, INLINE_REGION);
-    let (rkey, base) = (mr.rkey(), mr.addr());
     let mut rng = r.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    // Socket buffers from 64 KiB to the stack's 4 MiB: the smaller, the more passes a transfer
+    // spans, each prompted by the socket's readiness. (Smaller ones leave loopback TCP waiting
+    // for delayed acknowledgements: much slower, and no other path.)
+    let buffer = Some((64 << 10) << (next(&mut rng) % 7));
+    let link = iwarp::netdev::LinkOptions { send_buffer: buffer, recv_buffer: buffer, ..Default::default() };
+    let opts = ConnectOptions { link, ..ConnectOptions::default() };
+    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, &opts, INLINE_REGION, INLINE_REGION);
+    let (rkey, base) = (mr.rkey(), mr.addr());
     let mut wrs = Vec::new();
     for i in 0..12u64 {
         let (op, sge) = match i % 3 {
@@ -237,7 +243,7 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
         12 + usize::from(upset == Upset::SendTooLong),
         RECVS as usize + usize::from(upset == Upset::InvalidateThenDeregister),
     ];
-    let what = format!("round {r} ({upset:?} at pass {at})");
+    let what = format!("round {r} ({upset:?} at pass {at}, socket buffers {buffer:?})");
     let started = Instant::now();
     for pass in 0u64.. {
         if pass == at {
