@@ -8,7 +8,8 @@
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
 //! sockets and, after a number of engine passes that varies from round to round, takes the
-//! region away, disconnects one side or has the client send more than a receive holds: it
+//! region away, invalidates it (locally, or by a peer's Send with Invalidate, which a peer may
+//! not do to it), disconnects one side or has the client send more than a receive holds: it
 //! checks, without depending on timing, that a failure mid-transfer always prompts the visits
 //! that report it to the peer (a Terminate queued in a visit that then sent nothing once waited
 //! for good, and left the peer's Reads uncompleted).
@@ -187,22 +188,28 @@ enum Upset {
     /// The client sends a message longer than the server's receives (a Terminate from the
     /// server).
     SendTooLong,
+    /// The server posts a local invalidate of its region, and keeps it registered.
+    Invalidate,
+    /// The client sends a Send with Invalidate naming the server's region (which a peer may
+    /// not invalidate: a Terminate from the server).
+    RemoteInvalidate,
 }
 
-const UPSETS: [Upset; 5] = [
+const UPSETS: [Upset; 7] = [
     Upset::Deregister,
     Upset::InvalidateThenDeregister,
     Upset::ClientDisconnects,
     Upset::ServerDisconnects,
     Upset::SendTooLong,
+    Upset::Invalidate,
+    Upset::RemoteInvalidate,
 ];
 
 /// One round of the deterministic variant: both devices inline (this thread runs every pass)
 /// over loopback TCP, so that a connection is visited only when its socket is ready or work
 /// was posted to it, as with an engine thread. The client writes into the server's region,
 /// reads from it (up to its whole length) and sends into it; after a number of passes that
-/// varies from round to round the region goes away (after a local invalidate in some rounds),
-/// one side disconnects, or the client sends more than a receive holds. Every work request on
+/// varies from round to round something fails the transfer (an [`Upset`]). Every work request on
 /// both sides must then complete without a teardown, exactly once: a step that failed the
 /// stream and left nothing to prompt another visit (a Terminate queued but not sent) shows
 /// as a Read that never completes.
@@ -240,22 +247,27 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
     // Client: its 12 work requests (4 Sends, one per receive) and the long Send; server: its
     // receives and the local invalidate.
     let owed = [
-        12 + usize::from(upset == Upset::SendTooLong),
-        RECVS as usize + usize::from(upset == Upset::InvalidateThenDeregister),
+        12 + usize::from(matches!(upset, Upset::SendTooLong | Upset::RemoteInvalidate)),
+        RECVS as usize + usize::from(matches!(upset, Upset::InvalidateThenDeregister | Upset::Invalidate)),
     ];
     let what = format!("round {r} ({upset:?} at pass {at}, socket buffers {buffer:?})");
     let started = Instant::now();
     for pass in 0u64.. {
         if pass == at {
             match upset {
-                Upset::Deregister | Upset::InvalidateThenDeregister => {
-                    let mr = mr.take().unwrap();
-                    if upset == Upset::InvalidateThenDeregister {
-                        let op = SendOp::LocalInvalidate { stag: mr.rkey() };
+                Upset::Deregister | Upset::InvalidateThenDeregister | Upset::Invalidate => {
+                    if upset != Upset::Deregister {
+                        let op = SendOp::LocalInvalidate { stag: rkey };
                         let wr = SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true };
                         server.qp.post_send(wr).unwrap();
                     }
-                    drop(mr.deregister().unwrap());
+                    if upset != Upset::Invalidate {
+                        drop(mr.take().unwrap().deregister().unwrap());
+                    }
+                }
+                Upset::RemoteInvalidate => {
+                    let op = SendOp::Send { solicited: false, invalidate: Some(rkey) };
+                    client.send(12, op, vec![msg.sge_all()]);
                 }
                 Upset::ClientDisconnects => client.qp.disconnect(),
                 Upset::ServerDisconnects => server.qp.disconnect(),
