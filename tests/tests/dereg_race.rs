@@ -7,9 +7,9 @@
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
-//! sockets and, after a number of engine passes that varies from round to round, takes the
-//! region away, invalidates it (locally, or by a peer's Send with Invalidate, which a peer may
-//! not do to it), disconnects one side or has the client send more than a receive holds: it
+//! sockets, with traffic both ways, and, after a number of engine passes that varies from round
+//! to round, has one side take its region away, invalidate it (locally, or by a peer's Send with Invalidate, which a peer may
+//! not do to it), disconnect, or send more than a receive holds: it
 //! checks, without depending on timing, that a failure mid-transfer always prompts the visits
 //! that report it to the peer (a Terminate queued in a visit that then sent nothing once waited
 //! for good, and left the peer's Reads uncompleted).
@@ -174,45 +174,129 @@ fn round(devs: &[iwarp::Device], r: u64) {
 /// engine passes (a socket takes a few hundred KiB at a time, a pass writes at most 512 KiB).
 const INLINE_REGION: usize = 2 * MIB;
 
-/// What an inline round does to its connection at a pass it picks.
+/// What an inline round does at a pass it picks, on one side (the other is its peer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Upset {
-    /// The server deregisters its region.
+    /// The side deregisters the region its peer writes into and reads from.
     Deregister,
-    /// The server posts a local invalidate of its region, then deregisters it.
+    /// The side posts a local invalidate of that region, then deregisters it.
     InvalidateThenDeregister,
-    /// The client disconnects.
-    ClientDisconnects,
-    /// The server disconnects.
-    ServerDisconnects,
-    /// The client sends a message longer than the server's receives (a Terminate from the
-    /// server).
-    SendTooLong,
-    /// The server posts a local invalidate of its region, and keeps it registered.
+    /// The side posts a local invalidate of that region, and keeps it registered.
     Invalidate,
-    /// The client sends a Send with Invalidate naming the server's region (which a peer may
-    /// not invalidate: a Terminate from the server).
+    /// The side disconnects.
+    Disconnects,
+    /// The side sends a message longer than its peer's receives (a Terminate from the peer).
+    SendTooLong,
+    /// The side sends a Send with Invalidate naming its peer's region (which a peer may not
+    /// invalidate: a Terminate from the peer).
     RemoteInvalidate,
 }
 
-const UPSETS: [Upset; 7] = [
+const UPSETS: [Upset; 6] = [
     Upset::Deregister,
     Upset::InvalidateThenDeregister,
-    Upset::ClientDisconnects,
-    Upset::ServerDisconnects,
-    Upset::SendTooLong,
     Upset::Invalidate,
+    Upset::Disconnects,
+    Upset::SendTooLong,
     Upset::RemoteInvalidate,
 ];
 
+/// One end of an inline round: the region its peer writes into, reads from and sends into
+/// (its receives in the last bytes), its source, its Read sink and its message.
+struct Side {
+    end: End,
+    exposed: Option<iwarp::MemoryRegion>,
+    rkey: iwarp::STag,
+    base: u64,
+    src: iwarp::MemoryRegion,
+    sink: iwarp::MemoryRegion,
+    msg: iwarp::MemoryRegion,
+}
+
+impl Side {
+    fn new(end: End, seed: u8) -> Side {
+        let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
+        let exposed = end.pd.register_buffer(vec![0x5au8; INLINE_REGION], rw).unwrap();
+        for i in 0..RECVS {
+            let off = INLINE_REGION - (i as usize + 1) * RECV_LEN;
+            end.recv(1000 + i, vec![exposed.sge(off, RECV_LEN as u32)]);
+        }
+        Side {
+            rkey: exposed.rkey(),
+            base: exposed.addr(),
+            exposed: Some(exposed),
+            src: end.pd.register_bytes(&pattern(CHUNK, seed), Access::NONE).unwrap(),
+            sink: end.pd.register(INLINE_REGION, Access::LOCAL_WRITE).unwrap(),
+            msg: end.pd.register_bytes(&[0x77; RECV_LEN], Access::NONE).unwrap(),
+            end,
+        }
+    }
+
+    /// Writes into `peer`'s region, Reads from it (a few KiB up to its whole length) and
+    /// Sends into its receives, interleaved: 12 work requests, 4 of them Sends.
+    fn traffic(&self, peer: &Side, rng: &mut u64) -> Vec<SendWr> {
+        (0..12u64)
+            .map(|i| {
+                let (op, sge) = match i % 3 {
+                    0 => {
+                        let to = peer.base + (i as usize * CHUNK) as u64;
+                        (SendOp::Write { remote_stag: peer.rkey, remote_to: to }, self.src.sge_all())
+                    }
+                    1 => {
+                        let len = 4096 + next(rng) as usize % (INLINE_REGION - 4096);
+                        let op = SendOp::Read { remote_stag: peer.rkey, remote_to: peer.base };
+                        (op, self.sink.sge(0, len as u32))
+                    }
+                    _ => (send_op(false), self.msg.sge_all()),
+                };
+                SendWr { wr_id: i, op, sgl: sge.into(), signaled: true }
+            })
+            .collect()
+    }
+
+    /// Does `upset` to this side's end of the connection.
+    fn upset(&mut self, upset: Upset, peer: &Side) {
+        match upset {
+            Upset::Deregister | Upset::InvalidateThenDeregister | Upset::Invalidate => {
+                if upset != Upset::Deregister {
+                    let op = SendOp::LocalInvalidate { stag: self.rkey };
+                    let wr = SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true };
+                    self.end.qp.post_send(wr).unwrap();
+                }
+                if upset != Upset::Invalidate {
+                    drop(self.exposed.take().unwrap().deregister().unwrap());
+                }
+            }
+            Upset::Disconnects => self.end.qp.disconnect(),
+            Upset::SendTooLong => {
+                self.end.send(12, send_op(false), vec![self.src.sge(0, 2 * RECV_LEN as u32)])
+            }
+            Upset::RemoteInvalidate => {
+                let op = SendOp::Send { solicited: false, invalidate: Some(peer.rkey) };
+                self.end.send(12, op, vec![self.msg.sge_all()]);
+            }
+        }
+    }
+
+    /// The work requests this side must see complete: its 12, the one more an upset posts
+    /// here, and its receives.
+    fn owed(&self, upset: Option<Upset>) -> usize {
+        let extra = match upset {
+            Some(Upset::Disconnects | Upset::Deregister) | None => 0,
+            Some(_) => 1,
+        };
+        12 + RECVS as usize + extra
+    }
+}
+
 /// One round of the deterministic variant: both devices inline (this thread runs every pass)
 /// over loopback TCP, so that a connection is visited only when its socket is ready or work
-/// was posted to it, as with an engine thread. The client writes into the server's region,
-/// reads from it (up to its whole length) and sends into it; after a number of passes that
-/// varies from round to round something fails the transfer (an [`Upset`]). Every work request on
-/// both sides must then complete without a teardown, exactly once: a step that failed the
-/// stream and left nothing to prompt another visit (a Terminate queued but not sent) shows
-/// as a Read that never completes.
+/// was posted to it, as with an engine thread. Each side writes into its peer's region, reads
+/// from it (up to its whole length) and sends into it, both ways at once; after a number of
+/// passes that varies from round to round, something fails the transfer on one side (an
+/// [`Upset`]). Every work request on both sides must then complete without a teardown,
+/// exactly once: a step that failed the stream and left nothing to prompt another visit (a
+/// Terminate queued but not sent) shows as a Read that never completes.
 fn inline_round(devs: &[iwarp::Device], r: u64) {
     let mut rng = r.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     // Socket buffers from 64 KiB to the stack's 4 MiB: the smaller, the more passes a transfer
@@ -221,64 +305,33 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
     let buffer = Some((64 << 10) << (next(&mut rng) % 7));
     let link = iwarp::netdev::LinkOptions { send_buffer: buffer, recv_buffer: buffer, ..Default::default() };
     let opts = ConnectOptions { link, ..ConnectOptions::default() };
-    let Setup { client, server, mr, src, sink, msg } = set_up(devs, r, &opts, INLINE_REGION, INLINE_REGION);
-    let (rkey, base) = (mr.rkey(), mr.addr());
-    let mut wrs = Vec::new();
-    for i in 0..12u64 {
-        let (op, sge) = match i % 3 {
-            0 => (
-                SendOp::Write { remote_stag: rkey, remote_to: base + (i as usize * CHUNK) as u64 },
-                src.sge_all(),
-            ),
-            1 => {
-                // From a few KiB to the whole region.
-                let len = 4096 + next(&mut rng) as usize % (INLINE_REGION - 4096);
-                (SendOp::Read { remote_stag: rkey, remote_to: base }, sink.sge(0, len as u32))
-            }
-            _ => (send_op(false), msg.sge_all()),
-        };
-        wrs.push(SendWr { wr_id: i, op, sgl: sge.into(), signaled: true });
+    let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
+    let mut sides = [Side::new(client, r as u8), Side::new(server, !(r as u8))];
+    for (from, to) in [(0, 1), (1, 0)] {
+        let wrs = sides[from].traffic(&sides[to], &mut rng);
+        sides[from].end.qp.post_send_list(wrs).unwrap();
     }
     let at = next(&mut rng) % 24;
     let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
-    client.qp.post_send_list(wrs).unwrap();
-    let mut mr = Some(mr);
+    let who = (next(&mut rng) % 2) as usize;
+    let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
     let mut seen: [HashSet<u64>; 2] = Default::default();
-    // Client: its 12 work requests (4 Sends, one per receive) and the long Send; server: its
-    // receives and the local invalidate.
-    let owed = [
-        12 + usize::from(matches!(upset, Upset::SendTooLong | Upset::RemoteInvalidate)),
-        RECVS as usize + usize::from(matches!(upset, Upset::InvalidateThenDeregister | Upset::Invalidate)),
-    ];
-    let what = format!("round {r} ({upset:?} at pass {at}, socket buffers {buffer:?})");
+    let what = format!(
+        "round {r} ({upset:?} by the {} at pass {at}, socket buffers {buffer:?})",
+        ["client", "server"][who]
+    );
     let started = Instant::now();
     for pass in 0u64.. {
         if pass == at {
-            match upset {
-                Upset::Deregister | Upset::InvalidateThenDeregister | Upset::Invalidate => {
-                    if upset != Upset::Deregister {
-                        let op = SendOp::LocalInvalidate { stag: rkey };
-                        let wr = SendWr { wr_id: 2000, op, sgl: Default::default(), signaled: true };
-                        server.qp.post_send(wr).unwrap();
-                    }
-                    if upset != Upset::Invalidate {
-                        drop(mr.take().unwrap().deregister().unwrap());
-                    }
-                }
-                Upset::RemoteInvalidate => {
-                    let op = SendOp::Send { solicited: false, invalidate: Some(rkey) };
-                    client.send(12, op, vec![msg.sge_all()]);
-                }
-                Upset::ClientDisconnects => client.qp.disconnect(),
-                Upset::ServerDisconnects => server.qp.disconnect(),
-                Upset::SendTooLong => client.send(12, send_op(false), vec![src.sge(0, 2 * RECV_LEN as u32)]),
-            }
+            let [client, server] = &mut sides;
+            let (this, peer) = if who == 0 { (client, &*server) } else { (server, &*client) };
+            this.upset(upset, peer);
         }
         for dev in devs {
             dev.progress();
         }
-        for (side, end) in [&client, &server].into_iter().enumerate() {
-            while let Some(wc) = end.cq.poll() {
+        for (side, s) in sides.iter().enumerate() {
+            while let Some(wc) = s.end.cq.poll() {
                 assert!(seen[side].insert(wc.wr_id), "{what}: work request {} completed twice", wc.wr_id);
             }
         }
@@ -288,9 +341,9 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
         assert!(
             started.elapsed() < T,
             "{what}: after {pass} passes, client {:?} completed {:?}, server {:?} completed {:?}",
-            client.qp.state(),
+            sides[0].end.qp.state(),
             seen[0],
-            server.qp.state(),
+            sides[1].end.qp.state(),
             seen[1]
         );
         if pass > 1000 {
@@ -298,8 +351,9 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
             thread::sleep(Duration::from_micros(200));
         }
     }
-    client.qp.disconnect();
-    server.qp.disconnect();
+    for s in &sides {
+        s.end.qp.disconnect();
+    }
     for _ in 0..100 {
         if devs.iter().all(|d| !d.progress())
             && devs.iter().map(iwarp::Device::connections).sum::<usize>() == 0
