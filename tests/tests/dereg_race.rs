@@ -12,7 +12,9 @@
 //! not do to it), disconnect, or send more than a receive holds: it
 //! checks, without depending on timing, that a failure mid-transfer always prompts the visits
 //! that report it to the peer (a Terminate queued in a visit that then sent nothing once waited
-//! for good, and left the peer's Reads uncompleted).
+//! for good, and left the peer's Reads uncompleted). The same rounds also run with engine
+//! threads (event and adaptive mode), the failure coming from the test's thread at a varying
+//! moment.
 //!
 //! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
@@ -297,40 +299,79 @@ impl Side {
 /// [`Upset`]). Every work request on both sides must then complete without a teardown,
 /// exactly once: a step that failed the stream and left nothing to prompt another visit (a
 /// Terminate queued but not sent) shows as a Read that never completes.
-fn inline_round(devs: &[iwarp::Device], r: u64) {
-    let mut rng = r.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    // Socket buffers from 64 KiB to the stack's 4 MiB: the smaller, the more passes a transfer
-    // spans, each prompted by the socket's readiness. (Smaller ones leave loopback TCP waiting
-    // for delayed acknowledgements: much slower, and no other path.)
-    let buffer = Some((64 << 10) << (next(&mut rng) % 7));
-    let link = iwarp::netdev::LinkOptions { send_buffer: buffer, recv_buffer: buffer, ..Default::default() };
-    let opts = ConnectOptions { link, ..ConnectOptions::default() };
-    let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
-    let mut sides = [Side::new(client, r as u8), Side::new(server, !(r as u8))];
-    for (from, to) in [(0, 1), (1, 0)] {
-        let wrs = sides[from].traffic(&sides[to], &mut rng);
-        sides[from].end.qp.post_send_list(wrs).unwrap();
+/// A round of upsets under way: both sides connected with their traffic posted, and what
+/// happens when (`at`: a pass inline, tens of microseconds with engine threads), by which side.
+struct Upsetting {
+    sides: [Side; 2],
+    at: u64,
+    upset: Upset,
+    who: usize,
+    /// The work requests each side must see complete.
+    owed: [usize; 2],
+    what: String,
+}
+
+impl Upsetting {
+    fn start(devs: &[iwarp::Device], r: u64) -> Upsetting {
+        let mut rng = r.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        // Socket buffers from 64 KiB to the stack's 4 MiB: the smaller, the more passes a
+        // transfer spans, each prompted by the socket's readiness. (Smaller ones leave loopback
+        // TCP waiting for delayed acknowledgements: much slower, and no other path.)
+        let buffer = Some((64 << 10) << (next(&mut rng) % 7));
+        let link =
+            iwarp::netdev::LinkOptions { send_buffer: buffer, recv_buffer: buffer, ..Default::default() };
+        let opts = ConnectOptions { link, ..ConnectOptions::default() };
+        let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
+        let sides = [Side::new(client, r as u8), Side::new(server, !(r as u8))];
+        for (from, to) in [(0, 1), (1, 0)] {
+            let wrs = sides[from].traffic(&sides[to], &mut rng);
+            sides[from].end.qp.post_send_list(wrs).unwrap();
+        }
+        let at = next(&mut rng) % 24;
+        let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
+        let who = (next(&mut rng) % 2) as usize;
+        let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
+        let what = format!(
+            "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?})",
+            ["client", "server"][who]
+        );
+        Upsetting { sides, at, upset, who, owed, what }
     }
-    let at = next(&mut rng) % 24;
-    let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
-    let who = (next(&mut rng) % 2) as usize;
-    let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
+
+    /// Does the round's upset.
+    fn upset(&mut self) {
+        let [client, server] = &mut self.sides;
+        let (this, peer) = if self.who == 0 { (client, &*server) } else { (server, &*client) };
+        this.upset(self.upset, peer);
+    }
+
+    /// Disconnects both sides and lets `devs` finish with the connections.
+    fn finish(self, devs: &[iwarp::Device]) {
+        for s in &self.sides {
+            s.end.qp.disconnect();
+        }
+        let deadline = Instant::now() + T;
+        while devs.iter().map(iwarp::Device::connections).sum::<usize>() > 0 && Instant::now() < deadline {
+            if devs.iter().all(|d| !d.progress()) {
+                thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+}
+
+fn inline_round(devs: &[iwarp::Device], r: u64) {
+    let mut round = Upsetting::start(devs, r);
+    let (at, owed, what) = (round.at, round.owed, round.what.clone());
     let mut seen: [HashSet<u64>; 2] = Default::default();
-    let what = format!(
-        "round {r} ({upset:?} by the {} at pass {at}, socket buffers {buffer:?})",
-        ["client", "server"][who]
-    );
     let started = Instant::now();
     for pass in 0u64.. {
         if pass == at {
-            let [client, server] = &mut sides;
-            let (this, peer) = if who == 0 { (client, &*server) } else { (server, &*client) };
-            this.upset(upset, peer);
+            round.upset();
         }
         for dev in devs {
             dev.progress();
         }
-        for (side, s) in sides.iter().enumerate() {
+        for (side, s) in round.sides.iter().enumerate() {
             while let Some(wc) = s.end.cq.poll() {
                 assert!(seen[side].insert(wc.wr_id), "{what}: work request {} completed twice", wc.wr_id);
             }
@@ -341,9 +382,9 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
         assert!(
             started.elapsed() < T,
             "{what}: after {pass} passes, client {:?} completed {:?}, server {:?} completed {:?}",
-            sides[0].end.qp.state(),
+            round.sides[0].end.qp.state(),
             seen[0],
-            sides[1].end.qp.state(),
+            round.sides[1].end.qp.state(),
             seen[1]
         );
         if pass > 1000 {
@@ -351,16 +392,32 @@ fn inline_round(devs: &[iwarp::Device], r: u64) {
             thread::sleep(Duration::from_micros(200));
         }
     }
-    for s in &sides {
-        s.end.qp.disconnect();
+    round.finish(devs);
+}
+
+/// The same round with engine threads: the upset comes from the test's thread after `at` times
+/// 15 us, whatever the engines are doing then, and every work request must complete within
+/// the usual wait, exactly once.
+fn threaded_round(devs: &[iwarp::Device], r: u64) {
+    let mut round = Upsetting::start(devs, r);
+    let delay = Duration::from_micros(15 * round.at);
+    let start = Instant::now();
+    while start.elapsed() < delay {
+        std::hint::spin_loop();
     }
-    for _ in 0..100 {
-        if devs.iter().all(|d| !d.progress())
-            && devs.iter().map(iwarp::Device::connections).sum::<usize>() == 0
-        {
-            break;
+    round.upset();
+    let what = round.what.clone();
+    let state =
+        || format!("client {:?}, server {:?}", round.sides[0].end.qp.state(), round.sides[1].end.qp.state());
+    for (side, s) in round.sides.iter().enumerate() {
+        exactly_once(&s.end.cq, round.owed[side], &format!("{what}: {}", ["client", "server"][side]), &state);
+    }
+    for s in &round.sides {
+        if let Some(extra) = s.end.cq.wait(Duration::from_millis(2)) {
+            panic!("{what}: an extra completion {extra:?}");
         }
     }
+    round.finish(devs);
 }
 
 #[test]
@@ -369,6 +426,17 @@ fn a_failure_at_any_pass_leaves_no_work_request_waiting() {
     let devs = vec![open(PollMode::Inline), open(PollMode::Inline)];
     for r in 0..rounds {
         inline_round(&devs, r);
+    }
+}
+
+#[test]
+fn a_failure_racing_the_engines_leaves_no_work_request_waiting() {
+    let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    for mode in [PollMode::Event, PollMode::Adaptive] {
+        let devs = vec![open(mode), open(mode)];
+        for r in 0..rounds / 2 {
+            threaded_round(&devs, r);
+        }
     }
 }
 
