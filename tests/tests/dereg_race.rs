@@ -28,6 +28,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{Access, CompletionQueue, ConnectOptions, PollMode, SendOp, SendWr, WcOpcode, WcStatus};
 
 const REGION: usize = 256 * 1024;
@@ -320,7 +321,15 @@ impl Upsetting {
         let buffer = Some((64 << 10) << (next(&mut rng) % 7));
         let link =
             iwarp::netdev::LinkOptions { send_buffer: buffer, recv_buffer: buffer, ..Default::default() };
-        let opts = ConnectOptions { link, ..ConnectOptions::default() };
+        // CRC on or off, markers or not: with markers every segment is staged and framed
+        // around them, another way out.
+        let (crc, markers) = (next(&mut rng).is_multiple_of(2), next(&mut rng).is_multiple_of(3));
+        let policy = Policy {
+            crc: if crc { CrcPolicy::Required } else { CrcPolicy::Off },
+            markers_wanted: markers,
+            ..Policy::default()
+        };
+        let opts = ConnectOptions { link, policy, ..ConnectOptions::default() };
         let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
         let sides = [Side::new(client, r as u8), Side::new(server, !(r as u8))];
         for (from, to) in [(0, 1), (1, 0)] {
@@ -332,7 +341,7 @@ impl Upsetting {
         let who = (next(&mut rng) % 2) as usize;
         let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
         let what = format!(
-            "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?})",
+            "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?}, crc {crc}, markers {markers})",
             ["client", "server"][who]
         );
         Upsetting { sides, at, upset, who, owed, what }
