@@ -173,11 +173,13 @@ fn round(devs: &[iwarp::Device], r: u64) {
     server.qp.disconnect();
 }
 
-/// The region of an inline round: large enough that a Read of it is answered over several
-/// engine passes (a socket takes a few hundred KiB at a time, a pass writes at most 512 KiB).
+/// The region each side of a failure round exposes: large enough that a Read of it is
+/// answered over several engine passes (a socket takes a few hundred KiB at a time, a pass
+/// writes at most 512 KiB).
 const INLINE_REGION: usize = 2 * MIB;
 
-/// What an inline round does at a pass it picks, on one side (the other is its peer).
+/// What a failure round does to the transfer, on one side (the other is its peer): at a pass
+/// it picks (inline), or after a delay it picks (with engine threads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Upset {
     /// The side deregisters the region its peer writes into and reads from.
@@ -204,7 +206,7 @@ const UPSETS: [Upset; 6] = [
     Upset::RemoteInvalidate,
 ];
 
-/// One end of an inline round: the region its peer writes into, reads from and sends into
+/// One end of a failure round: the region its peer writes into, reads from and sends into
 /// (its receives in the last bytes), its source, its Read sink and its message.
 struct Side {
     end: End,
