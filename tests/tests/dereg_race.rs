@@ -7,14 +7,14 @@
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
-//! sockets, with traffic both ways, and, after a number of engine passes that varies from round
-//! to round, has one side take its region away, invalidate it (locally, or by a peer's Send with Invalidate, which a peer may
-//! not do to it), disconnect, or send more than a receive holds: it
-//! checks, without depending on timing, that a failure mid-transfer always prompts the visits
-//! that report it to the peer (a Terminate queued in a visit that then sent nothing once waited
-//! for good, and left the peer's Reads uncompleted). The same rounds also run with engine
-//! threads (event and adaptive mode), the failure coming from the test's thread at a varying
-//! moment.
+//! sockets, with traffic both ways (to regions, or through memory windows over them), and after
+//! a number of engine passes that varies from round to round has one side take its region away,
+//! invalidate it (locally, or by a peer's Send with Invalidate), deallocate its window,
+//! disconnect, or send more than a receive holds: it checks, without depending on timing, that
+//! a failure mid-transfer always prompts the visits that report it to the peer (a Terminate
+//! queued in a visit that then sent nothing once waited for good, and left the peer's Reads
+//! uncompleted). The same rounds also run with engine threads (event and adaptive mode), the
+//! failure coming from the test's thread at a varying moment.
 //!
 //! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
@@ -192,25 +192,33 @@ enum Upset {
     Disconnects,
     /// The side sends a message longer than its peer's receives (a Terminate from the peer).
     SendTooLong,
-    /// The side sends a Send with Invalidate naming its peer's region (which a peer may not
-    /// invalidate: a Terminate from the peer).
+    /// The side sends a Send with Invalidate naming the key its peer exposes (a region, which
+    /// a peer may not invalidate: a Terminate from the peer; or a window, which it may: the
+    /// peer's later accesses through it fail).
     RemoteInvalidate,
+    /// The side deallocates the window its peer reaches the region through (nothing without
+    /// one).
+    DeallocWindow,
 }
 
-const UPSETS: [Upset; 6] = [
+const UPSETS: [Upset; 7] = [
     Upset::Deregister,
     Upset::InvalidateThenDeregister,
     Upset::Invalidate,
     Upset::Disconnects,
     Upset::SendTooLong,
     Upset::RemoteInvalidate,
+    Upset::DeallocWindow,
 ];
 
 /// One end of a failure round: the region its peer writes into, reads from and sends into
-/// (its receives in the last bytes), its source, its Read sink and its message.
+/// (its receives in the last bytes), reached through a memory window over all of it in some
+/// rounds, its source, its Read sink and its message.
 struct Side {
     end: End,
     exposed: Option<iwarp::MemoryRegion>,
+    window: Option<iwarp::MemoryWindow>,
+    /// The key the peer uses: the window's, or the region's.
     rkey: iwarp::STag,
     base: u64,
     src: iwarp::MemoryRegion,
@@ -219,15 +227,24 @@ struct Side {
 }
 
 impl Side {
-    fn new(end: End, seed: u8) -> Side {
+    fn new(end: End, seed: u8, window: bool) -> Side {
         let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
         let exposed = end.pd.register_buffer(vec![0x5au8; INLINE_REGION], rw).unwrap();
         for i in 0..RECVS {
             let off = INLINE_REGION - (i as usize + 1) * RECV_LEN;
             end.recv(1000 + i, vec![exposed.sge(off, RECV_LEN as u32)]);
         }
+        let window = window.then(|| {
+            let mw = end.pd.alloc_mw().unwrap();
+            let remote = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
+            let op = mw.bind_op(seed, &exposed, 0, INLINE_REGION as u64, remote);
+            end.send(3000, op, Vec::new());
+            end.expect_ok(3000, WcOpcode::BindWindow, "binding the window");
+            mw
+        });
         Side {
-            rkey: exposed.rkey(),
+            rkey: window.as_ref().map_or(exposed.rkey(), iwarp::MemoryWindow::rkey),
+            window,
             base: exposed.addr(),
             exposed: Some(exposed),
             src: end.pd.register_bytes(&pattern(CHUNK, seed), Access::NONE).unwrap(),
@@ -269,9 +286,17 @@ impl Side {
                     self.end.qp.post_send(wr).unwrap();
                 }
                 if upset != Upset::Invalidate {
-                    drop(self.exposed.take().unwrap().deregister().unwrap());
+                    let region = self.exposed.take().unwrap();
+                    if self.window.is_some() {
+                        // A region under a bound window is not deregistered; dropped, it
+                        // unbinds the window and goes.
+                        drop(region);
+                    } else {
+                        drop(region.deregister().unwrap());
+                    }
                 }
             }
+            Upset::DeallocWindow => drop(self.window.take()),
             Upset::Disconnects => self.end.qp.disconnect(),
             Upset::SendTooLong => {
                 self.end.send(12, send_op(false), vec![self.src.sge(0, 2 * RECV_LEN as u32)])
@@ -287,7 +312,7 @@ impl Side {
     /// here, and its receives.
     fn owed(&self, upset: Option<Upset>) -> usize {
         let extra = match upset {
-            Some(Upset::Disconnects | Upset::Deregister) | None => 0,
+            Some(Upset::Disconnects | Upset::Deregister | Upset::DeallocWindow) | None => 0,
             Some(_) => 1,
         };
         12 + RECVS as usize + extra
@@ -333,17 +358,21 @@ impl Upsetting {
         };
         let opts = ConnectOptions { link, policy, ..ConnectOptions::default() };
         let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
-        let sides = [Side::new(client, r as u8), Side::new(server, !(r as u8))];
+        let windows = next(&mut rng).is_multiple_of(2);
+        let sides = [Side::new(client, r as u8, windows), Side::new(server, !(r as u8), windows)];
         for (from, to) in [(0, 1), (1, 0)] {
             let wrs = sides[from].traffic(&sides[to], &mut rng);
             sides[from].end.qp.post_send_list(wrs).unwrap();
         }
-        let at = next(&mut rng) % 24;
+        // Half of them in the first passes, while most of the traffic is still on its way.
+        let within = if next(&mut rng).is_multiple_of(2) { 6 } else { 24 };
+        let at = next(&mut rng) % within;
         let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
         let who = (next(&mut rng) % 2) as usize;
         let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
         let what = format!(
-            "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?}, crc {crc}, markers {markers})",
+            "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?}, crc {crc}, markers {markers}, \
+             windows {windows})",
             ["client", "server"][who]
         );
         Upsetting { sides, at, upset, who, owed, what }
