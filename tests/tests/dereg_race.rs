@@ -7,14 +7,15 @@
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
-//! sockets, with traffic both ways (to regions, or through memory windows over them), and after
-//! a number of engine passes that varies from round to round has one side take its region away,
-//! invalidate it (locally, or by a peer's Send with Invalidate), deallocate its window,
-//! disconnect, or send more than a receive holds: it checks, without depending on timing, that
-//! a failure mid-transfer always prompts the visits that report it to the peer (a Terminate
-//! queued in a visit that then sent nothing once waited for good, and left the peer's Reads
-//! uncompleted). The same rounds also run with engine threads (event and adaptive mode), the
-//! failure coming from the test's thread at a varying moment.
+//! sockets, with traffic both ways (Writes, Reads, Sends and an RFC 7306 atomic, to regions or
+//! through memory windows over them), and after a number of engine passes that varies from
+//! round to round has one side take its region away, invalidate it (locally, or by a peer's
+//! Send with Invalidate), deallocate its window, disconnect, or send more than a receive holds:
+//! it checks, without depending on timing, that a failure mid-transfer always prompts the
+//! visits that report it to the peer (a Terminate queued in a visit that then sent nothing once
+//! waited for good, and left the peer's Reads uncompleted). The same rounds also run with
+//! engine threads (event and adaptive mode), the failure coming from the test's thread at a
+//! varying moment.
 //!
 //! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
@@ -228,15 +229,15 @@ struct Side {
 
 impl Side {
     fn new(end: End, seed: u8, window: bool) -> Side {
-        let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
-        let exposed = end.pd.register_buffer(vec![0x5au8; INLINE_REGION], rw).unwrap();
+        let remote = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+        let exposed =
+            end.pd.register_buffer(vec![0x5au8; INLINE_REGION], remote.union(Access::LOCAL_WRITE)).unwrap();
         for i in 0..RECVS {
             let off = INLINE_REGION - (i as usize + 1) * RECV_LEN;
             end.recv(1000 + i, vec![exposed.sge(off, RECV_LEN as u32)]);
         }
         let window = window.then(|| {
             let mw = end.pd.alloc_mw().unwrap();
-            let remote = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
             let op = mw.bind_op(seed, &exposed, 0, INLINE_REGION as u64, remote);
             end.send(3000, op, Vec::new());
             end.expect_ok(3000, WcOpcode::BindWindow, "binding the window");
@@ -254,12 +255,25 @@ impl Side {
         }
     }
 
-    /// Writes into `peer`'s region, Reads from it (a few KiB up to its whole length) and
-    /// Sends into its receives, interleaved: 12 work requests, 4 of them Sends.
+    /// Writes into `peer`'s region, Reads from it (a few KiB up to its whole length), Sends
+    /// into its receives and one RFC 7306 atomic on it, interleaved: 12 work requests, 4 of
+    /// them Sends.
     fn traffic(&self, peer: &Side, rng: &mut u64) -> Vec<SendWr> {
         (0..12u64)
             .map(|i| {
                 let (op, sge) = match i % 3 {
+                    0 if i == 9 => {
+                        let op = SendOp::Atomic {
+                            remote_stag: peer.rkey,
+                            remote_to: peer.base,
+                            op: iwarp::rdmap::atomic::AtomicOp::FetchAdd,
+                            data: 1,
+                            data_mask: 0,
+                            compare: 0,
+                            compare_mask: 0,
+                        };
+                        (op, self.sink.sge(0, 8))
+                    }
                     0 => {
                         let to = peer.base + (i as usize * CHUNK) as u64;
                         (SendOp::Write { remote_stag: peer.rkey, remote_to: to }, self.src.sge_all())
@@ -356,7 +370,7 @@ impl Upsetting {
             markers_wanted: markers,
             ..Policy::default()
         };
-        let opts = ConnectOptions { link, policy, ..ConnectOptions::default() };
+        let opts = ConnectOptions { link, policy, rfc7306: true, ..ConnectOptions::default() };
         let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
         let windows = next(&mut rng).is_multiple_of(2);
         let sides = [Side::new(client, r as u8, windows), Side::new(server, !(r as u8), windows)];
