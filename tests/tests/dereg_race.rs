@@ -7,15 +7,15 @@
 //! scripts/asan.sh, a write after the buffer is freed would be reported too).
 //!
 //! A deterministic variant runs both devices inline on the test's thread over the same
-//! sockets, with traffic both ways (Writes, Reads, Sends and an RFC 7306 atomic, to regions or
-//! through memory windows over them), and after a number of engine passes that varies from
-//! round to round has one side take its region away, invalidate it (locally, or by a peer's
-//! Send with Invalidate), deallocate its window, disconnect, or send more than a receive holds:
-//! it checks, without depending on timing, that a failure mid-transfer always prompts the
-//! visits that report it to the peer (a Terminate queued in a visit that then sent nothing once
-//! waited for good, and left the peer's Reads uncompleted). The same rounds also run with
-//! engine threads (event and adaptive mode), the failure coming from the test's thread at a
-//! varying moment.
+//! sockets, with traffic both ways or only towards the side that fails (Writes, Reads, Sends
+//! and an RFC 7306 atomic, to regions or through memory windows over them), and after a number
+//! of engine passes that varies from round to round has one side take its region away,
+//! invalidate it (locally, or by a peer's Send with Invalidate), deallocate its window,
+//! disconnect, or send more than a receive holds: it checks, without depending on timing, that
+//! a failure mid-transfer always prompts the visits that report it to the peer (a Terminate
+//! queued in a visit that then sent nothing once waited for good, and left the peer's Reads
+//! uncompleted). The same rounds also run with engine threads (event and adaptive mode), the
+//! failure coming from the test's thread at a varying moment.
 //!
 //! `IWARP_RACE_ROUNDS` sets the number of rounds of each (default 200).
 
@@ -228,11 +228,13 @@ struct Side {
 }
 
 impl Side {
-    fn new(end: End, seed: u8, window: bool) -> Side {
+    /// A side with a window over its region or not, and its receives posted or not (only
+    /// where the peer sends).
+    fn new(end: End, seed: u8, window: bool, receives: bool) -> Side {
         let remote = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
         let exposed =
             end.pd.register_buffer(vec![0x5au8; INLINE_REGION], remote.union(Access::LOCAL_WRITE)).unwrap();
-        for i in 0..RECVS {
+        for i in (0..RECVS).filter(|_| receives) {
             let off = INLINE_REGION - (i as usize + 1) * RECV_LEN;
             end.recv(1000 + i, vec![exposed.sge(off, RECV_LEN as u32)]);
         }
@@ -322,14 +324,14 @@ impl Side {
         }
     }
 
-    /// The work requests this side must see complete: its 12, the one more an upset posts
-    /// here, and its receives.
-    fn owed(&self, upset: Option<Upset>) -> usize {
+    /// The work requests a side must see complete: its 12 if it sends, its receives if it has
+    /// them, and the one more an upset posts there.
+    fn owed(sends: bool, receives: bool, upset: Option<Upset>) -> usize {
         let extra = match upset {
             Some(Upset::Disconnects | Upset::Deregister | Upset::DeallocWindow) | None => 0,
             Some(_) => 1,
         };
-        12 + RECVS as usize + extra
+        12 * usize::from(sends) + RECVS as usize * usize::from(receives) + extra
     }
 }
 
@@ -365,16 +367,27 @@ impl Upsetting {
         // CRC on or off, markers or not: with markers every segment is staged and framed
         // around them, another way out.
         let (crc, markers) = (next(&mut rng).is_multiple_of(2), next(&mut rng).is_multiple_of(3));
+        let windows = next(&mut rng).is_multiple_of(2);
+        let who = (next(&mut rng) % 2) as usize;
+        // Traffic both ways, or only towards the side that fails the transfer: then that side
+        // only answers, and its peer, with nothing more to send, relies on it to report the
+        // failure (where a Terminate left unsent once waited for good; traffic coming the other
+        // way prompts the failing side anyway).
+        let both_ways = next(&mut rng).is_multiple_of(2);
+        let sends = [0, 1].map(|i| both_ways || i != who);
         let policy = Policy {
             crc: if crc { CrcPolicy::Required } else { CrcPolicy::Off },
             markers_wanted: markers,
+            // A server sends nothing before the client's first FPDU (RFC 5044 section 7.1.1):
+            // where only the server sends, the client's RTR message comes first.
+            peer_to_peer: !sends[0],
             ..Policy::default()
         };
         let opts = ConnectOptions { link, policy, rfc7306: true, ..ConnectOptions::default() };
         let (client, server, _, _) = connect_on(&devs[0], &devs[1], &opts, &opts);
-        let windows = next(&mut rng).is_multiple_of(2);
-        let sides = [Side::new(client, r as u8, windows), Side::new(server, !(r as u8), windows)];
-        for (from, to) in [(0, 1), (1, 0)] {
+        let sides =
+            [Side::new(client, r as u8, windows, sends[1]), Side::new(server, !(r as u8), windows, sends[0])];
+        for (from, to) in [(0, 1), (1, 0)].into_iter().filter(|&(from, _)| sends[from]) {
             let wrs = sides[from].traffic(&sides[to], &mut rng);
             sides[from].end.qp.post_send_list(wrs).unwrap();
         }
@@ -382,11 +395,10 @@ impl Upsetting {
         let within = if next(&mut rng).is_multiple_of(2) { 6 } else { 24 };
         let at = next(&mut rng) % within;
         let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
-        let who = (next(&mut rng) % 2) as usize;
-        let owed = [0, 1].map(|i| sides[i].owed((i == who).then_some(upset)));
+        let owed = [0, 1].map(|i| Side::owed(sends[i], sends[1 - i], (i == who).then_some(upset)));
         let what = format!(
             "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?}, crc {crc}, markers {markers}, \
-             windows {windows})",
+             windows {windows}, both ways {both_ways})",
             ["client", "server"][who]
         );
         Upsetting { sides, at, upset, who, owed, what }
