@@ -66,36 +66,20 @@ fn exactly_once(
     out
 }
 
-/// A round's connection and memory: the server's region of `region` bytes (the target of the
-/// client's Writes and Reads, with the server's receives in its last bytes), and the client's
-/// source, Read sink of `sink` bytes and message.
-struct Setup {
-    client: End,
-    server: End,
-    mr: iwarp::MemoryRegion,
-    src: iwarp::MemoryRegion,
-    sink: iwarp::MemoryRegion,
-    msg: iwarp::MemoryRegion,
-}
-
-fn set_up(devs: &[iwarp::Device], r: u64, opts: &ConnectOptions, region: usize, sink: usize) -> Setup {
-    let (client, server, _, _) = connect_on(&devs[0], &devs[1], opts, opts);
+fn round(devs: &[iwarp::Device], r: u64) {
+    let (client, server, _, _) =
+        connect_on(&devs[0], &devs[1], &ConnectOptions::default(), &ConnectOptions::default());
     let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
-    let mr = server.pd.register_buffer(vec![0x5au8; region], rw).unwrap();
+    let mr = server.pd.register_buffer(vec![0x5au8; REGION], rw).unwrap();
+    let (rkey, base) = (mr.rkey(), mr.addr());
+    // The server's receives land in the last bytes of the region too.
     for i in 0..RECVS {
-        let off = region - (i as usize + 1) * RECV_LEN;
+        let off = REGION - (i as usize + 1) * RECV_LEN;
         server.recv(1000 + i, vec![mr.sge(off, RECV_LEN as u32)]);
     }
     let src = client.pd.register_bytes(&pattern(CHUNK, r as u8), Access::NONE).unwrap();
-    let sink = client.pd.register(sink, Access::LOCAL_WRITE).unwrap();
+    let sink = client.pd.register(CHUNK * 4, Access::LOCAL_WRITE).unwrap();
     let msg = client.pd.register_bytes(&[0x77; RECV_LEN], Access::NONE).unwrap();
-    Setup { client, server, mr, src, sink, msg }
-}
-
-fn round(devs: &[iwarp::Device], r: u64) {
-    let Setup { client, server, mr, src, sink, msg } =
-        set_up(devs, r, &ConnectOptions::default(), REGION, CHUNK * 4);
-    let (rkey, base) = (mr.rkey(), mr.addr());
     // Writes, Reads and Sends, interleaved; the ORD lets a few Reads be outstanding.
     let mut wrs = Vec::new();
     for i in 0..12u64 {
@@ -335,14 +319,6 @@ impl Side {
     }
 }
 
-/// One round of the deterministic variant: both devices inline (this thread runs every pass)
-/// over loopback TCP, so that a connection is visited only when its socket is ready or work
-/// was posted to it, as with an engine thread. Each side writes into its peer's region, reads
-/// from it (up to its whole length) and sends into it, both ways at once; after a number of
-/// passes that varies from round to round, something fails the transfer on one side (an
-/// [`Upset`]). Every work request on both sides must then complete without a teardown,
-/// exactly once: a step that failed the stream and left nothing to prompt another visit (a
-/// Terminate queued but not sent) shows as a Read that never completes.
 /// A round of upsets under way: both sides connected with their traffic posted, and what
 /// happens when (`at`: a pass inline, tens of microseconds with engine threads), by which side.
 struct Upsetting {
@@ -425,6 +401,13 @@ impl Upsetting {
     }
 }
 
+/// One round of the deterministic variant: both devices inline (this thread runs every pass)
+/// over loopback TCP, so that a connection is visited only when its socket is ready or work
+/// was posted to it, as with an engine thread. After a number of passes that varies from
+/// round to round, something fails the transfer on one side (an [`Upset`]). Every work
+/// request on both sides must then complete without a teardown, exactly once: a step that
+/// failed the stream and left nothing to prompt another visit (a Terminate queued but not
+/// sent) shows as a Read that never completes.
 fn inline_round(devs: &[iwarp::Device], r: u64) {
     let mut round = Upsetting::start(devs, r);
     let (at, owed, what) = (round.at, round.owed, round.what.clone());
@@ -486,9 +469,14 @@ fn threaded_round(devs: &[iwarp::Device], r: u64) {
     round.finish(devs);
 }
 
+/// The rounds a test runs: `IWARP_RACE_ROUNDS`, 200 by default.
+fn rounds() -> u64 {
+    std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200)
+}
+
 #[test]
 fn a_failure_at_any_pass_leaves_no_work_request_waiting() {
-    let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let rounds = rounds();
     let devs = vec![open(PollMode::Inline), open(PollMode::Inline)];
     for r in 0..rounds {
         inline_round(&devs, r);
@@ -497,7 +485,7 @@ fn a_failure_at_any_pass_leaves_no_work_request_waiting() {
 
 #[test]
 fn a_failure_racing_the_engines_leaves_no_work_request_waiting() {
-    let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let rounds = rounds();
     for mode in [PollMode::Event, PollMode::Adaptive] {
         let devs = vec![open(mode), open(mode)];
         for r in 0..rounds / 2 {
@@ -508,7 +496,7 @@ fn a_failure_racing_the_engines_leaves_no_work_request_waiting() {
 
 #[test]
 fn deregistration_races_writes_reads_and_sends() {
-    let rounds: u64 = std::env::var("IWARP_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let rounds = rounds();
     let devs = vec![open(PollMode::Adaptive), open(PollMode::Adaptive)];
     let start = Instant::now();
     for r in 0..rounds {

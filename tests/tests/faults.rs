@@ -108,6 +108,11 @@ impl Ledger {
         assert!(self.posted.insert((side, wr_id), opcode).is_none());
     }
 
+    /// The work requests posted and not completed.
+    fn missing(&self) -> Vec<&(u8, u64)> {
+        self.posted.keys().filter(|k| !self.completed.contains_key(k)).collect()
+    }
+
     fn complete(&mut self, side: u8, wc: WorkCompletion, seed: u64) {
         let key = (side, wc.wr_id);
         assert!(self.posted.contains_key(&key), "seed {seed}: completion of a request never posted: {wc:?}");
@@ -233,7 +238,7 @@ fn tear_down(c: Side, s: Side, ledger: &mut Ledger, seed: u64) {
     while let Some(wc) = scq.poll() {
         ledger.complete(1, wc, seed);
     }
-    let missing: Vec<_> = ledger.posted.keys().filter(|k| !ledger.completed.contains_key(k)).collect();
+    let missing = ledger.missing();
     assert!(missing.is_empty(), "seed {seed}: work requests that never completed: {missing:?}");
 }
 
@@ -304,13 +309,12 @@ fn live_schedule(seed: u64) {
             break;
         }
         if pass > PASSES {
-            let missing: Vec<_> =
-                ledger.posted.keys().filter(|k| !ledger.completed.contains_key(k)).collect();
             assert!(
                 started.elapsed() < LIVE_WAIT,
-                "seed {seed}: work requests that never completed without a teardown: {missing:?}; \
+                "seed {seed}: work requests that never completed without a teardown: {:?}; \
                  client {:?}, server {:?}; events {events:?}; link capacity {capacity}, crc {crc}, \
                  peer-to-peer {peer_to_peer}",
+                ledger.missing(),
                 c.qp.state(),
                 s.qp.state()
             );
