@@ -1585,7 +1585,7 @@ fn post_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut Queue
         let wr_id = wr.wr_id;
         if let Err(e) = qp.post_recv(wr) {
             tracing::debug!(wr_id, error = %e, "post_recv refused");
-            shared.rq_retired(1);
+            shared.rq_retired();
             shared.recv_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
                 ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
@@ -1627,19 +1627,16 @@ fn publish(slot: &mut ConnSlot) -> bool {
     }
     // Queue slots are given back before the completions that free them are visible: an
     // application that polls a completion may post into its slot at once (verbs).
-    let qp = slot.conn.qp_ref();
-    let retired = qp.sq_retired();
+    let retired = slot.conn.qp_ref().sq_retired();
     shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
     slot.sq_retired = retired;
-    // The receive queue's slots too, all at once: one atomic update a visit rather than one
-    // a message.
-    shared.rq_retired(qp.pending_completions().filter(|c| is_receive(c.opcode)).count());
     let (mut sent, mut received) = (false, false);
     while let Some(c) = slot.conn.qp().poll_completion() {
         work = true;
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
         let wc = WorkCompletion::new(shared.qp_num, c);
-        if is_receive(c.opcode) {
+        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
+            shared.rq_retired();
             shared.recv_cq.push_quiet(wc);
             received = true;
         } else {
@@ -1654,11 +1651,6 @@ fn publish(slot: &mut ConnSlot) -> bool {
         shared.recv_cq.signal();
     }
     work
-}
-
-/// Whether a completion of this kind belongs to the receive queue.
-fn is_receive(opcode: WcOpcode) -> bool {
-    matches!(opcode, WcOpcode::Recv | WcOpcode::RecvImmediate)
 }
 
 /// One visit of a ready connection.

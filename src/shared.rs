@@ -517,12 +517,9 @@ impl Doorbell {
         self.parked.store(parked, Ordering::SeqCst);
     }
 
-    /// Engine side: the next queue pair with new work. An empty queue is told by two loads:
-    /// the segment queue's own pop fences before it reports empty, which every pass paid for
-    /// nothing (the engine's park and the posters' look at it are ordered by their own
-    /// sequentially consistent accesses, see [`Doorbell::set_parked`]).
+    /// Engine side: the next queue pair with new work.
     pub(crate) fn take(&self) -> Option<usize> {
-        if self.pending.is_empty() { None } else { self.pending.pop() }
+        self.pending.pop()
     }
 
     /// Whether some queue pair has new work queued.
@@ -535,11 +532,9 @@ impl Doorbell {
         self.handoff.push(ready);
     }
 
-    /// The next readiness event left by the engine thread (an empty queue told as in
-    /// [`Doorbell::take`]; the hand-off is ordered by the fences of `Engine::engine_pass` and
-    /// `Engine::let_go`).
+    /// The next readiness event left by the engine thread.
     pub(crate) fn take_handed_off(&self) -> Option<Ready> {
-        if self.handoff.is_empty() { None } else { self.handoff.pop() }
+        self.handoff.pop()
     }
 
     /// Whether the engine thread left readiness events.
@@ -899,13 +894,9 @@ impl QpShared {
             self.sq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
     }
 
-    /// Engine side: `n` receive work requests completed.
-    pub(crate) fn rq_retired(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let _ =
-            self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
+    /// Engine side: a receive work request completed.
+    pub(crate) fn rq_retired(&self) {
+        let _ = self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
     }
 
     /// Poster side: after pushing work, tells the engine this queue pair has some (once until
@@ -951,7 +942,7 @@ impl QpShared {
             any = true;
         }
         while let Some(wr) = self.rq.pop() {
-            self.rq_retired(1);
+            self.rq_retired();
             self.recv_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
             any = true;
         }

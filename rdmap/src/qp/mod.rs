@@ -162,12 +162,6 @@ impl QueuePair {
         self.completions.pop_front()
     }
 
-    /// The completions [`QueuePair::poll_completion`] would hand out next, oldest first,
-    /// without taking them.
-    pub fn pending_completions(&self) -> impl ExactSizeIterator<Item = &Completion> {
-        self.completions.iter()
-    }
-
     /// The next event.
     pub fn poll_event(&mut self) -> Option<QpEvent> {
         self.events.pop_front()
