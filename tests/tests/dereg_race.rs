@@ -209,6 +209,8 @@ struct Side {
     src: iwarp::MemoryRegion,
     sink: iwarp::MemoryRegion,
     msg: iwarp::MemoryRegion,
+    /// Whether its receives are posted (only where the peer sends).
+    receives: bool,
 }
 
 impl Side {
@@ -218,7 +220,7 @@ impl Side {
         let remote = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
         let exposed =
             end.pd.register_buffer(vec![0x5au8; INLINE_REGION], remote.union(Access::LOCAL_WRITE)).unwrap();
-        for i in (0..RECVS).filter(|_| receives) {
+        for i in 0..if receives { RECVS } else { 0 } {
             let off = INLINE_REGION - (i as usize + 1) * RECV_LEN;
             end.recv(1000 + i, vec![exposed.sge(off, RECV_LEN as u32)]);
         }
@@ -237,6 +239,7 @@ impl Side {
             src: end.pd.register_bytes(&pattern(CHUNK, seed), Access::NONE).unwrap(),
             sink: end.pd.register(INLINE_REGION, Access::LOCAL_WRITE).unwrap(),
             msg: end.pd.register_bytes(&[0x77; RECV_LEN], Access::NONE).unwrap(),
+            receives,
             end,
         }
     }
@@ -308,14 +311,14 @@ impl Side {
         }
     }
 
-    /// The work requests a side must see complete: its 12 if it sends, its receives if it has
-    /// them, and the one more an upset posts there.
-    fn owed(sends: bool, receives: bool, upset: Option<Upset>) -> usize {
+    /// The work requests this side must see complete: its 12 if it sends, its receives if it
+    /// has them, and the one more an upset posts here.
+    fn owed(&self, sends: bool, upset: Option<Upset>) -> usize {
         let extra = match upset {
             Some(Upset::Disconnects | Upset::Deregister | Upset::DeallocWindow) | None => 0,
             Some(_) => 1,
         };
-        12 * usize::from(sends) + RECVS as usize * usize::from(receives) + extra
+        12 * usize::from(sends) + RECVS as usize * usize::from(self.receives) + extra
     }
 }
 
@@ -371,7 +374,7 @@ impl Upsetting {
         let within = if next(&mut rng).is_multiple_of(2) { 6 } else { 24 };
         let at = next(&mut rng) % within;
         let upset = UPSETS[(next(&mut rng) % UPSETS.len() as u64) as usize];
-        let owed = [0, 1].map(|i| Side::owed(sends[i], sends[1 - i], (i == who).then_some(upset)));
+        let owed = [0, 1].map(|i| sides[i].owed(sends[i], (i == who).then_some(upset)));
         let what = format!(
             "round {r} ({upset:?} by the {} at {at}, socket buffers {buffer:?}, crc {crc}, markers {markers}, \
              windows {windows}, both ways {both_ways})",
