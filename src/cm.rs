@@ -32,6 +32,7 @@ use crate::mr::ProtectionDomain;
 use crate::qp::QueuePair;
 use crate::readiness::{Events, Poll};
 use crate::shared::{ConnCount, QpShared};
+use crate::threads::spawn_settled;
 
 /// Which TCP/IP carries a connection.
 #[derive(Debug, Clone, Default)]
@@ -688,7 +689,8 @@ impl<T: Send + 'static> CmFuture<T> {
         };
         let job = Arc::new(Mutex::new(Some(run)));
         let on_thread = Arc::clone(&job);
-        let spawned = std::thread::Builder::new().name("iwarp-cm".into()).spawn(move || {
+        let spawned = spawn_settled("iwarp-cm", move |settled| {
+            settled.settled();
             if let Some(run) = lock(&on_thread).take() {
                 run();
             }

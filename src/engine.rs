@@ -35,6 +35,7 @@ use iwarp_rdmap::qp::{CheckedSendWr, QpState, QueuePair, RecvWr, WcOpcode, WcSta
 
 use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, Ready, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, WorkCompletion};
+use crate::threads::spawn_settled;
 
 /// How the engine waits for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -312,8 +313,13 @@ impl Engine {
             return (engine, None);
         }
         let e = engine.clone();
-        let thread =
-            std::thread::Builder::new().name("iwarp-engine".into()).spawn(move || engine_loop(&e)).ok();
+        // Settled before the caller goes on: see `threads`.
+        let thread = spawn_settled("iwarp-engine", move |settled| {
+            let events = Events::with_capacity(1024);
+            settled.settled();
+            engine_loop(&e, events);
+        })
+        .ok();
         if let Some(t) = &thread {
             engine.doorbell.set_thread(t.thread().clone());
         }
@@ -477,10 +483,12 @@ impl Engine {
             Some(t) => t.thread().unpark(),
             None => {
                 let e = Arc::clone(self);
-                *driver = std::thread::Builder::new()
-                    .name("iwarp-async".into())
-                    .spawn(move || async_driver(&e))
-                    .ok();
+                *driver = spawn_settled("iwarp-async", move |settled| {
+                    let events = Events::with_capacity(256);
+                    settled.settled();
+                    async_driver(&e, events);
+                })
+                .ok();
             }
         }
     }
@@ -828,8 +836,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Inline mode's driver for async waiters: while any task waits, sleeps in the readiness poll
 /// (no longer than the engine's next timer) and runs the pass that wakes the tasks.
-fn async_driver(e: &Engine) {
-    let mut events = Events::with_capacity(256);
+fn async_driver(e: &Engine, mut events: Events) {
     while !e.stop.load(Ordering::Acquire) {
         if e.async_waiters.load(Ordering::Acquire) == 0 {
             std::thread::park_timeout(Duration::from_millis(100));
@@ -840,9 +847,8 @@ fn async_driver(e: &Engine) {
     }
 }
 
-fn engine_loop(e: &Engine) {
+fn engine_loop(e: &Engine, mut events: Events) {
     let mode = e.config.poll_mode;
-    let mut events = Events::with_capacity(1024);
     let mut last_work = Instant::now();
     while !e.stop.load(Ordering::Acquire) {
         if e.collect_and_pass(&mut events, Some(Duration::ZERO)) {

@@ -66,6 +66,7 @@ mod qp;
 mod readiness;
 mod seam;
 mod shared;
+pub mod threads;
 #[cfg(feature = "verbs")]
 mod verbs;
 
