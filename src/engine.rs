@@ -711,11 +711,24 @@ impl Engine {
             // sleeping on the doorbell alone does not watch (it does not start such a sleep while
             // a link is full, but a link may fill after it looked).
             let full = core.waiting_writable > 0 && self.quiet_sleeping.load(Ordering::SeqCst);
-            let rearm = (core.new_earliest() || !core.ready.is_empty() || full) && self.doorbell.parked();
+            let left = core.new_earliest() || !core.ready.is_empty() || full;
+            let rearm = left && self.doorbell.parked();
             let changes = std::mem::take(&mut core.state_changes);
             drop(core);
             if rearm {
                 self.doorbell.wake();
+            } else if left {
+                // The engine may have announced its park after the look above, and then found
+                // the core still held by this thread, both in its last pass and in `nap`: it
+                // sleeps with no timer and would never visit what this pass left queued (seen:
+                // fi_pingpong's 1 MiB ping-pong stalled for good, both engines asleep, one
+                // connection queued, about one run in 100 under load). Looked at again with
+                // the core let go: either this sees the park, or the engine's next try of the
+                // core succeeds and its `nap` finds the queue.
+                fence(Ordering::SeqCst);
+                if self.doorbell.parked() {
+                    self.doorbell.wake();
+                }
             }
             // State hooks run with the core let go: one may drop the last handle of a region
             // or a queue pair (the verbs drop-in's, for one, may hold the last reference to
@@ -757,7 +770,8 @@ impl Engine {
         // not a pass and hands nothing on, so sleeping now would strand them (seen: a peer's
         // close never reported, the connection's readable event left in the hand-off queue).
         fence(Ordering::SeqCst);
-        if self.doorbell.handed_off() || self.doorbell.has_pending() {
+        // Connections a pass left queued for another turn (its budget spent) are work too.
+        if self.doorbell.handed_off() || self.doorbell.has_pending() || !core.ready.is_empty() {
             return (Some(Duration::ZERO), false);
         }
         core.new_earliest = false;
