@@ -1,4 +1,5 @@
-//! Threads the stack starts on behalf of a call (the engine, connection setup, listeners).
+//! Threads the stack starts on behalf of a call (the engine, inline mode's async driver, the
+//! connection manager's set-up threads).
 //!
 //! A thread's first moments run in the C library: glibc gives a new thread its own malloc
 //! arena, and making one maps 128 MiB and unmaps the parts that do not fit its alignment. Some

@@ -35,7 +35,6 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use iwarp::threads::spawn_settled;
 use iwarp::{CmError, ConnectRequest};
 
 use crate::context::MAX_RD_ATOM;
@@ -834,55 +833,56 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma
         let rt = runtime::runtime()?;
         let opts = rt.connect_options(settings(&qp, ird, ord, data));
         let thread_obj = obj.clone();
-        // Settled before the call returns (see `iwarp::threads`).
-        spawn_settled("iwarp-rdma-connect", move |settled| {
-            settled.settled();
-            let (obj, qp) = (thread_obj, qp);
-            // A refused connection is tried again for a while: a server may be between two
-            // listeners on the port (perftest's is, right after its control connection).
-            let deadline = Instant::now() + rt.config.connect_retry;
-            let result = loop {
-                let result = rt.device.connect(dst, &qp.pd.pd, &qp.send_cq.cq, &qp.recv_cq.cq, &opts);
-                match result {
-                    Err(CmError::Io(ref e))
-                        if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    result => break result,
-                }
-            };
-            match result {
-                Ok(connected) => {
-                    let params = connected.qp.conn_params();
-                    let info = ConnInfo {
-                        private_data: connected.private_data,
-                        responder_resources: params.ird,
-                        initiator_depth: params.ord,
-                        qp_num: 0,
-                    };
-                    match go_live(&obj, &qp, connected.qp) {
-                        Ok(()) => {
-                            let kind = if by_num {
-                                RDMA_CM_EVENT_CONNECT_RESPONSE
-                            } else {
-                                RDMA_CM_EVENT_ESTABLISHED
-                            };
-                            obj.report_up(kind, info);
+        std::thread::Builder::new()
+            .name("iwarp-rdma-connect".into())
+            .spawn(move || {
+                let (obj, qp) = (thread_obj, qp);
+                // A refused connection is tried again for a while: a server may be between two
+                // listeners on the port (perftest's is, right after its control connection).
+                let deadline = Instant::now() + rt.config.connect_retry;
+                let result = loop {
+                    let result = rt.device.connect(dst, &qp.pd.pd, &qp.send_cq.cq, &qp.recv_cq.cq, &opts);
+                    match result {
+                        Err(CmError::Io(ref e))
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused
+                                && Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
                         }
-                        Err(e) => obj.post(RDMA_CM_EVENT_CONNECT_ERROR, -e, None),
+                        result => break result,
+                    }
+                };
+                match result {
+                    Ok(connected) => {
+                        let params = connected.qp.conn_params();
+                        let info = ConnInfo {
+                            private_data: connected.private_data,
+                            responder_resources: params.ird,
+                            initiator_depth: params.ord,
+                            qp_num: 0,
+                        };
+                        match go_live(&obj, &qp, connected.qp) {
+                            Ok(()) => {
+                                let kind = if by_num {
+                                    RDMA_CM_EVENT_CONNECT_RESPONSE
+                                } else {
+                                    RDMA_CM_EVENT_ESTABLISHED
+                                };
+                                obj.report_up(kind, info);
+                            }
+                            Err(e) => obj.post(RDMA_CM_EVENT_CONNECT_ERROR, -e, None),
+                        }
+                    }
+                    Err(e) => {
+                        qp.restore_pending(opts.recv.clone());
+                        obj.state().connecting = false;
+                        let (kind, status, private_data) = connect_failure(&e);
+                        tracing::debug!(error = %e, "rdma_connect failed");
+                        obj.post(kind, status, Some(ConnInfo { private_data, ..ConnInfo::default() }));
                     }
                 }
-                Err(e) => {
-                    qp.restore_pending(opts.recv.clone());
-                    obj.state().connecting = false;
-                    let (kind, status, private_data) = connect_failure(&e);
-                    tracing::debug!(error = %e, "rdma_connect failed");
-                    obj.post(kind, status, Some(ConnInfo { private_data, ..ConnInfo::default() }));
-                }
-            }
-        })
-        .map_err(|_| libc::EAGAIN)?;
+            })
+            .map_err(|_| libc::EAGAIN)?;
         if obj.is_sync()
             && let Some(ev) = obj.wait_sync(if by_num {
                 RDMA_CM_EVENT_CONNECT_RESPONSE
@@ -940,11 +940,10 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         let stop = Arc::new(AtomicBool::new(false));
         let weak = Arc::downgrade(&obj);
         let flag = stop.clone();
-        let thread = spawn_settled("iwarp-rdma-listen", move |settled| {
-            settled.settled();
-            accept_loop(&listener, &weak, &flag);
-        })
-        .map_err(|_| libc::EAGAIN)?;
+        let thread = std::thread::Builder::new()
+            .name("iwarp-rdma-listen".into())
+            .spawn(move || accept_loop(&listener, &weak, &flag))
+            .map_err(|_| libc::EAGAIN)?;
         obj.state().listener = Some((stop, thread));
         Ok(0)
     })
