@@ -712,19 +712,16 @@ impl Engine {
             // a link is full, but a link may fill after it looked).
             let full = core.waiting_writable > 0 && self.quiet_sleeping.load(Ordering::SeqCst);
             let left = core.new_earliest() || !core.ready.is_empty() || full;
-            let rearm = left && self.doorbell.parked();
             let changes = std::mem::take(&mut core.state_changes);
             drop(core);
-            if rearm {
-                self.doorbell.wake();
-            } else if left {
-                // The engine may have announced its park after the look above, and then found
-                // the core still held by this thread, both in its last pass and in `nap`: it
-                // sleeps with no timer and would never visit what this pass left queued (seen:
-                // fi_pingpong's 1 MiB ping-pong stalled for good, both engines asleep, one
-                // connection queued, about one run in 100 under load). Looked at again with
-                // the core let go: either this sees the park, or the engine's next try of the
-                // core succeeds and its `nap` finds the queue.
+            // The park is looked at with the core let go: the engine may announce it while this
+            // thread still holds the core, and then find the core taken both in its last pass
+            // and in `nap`, and sleep with no timer; looked at under the core, it was missed and
+            // what this pass left queued was never visited (seen: fi_pingpong's 1 MiB ping-pong
+            // stalled for good, both engines asleep, one connection queued, about one run in
+            // 100 under load). Now either this sees the park, or the engine's next try of the
+            // core succeeds and its `nap` finds the queue.
+            if left {
                 fence(Ordering::SeqCst);
                 if self.doorbell.parked() {
                     self.doorbell.wake();

@@ -66,7 +66,7 @@ mod qp;
 mod readiness;
 mod seam;
 mod shared;
-pub mod threads;
+mod threads;
 #[cfg(feature = "verbs")]
 mod verbs;
 

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 /// [`Settled::settled`] (or dropped that handle, or returned).
 ///
 /// Fails as [`std::thread::Builder::spawn`] does.
-pub fn spawn_settled<F, T>(name: &str, f: F) -> io::Result<JoinHandle<T>>
+pub(crate) fn spawn_settled<F, T>(name: &str, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce(Settled) -> T + Send + 'static,
     T: Send + 'static,
@@ -39,11 +39,11 @@ where
 
 /// What a thread started by [`spawn_settled`] uses to let the spawner return.
 #[derive(Debug)]
-pub struct Settled(mpsc::SyncSender<()>);
+pub(crate) struct Settled(mpsc::SyncSender<()>);
 
 impl Settled {
     /// The thread has done what it must do before the spawner goes on (its own set-up).
-    pub fn settled(self) {
+    pub(crate) fn settled(self) {
         let _ = self.0.send(());
     }
 }
