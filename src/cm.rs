@@ -404,12 +404,15 @@ impl Stream {
 /// The least payload that a connection over a smoltcp stack reads straight into place.
 const SMOL_DIRECT_MIN: usize = 512;
 
-/// Waits until `stream` is readable (or `timeout` passes).
+/// Waits until `stream` is readable (or `timeout` passes), with `poll(2)`: no descriptor
+/// is made for the wait.
 fn wait_readable(stream: &TcpStream, timeout: Duration) -> Result<(), CmError> {
-    let poll = Poll::new()?;
-    poll.add(stream.as_fd(), 0, false)?;
-    poll.wait(&mut Events::with_capacity(1), Some(timeout));
-    Ok(())
+    use rustix::event::{PollFd, PollFlags};
+    let t = crate::readiness::timespec(timeout);
+    match rustix::event::poll(&mut [PollFd::new(stream, PollFlags::IN)], Some(&t)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(io::Error::from(e).into()),
+    }
 }
 
 /// Starts the queue pair of a connection whose MPA exchange (`handshake`: the Request and the
@@ -575,7 +578,9 @@ impl Device {
             Incoming::Tcp(l) => l.local_addr()?,
             Incoming::Smol(l) => l.local_addr(),
         };
-        let poll = Poll::new()?;
+        // Nothing wakes a listener's wait: it sleeps until a descriptor is ready or its
+        // timeout passes.
+        let poll = Poll::unringable()?;
         if let Incoming::Tcp(l) = &incoming {
             poll.add(l.as_fd(), LISTENING, false)?;
         }

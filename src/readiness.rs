@@ -68,7 +68,8 @@ impl Events {
 #[derive(Debug)]
 pub(crate) struct Poll {
     epoll: OwnedFd,
-    doorbell: OwnedFd,
+    /// `None` in a poll nothing wakes ([`Poll::unringable`]).
+    doorbell: Option<OwnedFd>,
     /// Whether links added with [`Poll::add_link`] are watched for the peer's close too.
     watch_closes: bool,
     /// The close watch: a second epoll instance inside the first, made with the first link
@@ -81,7 +82,15 @@ impl Poll {
         let epoll = epoll::create(CreateFlags::CLOEXEC)?;
         let doorbell = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         epoll::add(&epoll, &doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
-        Ok(Poll { epoll, doorbell, watch_closes: false, closes: OnceLock::new() })
+        Ok(Poll { epoll, doorbell: Some(doorbell), watch_closes: false, closes: OnceLock::new() })
+    }
+
+    /// A poll without a doorbell, for a thread that sleeps only until its descriptors are
+    /// ready or its timeout passes (a listener's): one descriptor less. [`Poll::wake`] does
+    /// nothing there.
+    pub(crate) fn unringable() -> io::Result<Poll> {
+        let epoll = epoll::create(CreateFlags::CLOEXEC)?;
+        Ok(Poll { epoll, doorbell: None, watch_closes: false, closes: OnceLock::new() })
     }
 
     /// A poll that also reports the peer's close of a link added with [`Poll::add_link`]
@@ -161,8 +170,9 @@ impl Poll {
     /// A second poll that watches this one's doorbell alone: a thread sleeping there is woken
     /// by a ring but not by the links, whose readiness this poll keeps recording meanwhile.
     pub(crate) fn doorbell_only(&self) -> io::Result<DoorbellPoll> {
+        let doorbell = self.doorbell.as_ref().ok_or(io::ErrorKind::Unsupported)?;
         let epoll = epoll::create(CreateFlags::CLOEXEC)?;
-        epoll::add(&epoll, &self.doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
+        epoll::add(&epoll, doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
         Ok(DoorbellPoll { epoll })
     }
 
@@ -170,7 +180,9 @@ impl Poll {
     pub(crate) fn wake(&self) {
         // The counter only overflows after 2^64 - 2 rings without a read; a full counter
         // (EAGAIN) still leaves the descriptor readable, so nothing is lost either way.
-        let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
+        if let Some(doorbell) = &self.doorbell {
+            let _ = rustix::io::write(doorbell, &1u64.to_ne_bytes());
+        }
     }
 
     /// Waits up to `timeout` (`None`: without limit; zero: only collects what is ready) and
@@ -294,7 +306,7 @@ impl DoorbellPoll {
 }
 
 /// `t` as epoll's timeout.
-fn timespec(t: Duration) -> Timespec {
+pub(crate) fn timespec(t: Duration) -> Timespec {
     Timespec { tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX), tv_nsec: i64::from(t.subsec_nanos()) }
 }
 
@@ -335,7 +347,7 @@ mod tests {
         // The sleep itself has no timeout (the test's own bound is the alarm's 30 ms, or the
         // thread below that would end it after 10 s).
         let rescue = {
-            let doorbell = poll.doorbell.try_clone().unwrap();
+            let doorbell = poll.doorbell.as_ref().unwrap().try_clone().unwrap();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_secs(10));
                 let _ = rustix::io::write(&doorbell, &1u64.to_ne_bytes());

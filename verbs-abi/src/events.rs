@@ -72,6 +72,31 @@ impl EventPipe {
     }
 }
 
+/// A descriptor that never becomes readable: the event queue of a device context's async
+/// events, which nothing posts to. An eventfd: one descriptor where a pipe takes two (a
+/// process that counts its descriptors, as netcat does over rsockets, sees a number close to
+/// rdma-core's), and closing it leaves a thread blocked reading it asleep, as a kernel
+/// context's does. A read blocks (or fails with `EAGAIN` once the application made the
+/// descriptor non-blocking).
+pub(crate) struct QuietFd(OwnedFd);
+
+impl QuietFd {
+    pub(crate) fn new() -> Result<QuietFd> {
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: eventfd succeeded: the descriptor is open and owned by no one else.
+        Ok(QuietFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The descriptor the application gets.
+    pub(crate) fn fd(&self) -> c_int {
+        self.0.as_raw_fd()
+    }
+}
+
 unsafe extern "C-unwind" {
     /// libc's `read(2)`, declared as able to unwind: it is a cancellation point, and
     /// `pthread_cancel` unwinds the thread from inside it.

@@ -208,3 +208,67 @@ fn a_server_that_disconnects_at_once_is_established_then_disconnected_on_the_cli
         rdma_destroy_event_channel(cch);
     }
 }
+
+/// A synchronous listener (as `rdma_create_ep` and rsockets make): connection requests that
+/// wait on its channel while `rdma_accept` of an earlier one waits for that connection's
+/// ESTABLISHED stay there for the next `rdma_get_request`. Each new id has a channel of its
+/// own, as librdmacm gives it; sharing the listener's, the first accept read the second
+/// request where it waited for its own event, and failed.
+#[test]
+fn a_synchronous_listener_keeps_the_requests_that_wait_while_it_accepts() {
+    // SAFETY: plain calls on objects this test made; local addresses of the right size.
+    unsafe {
+        let mut listener = null_mut();
+        assert_eq!(rdma_create_id(null_mut(), &raw mut listener, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = loopback(0);
+        assert_eq!(rdma_bind_addr(listener, (&raw mut a).cast::<sockaddr>()), 0, "errno {}", errno());
+        assert_eq!(rdma_listen(listener, 4), 0, "rdma_listen: errno {}", errno());
+        let port = u16::from_be(rdma_get_src_port(listener));
+        let cch = rdma_create_event_channel();
+        assert!(!cch.is_null());
+        let clients: Vec<_> = (0..2)
+            .map(|_| {
+                let id = client(cch, port);
+                assert_eq!(rdma_connect(id, null_mut()), 0, "rdma_connect: errno {}", errno());
+                id
+            })
+            .collect();
+        // Both requests on the listener's channel (a record of 8 bytes each) before the first
+        // is taken; bounded against a hang.
+        let fd = (*(*listener).channel).fd;
+        let mut queued: c_int = 0;
+        for _ in 0..3000 {
+            assert_eq!(libc::ioctl(fd, libc::FIONREAD, &raw mut queued), 0);
+            if queued >= 16 {
+                break;
+            }
+            thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(queued, 16, "two connection requests waiting");
+        let mut accepted = Vec::new();
+        for n in 0..2 {
+            let mut id = null_mut();
+            assert_eq!(rdma_get_request(listener, &raw mut id), 0, "request {n}: errno {}", errno());
+            assert_ne!((*id).channel, (*listener).channel, "request {n}: the new id's own channel");
+            let mut attr = qp_attr();
+            assert_eq!(rdma_create_qp(id, null_mut(), &raw mut attr), 0, "errno {}", errno());
+            assert_eq!(rdma_accept(id, null_mut()), 0, "request {n}: rdma_accept: errno {}", errno());
+            accepted.push(id);
+        }
+        for _ in 0..2 {
+            assert_eq!(next_event(cch).0, RDMA_CM_EVENT_ESTABLISHED);
+        }
+        for &id in accepted.iter().chain(&clients) {
+            assert_eq!(rdma_disconnect(id), 0);
+        }
+        for _ in 0..2 {
+            assert_eq!(next_event(cch).0, RDMA_CM_EVENT_DISCONNECTED);
+        }
+        for id in accepted.into_iter().chain(clients) {
+            // The accepted ids are synchronous: their DISCONNECTED, unread, goes with them.
+            destroy(id);
+        }
+        assert_eq!(rdma_destroy_id(listener), 0);
+        rdma_destroy_event_channel(cch);
+    }
+}

@@ -91,8 +91,21 @@ fn rping_refuses_65536_bytes_before_touching_the_device() {
 /// exit 0 (`what` names them in the failure). A server whose client failed may wait for it
 /// forever: it gets a short while. Their outputs, client's first.
 fn server_and_client(what: &str, server: Command, port: &str, client: Command) -> (Output, Output) {
+    server_and_client_with(what, server, port, client, |_| {})
+}
+
+/// [`server_and_client`], with `listening` called with the server's PID once it listens,
+/// before the client starts.
+fn server_and_client_with(
+    what: &str,
+    server: Command,
+    port: &str,
+    client: Command,
+    listening: impl FnOnce(u32),
+) -> (Output, Output) {
     let server = spawn(server);
     assert!(wait_listening(port.parse().unwrap(), LIMIT), "{what}: the server did not listen on {port}");
+    listening(server.child.id());
     let (client, client_killed) = wait_or_kill(spawn(client), LIMIT);
     let (server, server_killed) =
         wait_or_kill(server, if client.status.success() { LIMIT } else { Duration::from_secs(5) });
@@ -364,7 +377,37 @@ fn netcat_through_librspreload() {
     s.env("LD_PRELOAD", &preload).env("IWARP_LOG", "iwarp_verbs_abi::cm=debug").args(["-l", "-p", &port]);
     let mut c = dropin("nc.traditional");
     c.env("LD_PRELOAD", &preload).args(["-q", "0", "127.0.0.1", &port]).stdin(stdin);
-    let (_client, server) = server_and_client("nc.traditional", s, &port, c);
+    let (_client, server) = server_and_client_with("nc.traditional", s, &port, c, |pid| {
+        // netcat-traditional takes no descriptor above 16 (its source sets FD_SETSIZE to 16)
+        // and exits with status 1, silently, when its accepted socket gets one. That socket
+        // takes the lowest free number after those the drop-in and librspreload opened, so
+        // they must leave room: with rdma-core's rsockets the socket gets about 8. The
+        // highest descriptor while the server waits in accept (librspreload's for the
+        // socket to come) is checked once the table has settled.
+        let table = || -> Vec<i32> {
+            let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+                .unwrap_or_default();
+            // Above 64: inherited from the test harness, not the program's own.
+            fds.retain(|&fd| fd < 64);
+            fds.sort_unstable();
+            fds
+        };
+        let mut last = table();
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = table();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        let highest = last.last().copied().unwrap_or(0);
+        assert!(
+            highest <= 13,
+            "netcat's accepted socket would get descriptor {highest} or more (16 at most works): {last:?}"
+        );
+    });
     assert_eq!(server.stdout.len(), data.len(), "bytes received");
     assert!(server.stdout == data, "the received bytes differ from those sent");
     assert!(

@@ -227,6 +227,20 @@ impl CmId {
         self.c.update(|c| addr::write(&raw mut c.route.addr.__bindgen_anon_2 as *mut u8, a));
     }
 
+    /// Moves the id to `ch`, with its events queued on the old channel and not yet read, in
+    /// order; `sync`: whether calls wait for their events from now on.
+    fn move_to(&self, ch: Arc<EventChannel>, sync: bool) {
+        let mut current = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&current, &ch) {
+            for ev in current.take_queued(|ev| std::ptr::eq(Arc::as_ptr(&ev._id), self)) {
+                ch.queue(ev);
+            }
+            self.c.update(|c| c.channel = ch.c.ptr());
+            *current = ch;
+        }
+        self.sync.store(sync, Ordering::Release);
+    }
+
     /// Queues an event for this id on its channel.
     fn post(self: &Arc<CmId>, kind: rdma_cm_event_type, status: c_int, conn: Option<ConnInfo>) {
         self.post_with(kind, status, conn, None);
@@ -1324,15 +1338,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
             return Err(libc::EINVAL);
         }
         let ch = if channel.is_null() { EventChannel::new()? } else { CHANNELS.get(channel)? };
-        let mut current = obj.channel.lock().unwrap_or_else(PoisonError::into_inner);
-        if !Arc::ptr_eq(&current, &ch) {
-            for ev in current.take_queued(|ev| Arc::ptr_eq(&ev._id, &obj)) {
-                ch.queue(ev);
-            }
-            obj.c.update(|c| c.channel = ch.c.ptr());
-            *current = ch;
-        }
-        obj.sync.store(channel.is_null(), Ordering::Release);
+        obj.move_to(ch, channel.is_null());
         Ok(0)
     })
 }
@@ -1434,7 +1440,7 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
         if !obj.is_sync() || id.is_null() {
             return Err(libc::EINVAL);
         }
-        let ev = obj.wait_sync(RDMA_CM_EVENT_CONNECT_REQUEST)?.ok_or(libc::EIO)?;
+        let ev = next_request(&obj)?;
         let child = ev.c.read().id;
         let ep_qp = obj.state().ep_qp.as_ref().map(|(pd, a)| (*pd, a.read()));
         if let Some((pd, mut attr)) = ep_qp {
@@ -1444,6 +1450,45 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
         unsafe { *id = child };
         Ok(0)
     })
+}
+
+/// The `CONNECT_REQUEST` event of a synchronous listening id's next connection request
+/// (`rdma_get_request`, `raccept`). Its new id gets a private channel of its own, as librdmacm
+/// gives it: until then it shares the listener's, where a call waiting for one of the new
+/// id's events (`rdma_accept` waits for `ESTABLISHED`) could take the next connection request
+/// instead, or another new id's event.
+fn next_request(listen: &Arc<CmId>) -> Result<Arc<Event>> {
+    let ev = listen.wait_sync(RDMA_CM_EVENT_CONNECT_REQUEST)?.ok_or(libc::EIO)?;
+    match EventChannel::new() {
+        Ok(ch) => {
+            ev._id.move_to(ch, true);
+            Ok(ev)
+        }
+        Err(e) => {
+            // Refused as the kernel refuses a request it cannot take: the connection closes.
+            let _ = IDS.remove(ev._id.ibv());
+            ev._id.state().request = None;
+            Err(e)
+        }
+    }
+}
+
+/// rsockets' `raccept`: the next connection request of the synchronous listening id
+/// `listen`: its new id (synchronous, on a channel of its own), the initiator's private
+/// data, and the request's connection parameters (their `private_data` pointer cleared).
+pub(crate) fn take_request(listen: *mut rdma_cm_id) -> Result<(*mut rdma_cm_id, Vec<u8>, rdma_conn_param)> {
+    let obj = get_id(listen)?;
+    if !obj.is_sync() {
+        return Err(libc::EINVAL);
+    }
+    let ev = next_request(&obj)?;
+    let c = ev.c.read();
+    // SAFETY: a CONNECT_REQUEST event's parameters are its `conn` member (`post_with`
+    // writes it for every event).
+    let mut param = unsafe { c.param.conn };
+    param.private_data = std::ptr::null();
+    param.private_data_len = 0;
+    Ok((c.id, ev._private_data.clone(), param))
 }
 
 /// Creates a synchronous endpoint from `rdma_getaddrinfo`'s result: a passive one is bound

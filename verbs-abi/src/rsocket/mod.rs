@@ -25,10 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cm::{
-    rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_connect, rdma_create_event_channel, rdma_create_id,
-    rdma_create_qp, rdma_destroy_event_channel, rdma_destroy_id, rdma_destroy_qp, rdma_disconnect,
-    rdma_get_cm_event, rdma_get_local_addr, rdma_get_peer_addr, rdma_listen, rdma_migrate_id, rdma_reject,
-    rdma_resolve_addr, rdma_resolve_route, rdma_set_option, sync_reply,
+    rdma_accept, rdma_bind_addr, rdma_connect, rdma_create_id, rdma_create_qp, rdma_destroy_id,
+    rdma_destroy_qp, rdma_disconnect, rdma_get_local_addr, rdma_get_peer_addr, rdma_listen, rdma_reject,
+    rdma_resolve_addr, rdma_resolve_route, rdma_set_option, sync_reply, take_request,
 };
 use crate::context::MAX_QP_WR;
 use crate::cq::{
@@ -213,8 +212,6 @@ struct Inner {
     err: c_int,
     nonblock: bool,
     id: *mut rdma_cm_id,
-    /// A listener's event channel (its connection requests).
-    listen_ch: *mut rdma_event_channel,
     sizes: Sizes,
     /// Option bits set by `rsetsockopt` (per level), reported by `rgetsockopt`.
     so_opts: u64,
@@ -300,7 +297,6 @@ fn new_socket(id: *mut rdma_cm_id, sizes: Sizes) -> Result<Arc<RSocket>> {
             err: 0,
             nonblock: false,
             id,
-            listen_ch: std::ptr::null_mut(),
             sizes,
             so_opts: 0,
             tcp_opts: 0,
@@ -908,24 +904,11 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
         if g.phase != Phase::Init {
             return Err(libc::EINVAL);
         }
-        // SAFETY: no arguments.
-        let ch = unsafe { rdma_create_event_channel() };
-        if ch.is_null() {
-            return Err(last_errno());
-        }
-        // SAFETY: a live id and channel.
-        let r = check(unsafe { rdma_migrate_id(g.id, ch) })
-            // SAFETY: a live id.
-            .and_then(|()| check(unsafe { rdma_listen(g.id, backlog) }));
-        if let Err(e) = r {
-            // SAFETY: the channel made above; the id moves back to a private one.
-            unsafe {
-                rdma_migrate_id(g.id, std::ptr::null_mut());
-                rdma_destroy_event_channel(ch);
-            }
-            return Err(e);
-        }
-        g.listen_ch = ch;
+        // The connection requests come on the id's own channel, as with rdma-core's rsockets:
+        // no channel more (a process that counts its descriptors, as netcat does, sees the
+        // same number of them as with rdma-core).
+        // SAFETY: a live id.
+        check(unsafe { rdma_listen(g.id, backlog) })?;
         g.phase = Phase::Listening;
         set_fd_nonblock(listen_fd(&g), g.nonblock);
         Ok(0)
@@ -933,8 +916,8 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
 }
 
 fn listen_fd(g: &Inner) -> c_int {
-    // SAFETY: the listener's live channel.
-    unsafe { (*g.listen_ch).fd }
+    // SAFETY: the socket's live id, and its channel, which lives as long as the id.
+    unsafe { (*(*g.id).channel).fd }
 }
 
 fn set_fd_nonblock(fd: c_int, on: bool) {
@@ -977,37 +960,17 @@ pub unsafe extern "C" fn raccept(socket: c_int, addr: *mut sockaddr, len: *mut s
     let _inside = Inside::enter();
     minus1_call("raccept", || {
         let s = lookup(socket)?;
-        let (ch, sizes) = {
+        let (id, sizes) = {
             let g = s.lock();
             if g.phase != Phase::Listening {
                 return Err(libc::EINVAL);
             }
-            (g.listen_ch, g.sizes)
+            (g.id, g.sizes)
         };
         loop {
-            let mut ev = std::ptr::null_mut();
-            // SAFETY: the listener's live channel (blocking or not as the socket is).
-            check(unsafe { rdma_get_cm_event(ch, &raw mut ev) })?;
-            // SAFETY: the event just delivered, valid until acknowledged.
-            let (kind, child, pd, pdlen, param) = unsafe {
-                let e = &*ev;
-                (e.event, e.id, e.param.conn.private_data, e.param.conn.private_data_len, e.param.conn)
-            };
-            if kind != RDMA_CM_EVENT_CONNECT_REQUEST {
-                // SAFETY: the event delivered above.
-                unsafe { rdma_ack_cm_event(ev) };
-                continue;
-            }
-            let data = if pd.is_null() {
-                Vec::new()
-            } else {
-                // SAFETY: the event's private data: `pdlen` bytes until the event is acked.
-                unsafe { std::slice::from_raw_parts(pd.cast::<u8>(), usize::from(pdlen)) }.to_vec()
-            };
-            let accepted = accept_one(child, &data, param, sizes);
-            // SAFETY: the event delivered above.
-            unsafe { rdma_ack_cm_event(ev) };
-            match accepted {
+            // Waits on the id's channel (blocking or not as the socket is).
+            let (child, data, param) = take_request(id)?;
+            match accept_one(child, &data, param, sizes) {
                 Ok(new) => {
                     if !addr.is_null() && !len.is_null() {
                         let g = new.lock();
@@ -1041,9 +1004,6 @@ fn accept_one(
         e
     };
     let Some(peer) = ConnData::decode(data) else { return Err(reject(libc::EPROTO)) };
-    // The new id's events (ESTABLISHED, DISCONNECTED) go to a private channel: synchronous.
-    // SAFETY: a live id.
-    check(unsafe { rdma_migrate_id(child, std::ptr::null_mut()) }).map_err(reject)?;
     let mut conn = Conn::create(child, sizes).map_err(reject)?;
     conn.save(&peer);
     let reply = conn.conn_data().encode();
@@ -1850,10 +1810,6 @@ pub unsafe extern "C" fn rclose(socket: c_int) -> c_int {
         // SAFETY: the socket's id and channel, destroyed once (the socket is unregistered).
         unsafe {
             rdma_destroy_id(id);
-            if !g.listen_ch.is_null() {
-                rdma_destroy_event_channel(g.listen_ch);
-                g.listen_ch = std::ptr::null_mut();
-            }
             libc::close(s.fd);
         }
         Ok(0)

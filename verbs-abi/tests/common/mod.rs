@@ -114,7 +114,7 @@ pub(crate) fn dropin_env() -> Vec<(String, String)> {
 
 /// A child process whose output is read as it comes (a full pipe would stall it).
 pub(crate) struct Running {
-    child: Child,
+    pub(crate) child: Child,
     out: std::thread::JoinHandle<Vec<u8>>,
     err: std::thread::JoinHandle<Vec<u8>>,
 }
