@@ -1602,7 +1602,7 @@ fn post_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut Queue
         let wr_id = wr.wr_id;
         if let Err(e) = qp.post_recv(wr) {
             tracing::debug!(wr_id, error = %e, "post_recv refused");
-            shared.rq_retired();
+            shared.rq_retired(1);
             shared.recv_cq.push(WorkCompletion {
                 status: WcStatus::LocalLengthError,
                 ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
@@ -1644,23 +1644,27 @@ fn publish(slot: &mut ConnSlot) -> bool {
     }
     // Queue slots are given back before the completions that free them are visible: an
     // application that polls a completion may post into its slot at once (verbs).
-    let retired = slot.conn.qp_ref().sq_retired();
+    let qp = slot.conn.qp_ref();
+    let retired = qp.sq_retired();
     shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
     slot.sq_retired = retired;
+    // The receive queue's slots too, all at once: one atomic update a visit rather than one
+    // a message.
+    shared.rq_retired(qp.pending_completions().filter(|c| is_receive(c.opcode)).count());
     let (mut sent, mut received) = (false, false);
-    while let Some(c) = slot.conn.qp().poll_completion() {
-        work = true;
+    // Read where they lie, not popped out by value one at a time.
+    let taken = slot.conn.qp().take_completions(|c| {
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
-        let wc = WorkCompletion::new(shared.qp_num, c);
-        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvImmediate) {
-            shared.rq_retired();
+        let wc = WorkCompletion::new(shared.qp_num, *c);
+        if is_receive(c.opcode) {
             shared.recv_cq.push_quiet(wc);
             received = true;
         } else {
             shared.send_cq.push_quiet(wc);
             sent = true;
         }
-    }
+    });
+    work |= taken > 0;
     if sent {
         shared.send_cq.signal();
     }
@@ -1668,6 +1672,11 @@ fn publish(slot: &mut ConnSlot) -> bool {
         shared.recv_cq.signal();
     }
     work
+}
+
+/// Whether a completion of this kind belongs to the receive queue.
+fn is_receive(opcode: WcOpcode) -> bool {
+    matches!(opcode, WcOpcode::Recv | WcOpcode::RecvImmediate)
 }
 
 /// One visit of a ready connection.

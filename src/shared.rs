@@ -517,9 +517,12 @@ impl Doorbell {
         self.parked.store(parked, Ordering::SeqCst);
     }
 
-    /// Engine side: the next queue pair with new work.
+    /// Engine side: the next queue pair with new work. An empty queue is told by two loads:
+    /// the segment queue's own pop fences before it reports empty, which every pass paid for
+    /// nothing (the engine's park and the posters' look at it are ordered by their own
+    /// sequentially consistent accesses, see [`Doorbell::set_parked`]).
     pub(crate) fn take(&self) -> Option<usize> {
-        self.pending.pop()
+        if self.pending.is_empty() { None } else { self.pending.pop() }
     }
 
     /// Whether some queue pair has new work queued.
@@ -532,9 +535,11 @@ impl Doorbell {
         self.handoff.push(ready);
     }
 
-    /// The next readiness event left by the engine thread.
+    /// The next readiness event left by the engine thread (an empty queue told as in
+    /// [`Doorbell::take`]; the hand-off is ordered by the fences of `Engine::engine_pass` and
+    /// `Engine::let_go`).
     pub(crate) fn take_handed_off(&self) -> Option<Ready> {
-        self.handoff.pop()
+        if self.handoff.is_empty() { None } else { self.handoff.pop() }
     }
 
     /// Whether the engine thread left readiness events.
@@ -894,9 +899,13 @@ impl QpShared {
             self.sq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
     }
 
-    /// Engine side: a receive work request completed.
-    pub(crate) fn rq_retired(&self) {
-        let _ = self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+    /// Engine side: `n` receive work requests completed.
+    pub(crate) fn rq_retired(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let _ =
+            self.rq_in_use.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(n)));
     }
 
     /// Poster side: after pushing work, tells the engine this queue pair has some (once until
@@ -942,7 +951,7 @@ impl QpShared {
             any = true;
         }
         while let Some(wr) = self.rq.pop() {
-            self.rq_retired();
+            self.rq_retired(1);
             self.recv_cq.push_quiet(WorkCompletion::flushed(self.qp_num, wr.wr_id, WcOpcode::Recv));
             any = true;
         }

@@ -58,8 +58,9 @@ pub enum AtomicOp {
     Swap,
     /// 2: CmpSwap, masked compare and masked swap (verified: Wireshark names 2 "CmpSwap").
     CompareSwap,
-    /// Any other value of the 4-bit field; such a request earns a Terminate.
-    Unknown(u32),
+    /// Any other value of the 4-bit field; such a request earns a Terminate. (A byte, which
+    /// holds the field: with it `SendOp::Atomic` fits in 48 bytes, and a work request in 120.)
+    Unknown(u8),
 }
 
 impl AtomicOp {
@@ -69,7 +70,7 @@ impl AtomicOp {
             0 => AtomicOp::FetchAdd,
             1 => AtomicOp::Swap,
             2 => AtomicOp::CompareSwap,
-            other => AtomicOp::Unknown(other),
+            other => AtomicOp::Unknown(u8::try_from(other).unwrap_or(u8::MAX)),
         }
     }
 
@@ -79,7 +80,7 @@ impl AtomicOp {
             AtomicOp::FetchAdd => 0,
             AtomicOp::Swap => 1,
             AtomicOp::CompareSwap => 2,
-            AtomicOp::Unknown(v) => v & ATOMIC_OPCODE_MASK,
+            AtomicOp::Unknown(v) => u32::from(v) & ATOMIC_OPCODE_MASK,
         }
     }
 }

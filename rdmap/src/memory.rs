@@ -24,9 +24,16 @@ const SGL_INLINE: usize = 2;
 #[derive(Clone)]
 pub struct Sgl(SglRepr);
 
+// An 8-byte tag and a word-sized length, so that every field is whole, aligned words. A work
+// request is moved several times between the application's post and the wire (into a chunk,
+// into its queue, out to the engine, into the queue pair), and with a 1-byte tag and a 1-byte
+// length the compiler moved the rest as an unaligned blob whose overlapping loads straddled
+// the stores that had built it: each move waited for those stores to retire (store
+// forwarding failed) instead of taking their bytes straight from them.
 #[derive(Clone)]
+#[repr(u64)]
 enum SglRepr {
-    Inline { len: u8, items: [Sge; SGL_INLINE] },
+    Inline { len: usize, items: [Sge; SGL_INLINE] },
     Heap(Vec<Sge>),
 }
 
@@ -40,7 +47,7 @@ impl Sgl {
     pub fn push(&mut self, sge: Sge) {
         match &mut self.0 {
             SglRepr::Inline { len, items } => {
-                let n = usize::from(*len);
+                let n = *len;
                 if n < SGL_INLINE {
                     items[n] = sge;
                     *len += 1;
@@ -58,7 +65,7 @@ impl Sgl {
     /// The elements.
     pub fn as_slice(&self) -> &[Sge] {
         match &self.0 {
-            SglRepr::Inline { len, items } => &items[..usize::from(*len)],
+            SglRepr::Inline { len, items } => &items[..*len],
             SglRepr::Heap(v) => v,
         }
     }

@@ -141,7 +141,12 @@ fn perftest(tool: &str) {
         let fields: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(fields.get(1), Some(&"200"), "iterations: {row}");
         let avg: f64 = fields.get(3).and_then(|f| f.parse().ok()).unwrap_or(0.0);
-        assert!(avg > 0.0, "bandwidth: {row}");
+        // perftest turns cycles into time with a frequency it measures first; on a loaded
+        // machine that measurement can fail ("Correlation coefficient r^2: ... < 0.9" on
+        // stderr), and it then reports every figure as 0 for a run that moved its 200
+        // messages: nothing about the stack.
+        let uncalibrated = String::from_utf8_lossy(&out.stderr).contains("Correlation coefficient");
+        assert!(avg > 0.0 || uncalibrated, "bandwidth: {row}\n{}", show(out));
     }
 }
 

@@ -162,6 +162,23 @@ impl QueuePair {
         self.completions.pop_front()
     }
 
+    /// The completions [`QueuePair::poll_completion`] would hand out next, oldest first,
+    /// without taking them.
+    pub fn pending_completions(&self) -> impl ExactSizeIterator<Item = &Completion> {
+        self.completions.iter()
+    }
+
+    /// Hands every pending completion to `f`, oldest first (as [`QueuePair::poll_completion`]
+    /// would), where it lies, then forgets them all. Returns how many there were.
+    pub fn take_completions(&mut self, mut f: impl FnMut(&Completion)) -> usize {
+        let n = self.completions.len();
+        for c in &self.completions {
+            f(c);
+        }
+        self.completions.clear();
+        n
+    }
+
     /// The next event.
     pub fn poll_event(&mut self) -> Option<QpEvent> {
         self.events.pop_front()

@@ -375,7 +375,7 @@ impl QueuePair {
             Opcode::AtomicRequest => {
                 let req = fixed_body(op, seg, mo, ATOMIC_REQUEST_LEN, AtomicRequest::parse)?;
                 if let AtomicOp::Unknown(op) = req.op {
-                    return Err(RdmapError::UnsupportedAtomicOp { op }.into());
+                    return Err(RdmapError::UnsupportedAtomicOp { op: u32::from(op) }.into());
                 }
                 let apply = |original: u64| req.apply_to(original).unwrap_or(original);
                 let original =

@@ -33,7 +33,10 @@ impl Default for QpConfig {
 }
 
 /// The operation of a send-queue work request.
+// An 8-byte tag: the fields after it start on a word, and the moves of a work request on its
+// way to the wire copy whole, aligned words (see `SglRepr` in memory.rs for why that matters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
 pub enum SendOp {
     /// Send the gathered bytes to the peer's next receive buffer.
     Send {
@@ -129,10 +132,10 @@ pub enum SendOp {
     Atomic {
         /// Peer's STag (needs remote atomic rights there).
         remote_stag: STag,
+        /// The operation (beside the STag: the fields are laid out in this order).
+        op: AtomicOp,
         /// Peer's tagged offset (8-byte aligned).
         remote_to: u64,
-        /// The operation.
-        op: AtomicOp,
         /// Add Data (FetchAdd) or Swap Data (Swap, CompareSwap).
         data: u64,
         /// Add Mask or Swap Mask.
@@ -218,7 +221,9 @@ impl SendWr {
 
     /// Validates the work request once ([`SendWr::validate`]) and keeps what the check
     /// found, so that [`crate::qp::QueuePair::post_checked_send`] neither checks it nor sums
-    /// its scatter/gather list again.
+    /// its scatter/gather list again. (Inlined: the request then goes from the caller's
+    /// frame into the checked one without a move through this call's.)
+    #[inline]
     pub fn check(self, config: &QpConfig) -> Result<CheckedSendWr, PostError> {
         let len = self.checked_len(config)?;
         Ok(CheckedSendWr { wr: self, len })
@@ -395,3 +400,19 @@ impl core::fmt::Display for PostError {
 }
 
 impl std::error::Error for PostError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_requests_move_as_whole_aligned_words() {
+        // Whole words after an 8-byte tag (see `SglRepr` in memory.rs), and a checked send
+        // request within the 128 bytes that a move copies with inline loads and stores
+        // (larger moves became calls to memmove, which cost more than the stalls saved).
+        assert_eq!(core::mem::size_of::<SendOp>(), 56);
+        assert_eq!(core::mem::size_of::<Sgl>(), 48);
+        assert!(core::mem::size_of::<CheckedSendWr>() <= 128);
+        assert_eq!(core::mem::size_of::<RecvWr>(), 56);
+    }
+}
