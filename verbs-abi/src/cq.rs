@@ -4,7 +4,7 @@
 //!
 //! A completion queue is an [`iwarp::CompletionQueue`]. One made with a channel has a
 //! notification hook ([`iwarp::CompletionQueue::set_notify_hook`]): when a completion arrives
-//! on an armed queue, the hook writes the queue's number to the channel's pipe, once per
+//! on an armed queue, the hook posts the queue's number to the channel's event queue, once per
 //! arming, and `ibv_get_cq_event` reads it. Destroying a queue waits until every event read
 //! from its channel has been acknowledged, as rdma-core does.
 
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use iwarp::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::context::{CONTEXTS, Context, MAX_CQE};
-use crate::events::{EventPipe, read_record};
+use crate::events::{EventQueue, read_record};
 use crate::ffi::{
     AddrMap, CStruct, Registry, Result, ZeroedC, errno_call, minus1_call, ptr_call, set_errno, zeroed,
 };
@@ -32,7 +32,7 @@ unsafe impl ZeroedC for ibv_cq {}
 /// A completion channel.
 pub struct CompChannel {
     c: CStruct<ibv_comp_channel>,
-    pipe: Arc<EventPipe>,
+    queue: Arc<EventQueue>,
     /// Completion queues using it.
     cqs: AtomicUsize,
     _ctx: Arc<Context>,
@@ -100,7 +100,7 @@ pub(crate) static CQS: Registry<Cq> = Registry::new();
 static CQ_IDS: Registry<Cq> = Registry::new();
 static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 
-/// Creates a completion channel: its `fd` is the read end of a pipe.
+/// Creates a completion channel: its `fd` counts its events (`verbs-abi/src/events.rs`).
 ///
 /// # Safety
 ///
@@ -109,11 +109,11 @@ static NEXT_CQ_ID: AtomicU32 = AtomicU32::new(1);
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     ptr_call("ibv_create_comp_channel", || {
         let ctx = CONTEXTS.get(context)?;
-        let pipe = Arc::new(EventPipe::new()?);
+        let queue = Arc::new(EventQueue::new()?);
         let mut c: ibv_comp_channel = zeroed();
         c.context = context;
-        c.fd = pipe.fd();
-        let ch = Arc::new(CompChannel { c: CStruct::new(c), pipe, cqs: AtomicUsize::new(0), _ctx: ctx });
+        c.fd = queue.fd();
+        let ch = Arc::new(CompChannel { c: CStruct::new(c), queue, cqs: AtomicUsize::new(0), _ctx: ctx });
         CHANNELS.insert(ch.c.ptr(), ch.clone());
         Ok(ch.c.ptr())
     })
@@ -161,9 +161,9 @@ pub unsafe extern "C" fn ibv_create_cq(
         let cq = rt.device.create_cq(depth as usize);
         let id = NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed);
         if let Some(ch) = &channel {
-            let pipe = ch.pipe.clone();
+            let queue = ch.queue.clone();
             cq.set_notify_hook(move || {
-                pipe.post(u64::from(id));
+                queue.post(u64::from(id));
             });
             ch.cqs.fetch_add(1, Ordering::AcqRel);
         }
@@ -242,12 +242,17 @@ fn channel_fd(
     if cq.is_null() || cq_context.is_null() {
         return Err(libc::EINVAL);
     }
-    Ok(ch.pipe.fd())
+    Ok(ch.queue.fd())
 }
 
-/// Hands out the event `id` read from `channel`: false if its queue is gone (the event is
-/// skipped).
-fn deliver(id: u64, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> Result<bool> {
+/// Hands out the oldest event of `channel`, whose count was just read: false if its queue is
+/// gone (the event is skipped).
+fn deliver(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> Result<bool> {
+    let Some(id) = CHANNELS.get(channel)?.queue.take() else { return Ok(false) };
     let Ok(obj) = usize::try_from(id).map_err(|_| libc::EINVAL).and_then(|k| CQ_IDS.get_key(k)) else {
         return Ok(false);
     };
@@ -283,14 +288,11 @@ pub unsafe extern "C-unwind" fn ibv_get_cq_event(
     };
     loop {
         // No value with a destructor is live here: a cancelled read unwinds through.
-        let id = match read_record(fd) {
-            Ok(id) => id,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        match minus1_call("ibv_get_cq_event", || deliver(id, cq, cq_context).map(c_int::from)) {
+        if let Err(e) = read_record(fd) {
+            set_errno(e);
+            return -1;
+        }
+        match minus1_call("ibv_get_cq_event", || deliver(channel, cq, cq_context).map(c_int::from)) {
             1 => return 0,
             0 => continue,
             _ => return -1,

@@ -40,7 +40,7 @@ use iwarp::{CmError, ConnectRequest};
 use crate::context::MAX_RD_ATOM;
 use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
 use crate::device::cm_context;
-use crate::events::{EventPipe, read_record};
+use crate::events::{EventQueue, read_record};
 use crate::ffi::{
     AddrMap, CStruct, Registry, Result, ZeroedC, cstr, minus1_call, ptr_call, set_errno, zeroed,
 };
@@ -63,8 +63,8 @@ unsafe impl ZeroedC for ibv_qp_init_attr {}
 /// An event channel.
 pub struct EventChannel {
     c: CStruct<rdma_event_channel>,
-    pipe: EventPipe,
-    /// Events queued and not yet read, by the number written to the pipe.
+    queue: EventQueue,
+    /// Events queued and not yet read, by the number of their record.
     queued: Mutex<AddrMap<u64, Arc<Event>>>,
 }
 
@@ -73,12 +73,12 @@ static NEXT_EVENT: AtomicU64 = AtomicU64::new(1);
 
 impl EventChannel {
     fn new() -> Result<Arc<EventChannel>> {
-        let pipe = EventPipe::new()?;
+        let queue = EventQueue::new()?;
         let mut c: rdma_event_channel = zeroed();
-        c.fd = pipe.fd();
+        c.fd = queue.fd();
         let ch = Arc::new(EventChannel {
             c: CStruct::new(c),
-            pipe,
+            queue,
             queued: Mutex::new(AddrMap::with_hasher(Default::default())),
         });
         DESTROYED_CHANNELS.lock().unwrap_or_else(PoisonError::into_inner).remove(&(ch.c.ptr() as usize));
@@ -88,7 +88,7 @@ impl EventChannel {
     fn queue(&self, event: Arc<Event>) {
         let n = NEXT_EVENT.fetch_add(1, Ordering::Relaxed);
         self.queued.lock().unwrap_or_else(PoisonError::into_inner).insert(n, event);
-        if !self.pipe.post(n) {
+        if !self.queue.post(n) {
             self.queued.lock().unwrap_or_else(PoisonError::into_inner).remove(&n);
         }
     }
@@ -293,8 +293,8 @@ impl CmId {
     fn wait_sync(&self, expect: rdma_cm_event_type) -> Result<Option<Arc<Event>>> {
         let ch = self.channel();
         loop {
-            let n = read_record(ch.pipe.fd())?;
-            let Some(ev) = ch.take(n) else { continue };
+            read_record(ch.queue.fd())?;
+            let Some(ev) = ch.queue.take().and_then(|n| ch.take(n)) else { continue };
             let c = ev.c.read();
             if c.event == expect {
                 return Ok(Some(ev));
@@ -395,7 +395,7 @@ pub(crate) fn qp_destroyed(qp: *mut ibv_qp) {
     });
 }
 
-/// Creates an event channel: its `fd` is the read end of a pipe.
+/// Creates an event channel: its `fd` counts its events (`verbs-abi/src/events.rs`).
 ///
 /// # Safety
 ///
@@ -1170,13 +1170,13 @@ fn channel_fd(
     if event.is_null() {
         return Err(libc::EINVAL);
     }
-    let fd = ch.pipe.fd();
+    let fd = ch.queue.fd();
     Ok((ch, fd))
 }
 
-fn deliver(channel: *mut rdma_event_channel, n: u64, event: *mut *mut rdma_cm_event) -> Result<bool> {
+fn deliver(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> Result<bool> {
     let ch = CHANNELS.get(channel)?;
-    let Some(ev) = ch.take(n) else { return Ok(false) };
+    let Some(ev) = ch.queue.take().and_then(|n| ch.take(n)) else { return Ok(false) };
     let ptr = ev.c.ptr();
     DELIVERED.insert(ptr, ev);
     // SAFETY: the caller passes a writable pointer (checked non-null).
@@ -1204,14 +1204,11 @@ pub unsafe extern "C-unwind" fn rdma_get_cm_event(
     };
     loop {
         // No value with a destructor is live here: a cancelled read unwinds through.
-        let n = match read_record(fd) {
-            Ok(n) => n,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        match minus1_call("rdma_get_cm_event", || deliver(channel, n, event).map(c_int::from)) {
+        if let Err(e) = read_record(fd) {
+            set_errno(e);
+            return -1;
+        }
+        match minus1_call("rdma_get_cm_event", || deliver(channel, event).map(c_int::from)) {
             1 => return 0,
             0 => continue,
             _ => {
