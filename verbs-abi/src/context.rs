@@ -4,7 +4,7 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 
-use crate::events::QuietFd;
+use crate::events::EventQueue;
 use crate::ffi::{CStruct, Registry};
 use crate::sys::*;
 
@@ -24,7 +24,7 @@ pub(crate) const MAX_RD_ATOM: u32 = 128;
 /// An open device context.
 pub(crate) struct Context {
     c: CStruct<verbs_context>,
-    async_events: QuietFd,
+    async_events: EventQueue,
 }
 
 pub(crate) static CONTEXTS: Registry<Context> = Registry::new();
@@ -32,7 +32,7 @@ pub(crate) static CONTEXTS: Registry<Context> = Registry::new();
 impl Context {
     /// Makes a context of a filled-in `verbs_context` and the descriptor behind its async fd,
     /// and registers it.
-    pub(crate) fn register(v: verbs_context, async_events: QuietFd) -> Arc<Context> {
+    pub(crate) fn register(v: verbs_context, async_events: EventQueue) -> Arc<Context> {
         let ctx = Arc::new(Context { c: CStruct::new(v), async_events });
         CONTEXTS.insert(ctx.ibv(), ctx.clone());
         ctx

@@ -10,7 +10,7 @@ use std::sync::{Arc, LazyLock};
 use crate::context::{
     CONTEXTS, Context, MAX_CQE, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, VENDOR_ID, VENDOR_PART_ID,
 };
-use crate::events::{QuietFd, read_record};
+use crate::events::{EventQueue, read_record};
 use crate::ffi::{CStruct, Result, ZeroedC, cstr, errno_call, fill_chars, minus1_call, ptr_call, zeroed};
 use crate::runtime::{self, MAX_MR};
 use crate::sys::*;
@@ -77,7 +77,7 @@ fn gid() -> ibv_gid {
 /// Opens a context (starting the device on first use).
 pub(crate) fn open_context() -> Result<Arc<Context>> {
     runtime::runtime()?;
-    let async_events = QuietFd::new()?;
+    let async_events = EventQueue::new()?;
     let mut v: verbs_context = zeroed();
     v.sz = size_of::<verbs_context>() as size_t;
     v.query_port = Some(query_port_ex);

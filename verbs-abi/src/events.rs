@@ -1,5 +1,6 @@
 //! The file descriptors applications wait on: a completion channel, an rdma_cm event
-//! channel, a context's async fd. Each is one eventfd in semaphore mode: an event is a record
+//! channel, a context's async fd (a queue nothing posts to: the device raises no async
+//! events, and a read blocks, or fails with `EAGAIN`). Each is one eventfd in semaphore mode: an event is a record
 //! (the number of the object it concerns) in a queue beside it, and the eventfd counts the
 //! records, each `read` taking one count; the reader then takes the oldest record. The
 //! descriptor is real, so applications poll it, make it non-blocking (`read` then fails with
@@ -27,8 +28,16 @@ pub(crate) struct EventQueue {
 }
 
 impl EventQueue {
+    /// An empty queue: an eventfd in semaphore mode (and close-on-exec) counting from 0.
     pub(crate) fn new() -> Result<EventQueue> {
-        Ok(EventQueue { fd: eventfd(libc::EFD_SEMAPHORE)?, records: Mutex::new(VecDeque::new()) })
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: eventfd succeeded: the descriptor is open and owned by no one else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventQueue { fd, records: Mutex::new(VecDeque::new()) })
     }
 
     /// The descriptor the application gets.
@@ -56,36 +65,6 @@ impl EventQueue {
     /// The oldest record, after [`read_record`] took its count from the descriptor.
     pub(crate) fn take(&self) -> Option<u64> {
         self.records.lock().unwrap_or_else(PoisonError::into_inner).pop_front()
-    }
-}
-
-/// An eventfd with `flags` (and close-on-exec), counting from 0.
-fn eventfd(flags: c_int) -> Result<OwnedFd> {
-    // SAFETY: eventfd takes no pointers.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
-    }
-    // SAFETY: eventfd succeeded: the descriptor is open and owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// A descriptor that never becomes readable: the event queue of a device context's async
-/// events, which nothing posts to. An eventfd: one descriptor where a pipe takes two (a
-/// process that counts its descriptors, as netcat does over rsockets, sees a number close to
-/// rdma-core's), and closing it leaves a thread blocked reading it asleep, as a kernel
-/// context's does. A read blocks (or fails with `EAGAIN` once the application made the
-/// descriptor non-blocking).
-pub(crate) struct QuietFd(OwnedFd);
-
-impl QuietFd {
-    pub(crate) fn new() -> Result<QuietFd> {
-        Ok(QuietFd(eventfd(0)?))
-    }
-
-    /// The descriptor the application gets.
-    pub(crate) fn fd(&self) -> c_int {
-        self.0.as_raw_fd()
     }
 }
 

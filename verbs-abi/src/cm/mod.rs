@@ -502,10 +502,15 @@ fn drop_queued_events(obj: &Arc<CmId>) {
     });
     for ev in dropped {
         if !Arc::ptr_eq(&ev._id, obj) {
-            let _ = IDS.remove(ev._id.ibv());
-            ev._id.state().request = None;
+            forget_request(&ev._id);
         }
     }
+}
+
+/// Forgets the new id of a connection request nobody will take: the connection closes.
+fn forget_request(id: &Arc<CmId>) {
+    let _ = IDS.remove(id.ibv());
+    id.state().request = None;
 }
 
 /// Whether an event delivered for `obj` is not acknowledged yet.
@@ -1462,9 +1467,8 @@ fn next_request(listen: &Arc<CmId>) -> Result<Arc<Event>> {
             Ok(ev)
         }
         Err(e) => {
-            // Refused as the kernel refuses a request it cannot take: the connection closes.
-            let _ = IDS.remove(ev._id.ibv());
-            ev._id.state().request = None;
+            // Refused as the kernel refuses a request it cannot take.
+            forget_request(&ev._id);
             Err(e)
         }
     }

@@ -905,8 +905,8 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
             return Err(libc::EINVAL);
         }
         // The connection requests come on the id's own channel, as with rdma-core's rsockets:
-        // no channel more (a process that counts its descriptors, as netcat does, sees the
-        // same number of them as with rdma-core).
+        // no second channel (a process that counts its descriptors, as netcat does, sees
+        // fewer of them).
         // SAFETY: a live id.
         check(unsafe { rdma_listen(g.id, backlog) })?;
         g.phase = Phase::Listening;
