@@ -69,11 +69,13 @@ fn connect(addr: SocketAddr, veth: Option<&VethPath>) -> Result<TcpStream, Bench
 
 /// Stream bandwidth: the client writes 4-byte-length-prefixed messages of `size` bytes until
 /// the budget is spent, the server reads and counts them until end of stream; over 127.0.0.1,
-/// or over `veth`.
+/// or over `veth`. The client's writes carry as many messages as fill a 256 KiB buffer, or
+/// with `per_write`, that many messages each (one system call per list of that length).
 pub(super) fn stream(
     size: usize,
     budget: &Budget,
     veth: Option<&VethPath>,
+    per_write: Option<usize>,
 ) -> Result<Throughput, BenchError> {
     let prefix = u32::try_from(size)
         .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
@@ -102,18 +104,33 @@ pub(super) fn stream(
     let s = connect(addr, veth)?;
     s.set_write_timeout(Some(STALL)).map_err(io_err("write"))?;
     let payload = vec![0x5au8; size];
-    let mut w = BufWriter::with_capacity(STREAM_BUFFER, &s);
     let start = Instant::now();
     let mut sent = 0u64;
-    loop {
-        w.write_all(&prefix).and_then(|()| w.write_all(&payload)).map_err(io_err("write"))?;
-        sent += 1;
-        if (sent.is_multiple_of(32) || size >= 4096 || budget.iters.is_some()) && budget.spent(sent, start) {
-            break;
+    if let Some(n) = per_write {
+        // The messages of one list, framed once; written whole, one call per list.
+        let n = n.max(1);
+        let list: Vec<u8> = (0..n).flat_map(|_| prefix.iter().chain(&payload).copied()).collect();
+        let mut w = &s;
+        loop {
+            w.write_all(&list).map_err(io_err("write"))?;
+            sent += n as u64;
+            if budget.spent(sent, start) {
+                break;
+            }
         }
+    } else {
+        let mut w = BufWriter::with_capacity(STREAM_BUFFER, &s);
+        loop {
+            w.write_all(&prefix).and_then(|()| w.write_all(&payload)).map_err(io_err("write"))?;
+            sent += 1;
+            if (sent.is_multiple_of(32) || size >= 4096 || budget.iters.is_some())
+                && budget.spent(sent, start)
+            {
+                break;
+            }
+        }
+        w.flush().map_err(io_err("write"))?;
     }
-    w.flush().map_err(io_err("write"))?;
-    drop(w);
     s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
     let (msgs, bytes) = join(handle)?;
     let secs = start.elapsed().as_secs_f64();
