@@ -1697,11 +1697,15 @@ fn visit(
     // Work requests from the application.
     let shared = &slot.shared;
     shared.sq.take_all(&mut slot.sq_taken);
-    v.work |= !slot.sq_taken.is_empty();
-    while let Some(wr) = slot.sq_taken.pop_front() {
-        let (wr_id, opcode) = (wr.wr().wr_id, wr.wr().op.wc_opcode());
-        tracing::trace!(wr_id, op = ?wr.wr().op, "post_send");
-        if let Err(e) = slot.conn.qp().post_checked_send(wr) {
+    if !slot.sq_taken.is_empty() {
+        v.work = true;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            for wr in &slot.sq_taken {
+                tracing::trace!(wr_id = wr.wr().wr_id, op = ?wr.wr().op, "post_send");
+            }
+        }
+        // The whole list at once (swapped in, where the queue pair's send queue is empty).
+        slot.conn.qp().post_checked_sends(&mut slot.sq_taken, |wr_id, opcode, e| {
             // Checked on the application side already; should the queue pair refuse it, it
             // completes with an error rather than vanishing.
             tracing::debug!(wr_id, error = %e, "post_send refused");
@@ -1710,7 +1714,7 @@ fn visit(
                 status: WcStatus::LocalLengthError,
                 ..WorkCompletion::flushed(shared.qp_num, wr_id, opcode)
             });
-        }
+        });
     }
     v.work |= take_posted_receives(slot);
     let shared = &slot.shared;

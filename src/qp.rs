@@ -1,11 +1,14 @@
 //! The application's handle on a queue pair: post work requests into the queues the engine
 //! drains, ring the doorbell, and read the queue pair's events.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 use iwarp_mpa::ConnParams;
-use iwarp_rdmap::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
+use iwarp_rdmap::qp::{CheckedSendWr, PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
 use crate::cq::{WAIT_SPIN, spin_turn};
 use crate::engine::{Engine, WaitingApp};
@@ -35,17 +38,29 @@ impl std::error::Error for PostListError {}
 /// 64 B Send more than the rest of its posting).
 const POST_CHUNK: usize = 16;
 
+thread_local! {
+    /// Each thread's deques for the checked requests of a list on their way into a queue:
+    /// handed to the queue whole (swapped with it where it is empty, so the thread gets the
+    /// queue's spare deque back), the requests are moved once on the way, not into a chunk
+    /// and out again.
+    static SEND_CHUNK: RefCell<VecDeque<CheckedSendWr>> = const { RefCell::new(VecDeque::new()) };
+    static RECV_CHUNK: RefCell<VecDeque<RecvWr>> = const { RefCell::new(VecDeque::new()) };
+}
+
 /// Posts a list: checks each request in order (`check`), and for each chunk of checked ones
-/// reserves queue entries (`reserve(n)` takes up to `n`, says how many) and pushes that many
-/// (`push`), up to the first request that fails; a list of one goes in through `push_one`.
-/// Returns how many were posted and the error. The caller's iterator never runs while the
-/// queue is locked.
-fn post_list<W, C>(
+/// reserves queue entries (`reserve(n)` takes up to `n`, says how many) and hands that many
+/// to the queue (`push`, which empties the deque it is given), up to the first request that
+/// fails; a list of one goes in through `push_one`. The chunk is collected in this thread's
+/// deque `chunks` (a fresh one should a request's iterator post a list itself). Returns how
+/// many were posted and the error. The caller's iterator never runs while the queue is
+/// locked.
+fn post_list<W, C: 'static>(
     wrs: impl IntoIterator<Item = W>,
     check: impl Fn(W) -> Result<C, PostError>,
     reserve: impl Fn(usize) -> usize,
-    push: impl Fn(&mut dyn Iterator<Item = C>),
+    push: impl Fn(&mut VecDeque<C>),
     push_one: impl Fn(C),
+    chunks: &'static LocalKey<RefCell<VecDeque<C>>>,
 ) -> (usize, Result<(), PostListError>) {
     let mut wrs = wrs.into_iter();
     let Some(first) = wrs.next() else { return (0, Ok(())) };
@@ -63,40 +78,47 @@ fn post_list<W, C>(
         return (posted, Ok(()));
     };
     let wrs = [first, second].into_iter().chain(wrs);
-    let mut chunk: [Option<C>; POST_CHUNK] = Default::default();
-    let (mut posted, mut n) = (0, 0);
-    // Pushes the chunk's first `n`, as many as there are entries for; whether all went.
-    let flush = |chunk: &mut [Option<C>; POST_CHUNK], n: usize, posted: &mut usize| {
-        let k = reserve(n);
-        push(&mut chunk[..k].iter_mut().filter_map(Option::take));
-        chunk[k..n].iter_mut().for_each(|c| *c = None);
-        *posted += k;
-        k == n
-    };
-    let mut failed = None;
-    for wr in wrs {
-        match check(wr) {
-            Ok(c) => {
-                chunk[n] = Some(c);
-                n += 1;
+    let post = |chunk: &mut VecDeque<C>| {
+        let mut posted = 0;
+        // Pushes the chunk's requests, as many as there are entries for (the rest are
+        // dropped); whether all went.
+        let flush = |chunk: &mut VecDeque<C>, posted: &mut usize| {
+            let n = chunk.len();
+            let k = reserve(n);
+            chunk.truncate(k);
+            push(chunk);
+            chunk.clear();
+            *posted += k;
+            k == n
+        };
+        let mut failed = None;
+        for wr in wrs {
+            match check(wr) {
+                Ok(c) => chunk.push_back(c),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             }
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
-        if n == POST_CHUNK {
-            if !flush(&mut chunk, n, &mut posted) {
+            if chunk.len() == POST_CHUNK && !flush(chunk, &mut posted) {
                 return (posted, Err(PostListError { posted, error: PostError::QueueFull }));
             }
-            n = 0;
         }
-    }
-    // A request that fails its check comes after those before it: a full queue stops them first.
-    if !flush(&mut chunk, n, &mut posted) {
-        return (posted, Err(PostListError { posted, error: PostError::QueueFull }));
-    }
-    (posted, failed.map_or(Ok(()), |error| Err(PostListError { posted, error })))
+        // A request that fails its check comes after those before it: a full queue stops
+        // them first.
+        if !chunk.is_empty() && !flush(chunk, &mut posted) {
+            return (posted, Err(PostListError { posted, error: PostError::QueueFull }));
+        }
+        (posted, failed.map_or(Ok(()), |error| Err(PostListError { posted, error })))
+    };
+    chunks.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut chunk) => {
+            // Left empty by every way out of `post`, for the next list.
+            chunk.clear();
+            post(&mut chunk)
+        }
+        Err(_) => post(&mut VecDeque::new()),
+    })
 }
 
 /// A connected queue pair.
@@ -199,8 +221,9 @@ impl QueuePair {
             wrs,
             |wr| wr.check(&shared.config),
             |n| shared.reserve_sq(n),
-            |wrs| shared.sq.push_all(wrs),
+            |wrs| shared.sq.push_list(wrs),
             |wr| shared.sq.push(wr),
+            &SEND_CHUNK,
         );
         if posted > 0 {
             self.handle.dev.posted(shared);
@@ -224,8 +247,9 @@ impl QueuePair {
             wrs,
             check,
             |n| shared.reserve_rq(n),
-            |wrs| shared.rq.push_all(wrs),
+            |wrs| shared.rq.push_list(wrs),
             |wr| shared.rq.push(wr),
+            &RECV_CHUNK,
         );
         if posted > 0 {
             self.handle.dev.posted_receives(shared);

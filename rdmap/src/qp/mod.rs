@@ -125,18 +125,61 @@ impl QueuePair {
         if wr.wr().op.is_rfc7306() && !self.config.rfc7306 {
             return Err(PostError::ExtensionNotNegotiated);
         }
-        let len = u64::from(wr.len());
-        let (wr_id, opcode, signaled) = (wr.wr().wr_id, wr.wr().op.wc_opcode(), wr.wr().signaled);
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let slot = SqSlot { seq, wr_id, opcode, len, signaled, status: None };
-        self.sq_slots.push_back(slot);
+        let seq = self.add_slot(&wr);
         if self.state == QpState::Rts {
-            self.sq.push_back((seq, wr));
+            self.sq.push_back(wr);
         } else {
             self.finish(seq, WcStatus::WrFlushError);
         }
         Ok(())
+    }
+
+    /// Posts every request of `wrs`, in order, as [`QueuePair::post_checked_send`] does each,
+    /// leaving `wrs` empty; `refused` hears of each one refused (with its `wr_id`, its
+    /// completion's opcode and why). A list that the queue pair takes whole (the usual case:
+    /// room for all, RTS, no extension it did not negotiate) moves in one piece, or with an
+    /// empty send queue, by swapping the two deques: no request is copied.
+    pub fn post_checked_sends(
+        &mut self,
+        wrs: &mut VecDeque<CheckedSendWr>,
+        mut refused: impl FnMut(u64, WcOpcode, PostError),
+    ) {
+        let whole = self.state == QpState::Rts
+            && self.sq_slots.len() + wrs.len() <= self.config.max_send_wr
+            && (self.config.rfc7306 || !wrs.iter().any(|wr| wr.wr().op.is_rfc7306()));
+        if !whole {
+            while let Some(wr) = wrs.pop_front() {
+                let (wr_id, opcode) = (wr.wr().wr_id, wr.wr().op.wc_opcode());
+                if let Err(e) = self.post_checked_send(wr) {
+                    refused(wr_id, opcode, e);
+                }
+            }
+            return;
+        }
+        for wr in wrs.iter() {
+            self.add_slot(wr);
+        }
+        if self.sq.is_empty() {
+            std::mem::swap(&mut self.sq, wrs);
+        } else {
+            self.sq.append(wrs);
+        }
+    }
+
+    /// Gives `wr` the next sequence number and its slot in the send queue's completion order.
+    #[inline]
+    fn add_slot(&mut self, wr: &CheckedSendWr) -> u64 {
+        let len = u64::from(wr.len());
+        let (wr_id, opcode, signaled) = (wr.wr().wr_id, wr.wr().op.wc_opcode(), wr.wr().signaled);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq_slots.push_back(SqSlot { seq, wr_id, opcode, len, signaled, status: None });
+        seq
+    }
+
+    /// The sequence number of the send queue's oldest request (the next one's, when empty).
+    pub(super) fn sq_front_seq(&self) -> u64 {
+        self.next_seq - self.sq.len() as u64
     }
 
     /// Posts a receive buffer. In a state other than RTS it is flushed at once.

@@ -86,7 +86,11 @@ pub struct QueuePair {
     pub(super) config: QpConfig,
     pub(super) state: QpState,
     pub(super) next_seq: u64,
-    pub(super) sq: VecDeque<(u64, CheckedSendWr)>,
+    /// The requests posted and not yet started, oldest first. Their sequence numbers are
+    /// consecutive and end just before `next_seq` (every request posted in RTS comes here;
+    /// none is posted here outside RTS), so they are not stored: see
+    /// [`QueuePair::sq_front_seq`].
+    pub(super) sq: VecDeque<CheckedSendWr>,
     pub(super) sq_slots: VecDeque<SqSlot>,
     /// The untagged queues and what is posted on them: the application's receives on queue
     /// 0, RDMAP's own buffers on queues 1 to 3. DDP checks and places every untagged segment.

@@ -223,12 +223,12 @@ impl QueuePair {
                 if self.memory_operation_at_head() {
                     self.run_memory_operations(mem);
                 }
-                let (seq, wr) = self.sq.front()?;
-                let (seq, uses_ord) = (*seq, wr.wr().op.uses_ord());
+                let seq = self.sq_front_seq();
+                let uses_ord = self.sq.front()?.wr().op.uses_ord();
                 if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
                     return None; // ORD exhausted: the send queue waits for a response.
                 }
-                let (_, wr) = self.sq.pop_front()?;
+                let wr = self.sq.pop_front()?;
                 match self.start_message(seq, wr) {
                     Ok(m) => self.tx_cur = Some(m),
                     Err(status) => {
@@ -280,7 +280,8 @@ impl QueuePair {
             return;
         }
         while self.memory_operation_at_head() {
-            let Some((seq, wr)) = self.sq.pop_front() else { return };
+            let seq = self.sq_front_seq();
+            let Some(wr) = self.sq.pop_front() else { return };
             match Self::memory_operation(mem, wr.into_wr().op) {
                 Ok(()) => self.finish(seq, WcStatus::Success),
                 Err(_) => {
@@ -294,7 +295,7 @@ impl QueuePair {
 
     /// Whether the send queue's head is a memory work request.
     fn memory_operation_at_head(&self) -> bool {
-        self.sq.front().is_some_and(|(_, wr)| wr.wr().op.is_memory_operation())
+        self.sq.front().is_some_and(|wr| wr.wr().op.is_memory_operation())
     }
 
     fn memory_operation(mem: &mut TableMemory<'_>, op: SendOp) -> Result<(), TableError> {
