@@ -54,12 +54,6 @@ impl CompletionQueue {
         if let Some(wc) = self.shared.pop() {
             return Some(wc);
         }
-        // Completions the ring had no room for move up as room appears, without waiting for
-        // the engine to visit a connection of this queue.
-        self.shared.drain_backlog();
-        if let Some(wc) = self.shared.pop() {
-            return Some(wc);
-        }
         if self.dev.inline() {
             self.dev.progress();
             return self.shared.pop();

@@ -45,7 +45,8 @@ impl Device {
         ProtectionDomain { id: ProtectionDomainId(id), dev: self.engine.clone() }
     }
 
-    /// A completion queue holding up to `depth` completions before the engine backlogs them.
+    /// A completion queue for about `depth` completions (room for up to 16 at first; it grows
+    /// with use and never refuses a completion).
     pub fn create_cq(&self, depth: usize) -> CompletionQueue {
         CompletionQueue::new(self.engine.clone(), depth)
     }

@@ -31,7 +31,7 @@ use iwarp_ddp::stag_table::{ProtectionDomainId, TaggedBufferTable};
 use iwarp_netdev::{Link, LinkError, SmolStack};
 use iwarp_rdmap::conn::{Connection, RxStats, TxBatch, TxStats};
 use iwarp_rdmap::memory::TableMemory;
-use iwarp_rdmap::qp::{CheckedSendWr, QpState, QueuePair, RecvWr, WcOpcode, WcStatus};
+use iwarp_rdmap::qp::{CheckedSendWr, Completion, QpState, QueuePair, RecvWr, WcOpcode, WcStatus};
 
 use crate::readiness::{DOORBELL, DoorbellPoll, Events, Poll, Ready, STACK_BASE, Token};
 use crate::shared::{CqShared, Doorbell, QpShared, WorkCompletion};
@@ -1651,27 +1651,31 @@ fn publish(slot: &mut ConnSlot) -> bool {
     // The receive queue's slots too, all at once: one atomic update a visit rather than one
     // a message.
     shared.rq_retired(qp.pending_completions().filter(|c| is_receive(c.opcode)).count());
-    let (mut sent, mut received) = (false, false);
-    // Read where they lie, not popped out by value one at a time.
-    let taken = slot.conn.qp().take_completions(|c| {
+    let qp = slot.conn.qp();
+    if qp.pending_completions().len() == 0 {
+        return work;
+    }
+    // Read where they lie, each queue's under one lock; in their order where both queues
+    // are one.
+    let wc = |c: &Completion| {
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
-        let wc = WorkCompletion::new(shared.qp_num, *c);
-        if is_receive(c.opcode) {
-            shared.recv_cq.push_quiet(wc);
-            received = true;
-        } else {
-            shared.send_cq.push_quiet(wc);
-            sent = true;
+        WorkCompletion::new(shared.qp_num, *c)
+    };
+    if Arc::ptr_eq(&shared.send_cq, &shared.recv_cq) {
+        if shared.send_cq.push_all_quiet(qp.pending_completions().map(wc)) {
+            shared.send_cq.signal();
         }
-    });
-    work |= taken > 0;
-    if sent {
-        shared.send_cq.signal();
+    } else {
+        if shared.recv_cq.push_all_quiet(qp.pending_completions().filter(|c| is_receive(c.opcode)).map(wc)) {
+            shared.recv_cq.signal();
+        }
+        if shared.send_cq.push_all_quiet(qp.pending_completions().filter(|c| !is_receive(c.opcode)).map(wc))
+        {
+            shared.send_cq.signal();
+        }
     }
-    if received {
-        shared.recv_cq.signal();
-    }
-    work
+    qp.take_completions(|_| {});
+    true
 }
 
 /// Whether a completion of this kind belongs to the receive queue.
@@ -1915,8 +1919,6 @@ fn visit(
     }
 
     v.work |= publish(slot);
-    slot.shared.send_cq.drain_backlog();
-    slot.shared.recv_cq.drain_backlog();
     if slot.shared.set_state(state) {
         v.state_change = Some(state);
     }
