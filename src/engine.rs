@@ -1669,8 +1669,7 @@ fn publish(slot: &mut ConnSlot) -> bool {
         if shared.recv_cq.push_all_quiet(qp.pending_completions().filter(|c| is_receive(c.opcode)).map(wc)) {
             shared.recv_cq.signal();
         }
-        if shared.send_cq.push_all_quiet(qp.pending_completions().filter(|c| !is_receive(c.opcode)).map(wc))
-        {
+        if shared.send_cq.push_all_quiet(qp.pending_completions().filter(|c| !is_receive(c.opcode)).map(wc)) {
             shared.send_cq.signal();
         }
     }

@@ -3,7 +3,7 @@
 
 use iwarp_ddp::STag;
 
-use super::state::{QN_SEND, QueuePair, RxBuffer};
+use super::state::{QN_SEND, QueuePair, RxBuffer, SqSlot};
 use super::wr::{Completion, RecvWr, WcOpcode, WcStatus};
 use crate::atomic::IMMEDIATE_DATA_LEN;
 
@@ -11,30 +11,51 @@ impl QueuePair {
     /// Records the outcome of send-queue entry `seq` and delivers what can be delivered in
     /// posting order.
     pub(super) fn finish(&mut self, seq: u64, status: WcStatus) {
-        // Slots hold consecutive sequence numbers, oldest first: index by the difference.
-        let index = self.sq_slots.front().and_then(|f| seq.checked_sub(f.seq));
-        if let Some(slot) = index.and_then(|i| usize::try_from(i).ok()).and_then(|i| self.sq_slots.get_mut(i))
-            && slot.seq == seq
-            && slot.status.is_none()
-        {
-            slot.status = Some(status);
+        match self.sq_slots.front() {
+            // The oldest request (a Send or Write finishing in order, as most do): retired
+            // at once, without being marked first.
+            Some(front) if front.seq == seq && front.status.is_none() => {
+                if let Some(slot) = self.sq_slots.pop_front() {
+                    self.retire(&slot, status);
+                }
+            }
+            Some(front) => {
+                // Slots hold consecutive sequence numbers, oldest first: index by the
+                // difference. Marked, it waits for those before it.
+                let index = seq.checked_sub(front.seq).and_then(|i| usize::try_from(i).ok());
+                if let Some(slot) = index.and_then(|i| self.sq_slots.get_mut(i))
+                    && slot.seq == seq
+                    && slot.status.is_none()
+                {
+                    slot.status = Some(status);
+                }
+            }
+            None => return,
         }
         while let Some(slot) = self.sq_slots.front() {
             let Some(status) = slot.status else { break };
-            if slot.signaled || status != WcStatus::Success {
-                self.completions.push_back(Completion {
-                    wr_id: slot.wr_id,
-                    status,
-                    opcode: slot.opcode,
-                    byte_len: if status == WcStatus::Success { slot.len } else { 0 },
-                    solicited: false,
-                    invalidated: None,
-                    imm_data: None,
-                });
+            if let Some(slot) = self.sq_slots.pop_front() {
+                self.retire(&slot, status);
             }
-            self.sq_slots.pop_front();
-            self.sq_retired += 1;
         }
+    }
+
+    /// Retires a send-queue request taken off the front: its completion, if it is signaled
+    /// or failed, and its slot given back.
+    #[inline]
+    fn retire(&mut self, slot: &SqSlot, status: WcStatus) {
+        if slot.signaled || status != WcStatus::Success {
+            self.completions.push_back(Completion {
+                wr_id: slot.wr_id,
+                status,
+                opcode: slot.opcode,
+                byte_len: if status == WcStatus::Success { slot.len } else { 0 },
+                solicited: false,
+                invalidated: None,
+                imm_data: None,
+            });
+        }
+        self.sq_retired += 1;
     }
 
     /// Completes a receive whose message arrived whole.
