@@ -1648,28 +1648,31 @@ fn publish(slot: &mut ConnSlot) -> bool {
     let retired = qp.sq_retired();
     shared.sq_retired(usize::try_from(retired - slot.sq_retired).unwrap_or(usize::MAX));
     slot.sq_retired = retired;
-    // The receive queue's slots too, all at once: one atomic update a visit rather than one
-    // a message.
-    shared.rq_retired(qp.pending_completions().filter(|c| is_receive(c.opcode)).count());
     let qp = slot.conn.qp();
     if qp.pending_completions().len() == 0 {
         return work;
     }
     // Read where they lie, each queue's under one lock; in their order where both queues
-    // are one.
+    // are one. The receive queue's slots are given back all at once (one atomic update a
+    // visit rather than one a message), under the lock, before the pop that could see them.
+    let receives = std::cell::Cell::new(0usize);
     let wc = |c: &Completion| {
         tracing::trace!(wr_id = c.wr_id, status = ?c.status, opcode = ?c.opcode, len = c.byte_len, "completion");
+        receives.set(receives.get() + usize::from(is_receive(c.opcode)));
         WorkCompletion::new(shared.qp_num, *c)
     };
+    let give_back = || shared.rq_retired(receives.get());
     if Arc::ptr_eq(&shared.send_cq, &shared.recv_cq) {
-        if shared.send_cq.push_all_quiet(qp.pending_completions().map(wc)) {
+        if shared.send_cq.push_all_quiet(qp.pending_completions().map(wc), give_back) {
             shared.send_cq.signal();
         }
     } else {
-        if shared.recv_cq.push_all_quiet(qp.pending_completions().filter(|c| is_receive(c.opcode)).map(wc)) {
+        let received = qp.pending_completions().filter(|c| is_receive(c.opcode));
+        if shared.recv_cq.push_all_quiet(received.map(wc), give_back) {
             shared.recv_cq.signal();
         }
-        if shared.send_cq.push_all_quiet(qp.pending_completions().filter(|c| !is_receive(c.opcode)).map(wc)) {
+        let sent = qp.pending_completions().filter(|c| !is_receive(c.opcode));
+        if shared.send_cq.push_all_quiet(sent.map(wc), || {}) {
             shared.send_cq.signal();
         }
     }

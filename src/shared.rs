@@ -316,12 +316,17 @@ impl CqShared {
     /// a batch of pushes wakes the waiters once. The push happens under the queue's lock, so
     /// every placement the engine made before it is visible to whoever pops it.
     pub(crate) fn push_quiet(&self, wc: WorkCompletion) {
-        self.push_all_quiet([wc]);
+        self.push_all_quiet([wc], || {});
     }
 
     /// Engine side: publishes completions, in order, under one lock, without waking anyone
-    /// (see [`CqShared::push_quiet`]); whether there were any.
-    pub(crate) fn push_all_quiet(&self, wcs: impl IntoIterator<Item = WorkCompletion>) -> bool {
+    /// (see [`CqShared::push_quiet`]); whether there were any. `before_visible` runs after
+    /// the pushes, before any poll can take one of them.
+    pub(crate) fn push_all_quiet(
+        &self,
+        wcs: impl IntoIterator<Item = WorkCompletion>,
+        before_visible: impl FnOnce(),
+    ) -> bool {
         let mut ring = lock(&self.ring);
         let before = ring.len();
         let mut solicited = false;
@@ -330,6 +335,7 @@ impl CqShared {
             ring.push_back(wc);
         }
         let pushed = ring.len() > before;
+        before_visible();
         self.any.store(!ring.is_empty(), Ordering::Release);
         drop(ring);
         if pushed {
