@@ -1598,17 +1598,14 @@ fn post_taken_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut
 fn post_receives(shared: &QpShared, taken: &mut VecDeque<RecvWr>, qp: &mut QueuePair) -> bool {
     shared.rq.take_all(taken);
     let any = !taken.is_empty();
-    while let Some(wr) = taken.pop_front() {
-        let wr_id = wr.wr_id;
-        if let Err(e) = qp.post_recv(wr) {
-            tracing::debug!(wr_id, error = %e, "post_recv refused");
-            shared.rq_retired(1);
-            shared.recv_cq.push(WorkCompletion {
-                status: WcStatus::LocalLengthError,
-                ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
-            });
-        }
-    }
+    qp.post_recvs(taken, |wr_id, e| {
+        tracing::debug!(wr_id, error = %e, "post_recv refused");
+        shared.rq_retired(1);
+        shared.recv_cq.push(WorkCompletion {
+            status: WcStatus::LocalLengthError,
+            ..WorkCompletion::flushed(shared.qp_num, wr_id, WcOpcode::Recv)
+        });
+    });
     any
 }
 

@@ -1687,3 +1687,68 @@ fn may_transmit_is_false_only_with_nothing_to_send() {
     ok(&p.a.completions[0], 1, WcOpcode::Read);
     assert!(!p.a.conn.qp_ref().may_transmit() && !p.b.conn.qp_ref().may_transmit());
 }
+
+/// Lists posted whole (`post_checked_sends`, `post_recvs`, as the engine hands over what the
+/// application posted): each request is posted as one posted alone would be, refusals are
+/// reported one by one without stopping the rest, and the queue pair runs them in order.
+#[test]
+fn lists_posted_whole_run_in_order_and_report_each_refusal() {
+    use std::collections::VecDeque;
+    let mut p = Pair::from_conns(Setup { max_wr: 3, ..Setup::new(true, false) }.connect());
+    let config = *p.a.conn.qp_ref().config();
+    let src = p.a.buf(300, Access::NONE, 0);
+    p.a.write(&src, 0, &pattern(300, 3)).unwrap();
+    let dst = p.b.buf(300, Access::LOCAL_WRITE, 0xcc);
+    // Receives: three fit the queue; a fourth is refused as full, one with a list too long
+    // for 32 bits as such, and neither stops the others.
+    let huge = Sge { lkey: dst.stag, addr: 0, len: u32::MAX };
+    let mut recvs: VecDeque<RecvWr> = [
+        RecvWr { wr_id: 1, sgl: vec![dst.sge_at(0, 100)].into() },
+        RecvWr { wr_id: 2, sgl: vec![huge, huge].into() },
+        RecvWr { wr_id: 3, sgl: vec![dst.sge_at(100, 100)].into() },
+        RecvWr { wr_id: 4, sgl: vec![dst.sge_at(200, 100)].into() },
+        RecvWr { wr_id: 5, sgl: vec![dst.sge_at(200, 100)].into() },
+    ]
+    .into();
+    let mut refused = Vec::new();
+    p.b.conn.qp().post_recvs(&mut recvs, |wr_id, e| refused.push((wr_id, e)));
+    assert!(recvs.is_empty());
+    assert_eq!(refused, [(2, PostError::TooLong), (5, PostError::QueueFull)]);
+    // Sends: a list the queue pair takes whole, then one with an operation it did not
+    // negotiate (checked elsewhere against settings with RFC 7306), which is refused alone.
+    let send = |wr_id: u64, at: u64| {
+        SendWr {
+            wr_id,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: vec![src.sge_at(at, 100)].into(),
+            signaled: true,
+        }
+        .check(&config)
+        .unwrap()
+    };
+    let mut sends: VecDeque<_> = [send(11, 0), send(12, 100)].into();
+    p.a.conn.qp().post_checked_sends(&mut sends, |_, _, e| panic!("refused: {e}"));
+    assert!(sends.is_empty());
+    let with_extensions = iwarp_rdmap::qp::QpConfig { rfc7306: true, ..config };
+    let imm = SendWr {
+        wr_id: 13,
+        op: SendOp::ImmediateData { data: [1; 8], solicited: false },
+        sgl: vec![].into(),
+        signaled: true,
+    };
+    let mut sends: VecDeque<_> = [imm.check(&with_extensions).unwrap(), send(14, 200)].into();
+    let mut refused = Vec::new();
+    p.a.conn.qp().post_checked_sends(&mut sends, |wr_id, opcode, e| refused.push((wr_id, opcode, e)));
+    assert_eq!(refused, [(13, WcOpcode::ImmediateData, PostError::ExtensionNotNegotiated)]);
+    // The queue holds three: a fourth is refused as full.
+    let mut sends: VecDeque<_> = [send(15, 0)].into();
+    let mut refused = Vec::new();
+    p.a.conn.qp().post_checked_sends(&mut sends, |wr_id, _, e| refused.push((wr_id, e)));
+    assert_eq!(refused, [(15, PostError::QueueFull)]);
+    p.run();
+    let a: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(a, [(11, WcStatus::Success), (12, WcStatus::Success), (14, WcStatus::Success)]);
+    let b: Vec<_> = p.b.completions.iter().map(|c| (c.wr_id, c.byte_len)).collect();
+    assert_eq!(b, [(1, 100), (3, 100), (4, 100)]);
+    assert_eq!(p.b.bytes(&dst), pattern(300, 3));
+}

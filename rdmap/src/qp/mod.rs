@@ -199,6 +199,34 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Posts every receive of `wrs`, in order, as [`QueuePair::post_recv`] does each, leaving
+    /// `wrs` empty; `refused` hears of each one refused (its `wr_id` and why). The state and
+    /// the shared receive queue are looked at once for the list.
+    pub fn post_recvs(&mut self, wrs: &mut VecDeque<RecvWr>, mut refused: impl FnMut(u64, PostError)) {
+        if self.srq.is_some() {
+            wrs.drain(..).for_each(|wr| refused(wr.wr_id, PostError::UsesSrq));
+            return;
+        }
+        if self.state != QpState::Rts {
+            let flushed = wrs.drain(..).map(|wr| Completion::flushed(wr.wr_id, WcOpcode::Recv));
+            self.completions.extend(flushed);
+            return;
+        }
+        for wr in wrs.drain(..) {
+            let wr_id = wr.wr_id;
+            let posted = if self.rx.posted(QN_SEND) >= self.config.max_recv_wr {
+                Err(PostError::QueueFull)
+            } else {
+                wr.validate().and_then(|()| {
+                    self.rx.post(QN_SEND, RxBuffer::Recv(wr)).map_err(|_| PostError::QueueFull)
+                })
+            };
+            if let Err(e) = posted {
+                refused(wr_id, e);
+            }
+        }
+    }
+
     /// The next completion, in the order RFC 5040 section 5.3 allows: send-queue completions
     /// in posting order, receive completions in message order.
     pub fn poll_completion(&mut self) -> Option<Completion> {
