@@ -48,8 +48,9 @@ impl CompletionQueue {
         CompletionQueue { shared: Arc::new(CqShared::new(depth)), dev }
     }
 
-    /// The next completion, if one is ready. Lock-free; in inline mode it first lets the
-    /// engine make progress on this thread.
+    /// The next completion, if one is ready: a flag's load when there is none, else the
+    /// queue's own lock (never the engine's); in inline mode it first lets the engine make
+    /// progress on this thread.
     pub fn poll(&self) -> Option<WorkCompletion> {
         if let Some(wc) = self.shared.pop() {
             return Some(wc);

@@ -1673,7 +1673,7 @@ fn publish(slot: &mut ConnSlot) -> bool {
             shared.send_cq.signal();
         }
     }
-    qp.take_completions(|_| {});
+    qp.clear_completions();
     true
 }
 

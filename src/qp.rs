@@ -89,7 +89,6 @@ fn post_list<W, C: 'static>(
             let k = reserve(n);
             chunk.truncate(k);
             push(chunk);
-            chunk.clear();
             *posted += k;
             k == n
         };
@@ -121,7 +120,9 @@ fn post_list<W, C: 'static>(
     };
     chunks.with(|cell| match cell.try_borrow_mut() {
         Ok(mut chunk) => {
-            // Left empty by every way out of `post`, for the next list.
+            // Every way out of `post` leaves it empty; a check or an iterator that panicked
+            // midway may not have (the borrow ends as it unwinds), and its requests were
+            // never posted.
             chunk.clear();
             post(&mut chunk)
         }

@@ -2,9 +2,10 @@
 //! rings, a queue pair's work-request rings and flags, and the doorbell. The bottom layer of
 //! the package: it imports none of the other modules (the engine and the handles import it).
 //!
-//! Work requests and completions cross between threads through lock-free queues; the engine
-//! is the only producer of completions and the only consumer of work requests (a queue pair
-//! the engine has let go of is flushed by whoever finds work in it, see
+//! Work requests and completions cross between threads through deques behind locks of their
+//! own, held for a push or a take (a flag beside each spares the lock when it is empty); the
+//! engine is the only producer of completions and the only consumer of work requests (a queue
+//! pair the engine has let go of is flushed by whoever finds work in it, see
 //! [`QpShared::retire`]).
 
 use std::collections::VecDeque;

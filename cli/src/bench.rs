@@ -550,18 +550,17 @@ fn measure(
         ));
         raw_rows.insert(size, RawRow { stream, ping_pong, frames });
     }
-    let raw_per_window = match per_window {
-        true => {
-            let t = raw_per_window(usize::from(args.window), &budget)?;
-            progress(format!(
-                "raw TCP    {:>5}, {} per write: {:8.3} Mmsg/s",
-                show_size(RATE_SIZE),
-                args.window,
-                t.mmsg_s()
-            ));
-            Some(t)
-        }
-        false => None,
+    let raw_per_window = if per_window {
+        let t = raw_per_window(usize::from(args.window), &budget)?;
+        progress(format!(
+            "raw TCP    {:>5}, {} per write: {:8.3} Mmsg/s",
+            show_size(RATE_SIZE),
+            args.window,
+            t.mmsg_s()
+        ));
+        Some(t)
+    } else {
+        None
     };
     let cfg = rdma::Config {
         poll: args.poll.mode(),

@@ -191,6 +191,12 @@ impl QueuePair {
             self.completions.push_back(Completion::flushed(wr.wr_id, WcOpcode::Recv));
             return Ok(());
         }
+        self.post_own_recv(wr)
+    }
+
+    /// Posts a receive on queue 0 of a queue pair in RTS without a shared receive queue.
+    #[inline]
+    fn post_own_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if self.rx.posted(QN_SEND) >= self.config.max_recv_wr {
             return Err(PostError::QueueFull);
         }
@@ -214,14 +220,7 @@ impl QueuePair {
         }
         for wr in wrs.drain(..) {
             let wr_id = wr.wr_id;
-            let posted = if self.rx.posted(QN_SEND) >= self.config.max_recv_wr {
-                Err(PostError::QueueFull)
-            } else {
-                wr.validate().and_then(|()| {
-                    self.rx.post(QN_SEND, RxBuffer::Recv(wr)).map_err(|_| PostError::QueueFull)
-                })
-            };
-            if let Err(e) = posted {
+            if let Err(e) = self.post_own_recv(wr) {
                 refused(wr_id, e);
             }
         }
@@ -239,15 +238,10 @@ impl QueuePair {
         self.completions.iter()
     }
 
-    /// Hands every pending completion to `f`, oldest first (as [`QueuePair::poll_completion`]
-    /// would), where it lies, then forgets them all. Returns how many there were.
-    pub fn take_completions(&mut self, mut f: impl FnMut(&Completion)) -> usize {
-        let n = self.completions.len();
-        for c in &self.completions {
-            f(c);
-        }
+    /// Forgets every pending completion (for a caller that read them where they lie with
+    /// [`QueuePair::pending_completions`]).
+    pub fn clear_completions(&mut self) {
         self.completions.clear();
-        n
     }
 
     /// The next event.
