@@ -78,7 +78,9 @@ pub(crate) struct Args {
     /// The engine's poll mode.
     #[arg(long, value_enum, default_value_t = Poll::Adaptive)]
     poll: Poll,
-    /// Queue pairs (connections); bandwidth messages go round-robin over them.
+    /// Queue pairs (connections); bandwidth messages go round-robin over them. Above one, the
+    /// raw-TCP stream also runs over as many connections, a window's share of messages per
+    /// connection in turn, for a like-for-like ratio.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
     qps: u16,
     /// Run both ends on one device (one engine). By default the client and the server have
@@ -491,9 +493,12 @@ fn measure(
     let (ops, sizes, budget) = (ops(args), sizes(args), budget(args));
     // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
     let per_window = stacks.is_none() && veth.is_none();
+    // With several queue pairs, the stream over as many connections too (per size).
+    let conns = (per_window && args.qps > 1).then_some(usize::from(args.qps));
     let total = sizes.len()
         + usize::from(!sizes.contains(&RATE_SIZE))
         + usize::from(per_window)
+        + conns.map_or(0, |_| sizes.len())
         + ops.len() * sizes.len();
     let done = std::cell::Cell::new(0usize);
     let progress = |line: String| {
@@ -548,7 +553,21 @@ fn measure(
             stream.mmsg_s(),
             ping_pong.p50_us
         ));
-        raw_rows.insert(size, RawRow { stream, ping_pong, frames });
+        let conns = match conns {
+            Some(n) if sizes.contains(&size) => {
+                let per_pair = rdma::per_pair(usize::from(args.window), n);
+                let t = raw::streams(size, &budget, n, per_pair)?;
+                progress(format!(
+                    "raw TCP {:>5} over {n} connections: {:8.3} GB/s {:8.3} Mmsg/s",
+                    show_size(size),
+                    t.gbyte_s(),
+                    t.mmsg_s()
+                ));
+                Some(t)
+            }
+            _ => None,
+        };
+        raw_rows.insert(size, RawRow { stream, ping_pong, frames, conns });
     }
     let raw_per_window = if per_window {
         let t = raw_per_window(usize::from(args.window), &budget)?;
@@ -751,6 +770,27 @@ fn text_report(args: &Args, report: &Report) -> String {
             ));
         }
     }
+    if report.rows.iter().any(|r| r.raw.conns.is_some()) {
+        let per_pair = rdma::per_pair(usize::from(args.window), usize::from(args.qps));
+        out.push_str(&format!(
+            "\nbandwidth over {} QPs against raw TCP over {} connections, {per_pair} message(s) per connection per write (at most 4 MiB; the table's ratio is against one connection), and raw TCP's own change from one connection to {}\n",
+            args.qps, args.qps, args.qps
+        ));
+        for r in report.rows.iter() {
+            let (Some(c), Some(q)) = (r.raw.conns, r.conns_ratio()) else { continue };
+            out.push_str(&format!(
+                "{:<5} {:>6}: iwarp {:.3} GB/s, raw TCP over {} connections {:.3} GB/s, ratio {:.2}; raw over {} / raw over one {:.2}\n",
+                r.op.name(),
+                show_size(r.size),
+                r.bw.gbyte_s(),
+                args.qps,
+                c.gbyte_s(),
+                q,
+                args.qps,
+                ratio(c.gbyte_s(), r.raw.stream.gbyte_s())
+            ));
+        }
+    }
     if report.rows.iter().any(|r| r.raw.frames.is_some()) {
         out.push_str(
             "\nsmoltcp raw TCP frames through the two devices (sent and received), per second and per CPU-second (per core busy)\n",
@@ -842,8 +882,10 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "raw": raw,
                 "kernel_tcp": r.kernel.map(|k| k.to_json()),
                 "raw_frames": r.raw.frames.map(|f| f.to_json()),
+                "raw_conns": r.raw.conns.map(|c| c.to_json()),
                 "ratio": {
                     "bandwidth": r.bw_ratio(),
+                    "bandwidth_conns": r.conns_ratio(),
                     "msg_rate": r.rate_ratio(),
                     "p50": r.lat_ratio(),
                 },

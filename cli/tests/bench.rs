@@ -49,6 +49,10 @@ fn bench_json_has_every_row() {
     let engines = v["config"]["engines"].as_array().unwrap();
     let names: Vec<_> = engines.iter().map(|e| e["device"].as_str().unwrap()).collect();
     assert_eq!(names, ["client", "server"]);
+    // One queue pair: no stream over several connections.
+    for r in v["rows"].as_array().unwrap() {
+        assert!(r["raw_conns"].is_null() && r["ratio"]["bandwidth_conns"].is_null(), "{r}");
+    }
     for e in engines {
         assert!(e["passes"].as_u64().unwrap() > 0, "{e}");
         for key in [
@@ -81,6 +85,13 @@ fn bench_inline_two_qps_no_crc() {
     assert_eq!(v["config"]["negotiated"]["mpa_revision"], 1);
     // A window of 4 per queue pair still lets 16 Reads be outstanding, the stack's default.
     assert_eq!(v["config"]["negotiated"]["ord"], 16);
+    // Two queue pairs: each row also against the raw stream over two connections, which
+    // carried whole turns (the same number of messages on each).
+    for r in v["rows"].as_array().unwrap() {
+        let msgs = r["raw_conns"]["msgs"].as_u64().unwrap();
+        assert!(msgs > 0 && msgs % 2 == 0, "{r}");
+        assert!(r["ratio"]["bandwidth_conns"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }
 
 #[test]
@@ -156,6 +167,27 @@ fn bench_text_and_iters() {
     assert!(err.contains("bench: [1/4] raw TCP"), "{err}");
     assert!(err.contains("bench: [3/4] raw TCP       64, 64 per write"), "{err}");
     assert!(err.contains("bench: [4/4] send"), "{err}");
+}
+
+/// Several queue pairs: the raw stream over as many connections too (one more progress line
+/// per size), and a line per row with iwarp against it and raw TCP's own change.
+#[test]
+fn bench_over_several_qps_compares_with_raw_tcp_over_as_many_connections() {
+    let o =
+        iwarp(&["bench", "--ops", "write", "--sizes", "4K", "--iters", "300", "--qps", "5", "--window", "8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains(
+            "bandwidth over 5 QPs against raw TCP over 5 connections, 2 message(s) per connection per write"
+        ),
+        "{s}"
+    );
+    let line = s.lines().find(|l| l.starts_with("write ") && l.contains("over 5 connections")).unwrap();
+    assert!(line.contains("raw over 5 / raw over one"), "{line}");
+    let err = stderr(&o);
+    assert!(err.contains("bench: [2/5] raw TCP    4K over 5 connections"), "{err}");
+    assert!(err.contains("bench: [5/5] write"), "{err}");
 }
 
 #[test]

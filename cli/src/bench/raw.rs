@@ -25,6 +25,19 @@ fn server<T: Send + 'static>(
     veth: Option<&VethPath>,
     serve: impl FnOnce(TcpStream) -> Result<T, BenchError> + Send + 'static,
 ) -> Result<(SocketAddr, JoinHandle<Result<T, BenchError>>), BenchError> {
+    servers(veth, 1, move |mut streams| match streams.pop() {
+        Some(s) => serve(s),
+        None => Err(BenchError("raw TCP: no connection accepted".into())),
+    })
+}
+
+/// [`server`] for `n` connections: the thread accepts all of them, in the order they were
+/// made, before it runs `serve`.
+fn servers<T: Send + 'static>(
+    veth: Option<&VethPath>,
+    n: usize,
+    serve: impl FnOnce(Vec<TcpStream>) -> Result<T, BenchError> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<Result<T, BenchError>>), BenchError> {
     let listener = match veth {
         None => TcpListener::bind("127.0.0.1:0"),
         Some(v) => v.server.run(|| TcpListener::bind((v.server_ip, 0)))?,
@@ -36,18 +49,21 @@ fn server<T: Send + 'static>(
         .name("raw-tcp-server".into())
         .spawn(move || {
             let deadline = Instant::now() + STALL;
-            let stream = loop {
+            let mut streams = Vec::with_capacity(n);
+            while streams.len() < n {
                 match listener.accept() {
-                    Ok((s, _)) => break s,
+                    Ok((stream, _)) => {
+                        stream.set_nonblocking(false).map_err(io_err("accept"))?;
+                        stream.set_nodelay(true).map_err(io_err("accept"))?;
+                        streams.push(stream);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                     Err(e) => return Err(io_err("accept")(e)),
                 }
-            };
-            stream.set_nonblocking(false).map_err(io_err("accept"))?;
-            stream.set_nodelay(true).map_err(io_err("accept"))?;
-            serve(stream)
+            }
+            serve(streams)
         })
         .map_err(io_err("server thread"))?;
     Ok((addr, handle))
@@ -132,6 +148,87 @@ pub(super) fn stream(
         w.flush().map_err(io_err("write"))?;
     }
     s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    let (msgs, bytes) = join(handle)?;
+    let secs = start.elapsed().as_secs_f64();
+    if msgs != sent {
+        return Err(BenchError(format!("raw TCP: sent {sent} messages, the server counted {msgs}")));
+    }
+    Ok(Throughput { msgs, bytes, secs })
+}
+
+/// The most bytes [`streams`] writes to one connection per turn (fewer messages per write
+/// for large ones).
+const TURN_BYTES: usize = 4 << 20;
+
+/// Stream bandwidth over `conns` connections at once, as `iwarp bench --qps N` spreads its
+/// messages over N queue pairs: the client writes `per_turn` 4-byte-length-prefixed messages
+/// of `size` bytes to each connection in turn, one system call per connection per turn (fewer
+/// messages when a turn's would pass 4 MiB), until the budget is spent at the end of a turn;
+/// the server reads each connection's turn in the same order, and counts the messages until
+/// end of stream. Over 127.0.0.1.
+pub(super) fn streams(
+    size: usize,
+    budget: &Budget,
+    conns: usize,
+    per_turn: usize,
+) -> Result<Throughput, BenchError> {
+    let prefix = u32::try_from(size)
+        .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
+        .to_be_bytes();
+    let conns = conns.max(1);
+    let per_turn = per_turn.clamp(1, (TURN_BYTES / (size + 4)).max(1));
+    let turn_len = per_turn * (size + 4);
+    let (addr, handle) = servers(None, conns, move |mut streams| {
+        let mut turn = vec![0u8; turn_len];
+        let (mut msgs, mut bytes) = (0u64, 0u64);
+        for s in &streams {
+            s.set_read_timeout(Some(STALL)).map_err(io_err("read"))?;
+        }
+        loop {
+            for (i, s) in streams.iter_mut().enumerate() {
+                // The client ends after a whole turn: the end of stream comes on the first
+                // connection, where a turn begins.
+                if !read_exact(s, &mut turn, false).map_err(io_err("read"))? {
+                    return if i == 0 {
+                        Ok((msgs, bytes))
+                    } else {
+                        Err(BenchError(format!("raw TCP: connection {i} of {conns} ended mid-turn")))
+                    };
+                }
+                for m in turn.chunks_exact(size + 4) {
+                    let len =
+                        usize::try_from(u32::from_be_bytes([m[0], m[1], m[2], m[3]])).unwrap_or(usize::MAX);
+                    if len != size {
+                        return Err(BenchError(format!("raw TCP: message of {len} bytes, expected {size}")));
+                    }
+                }
+                msgs += per_turn as u64;
+                bytes += (per_turn * size) as u64;
+            }
+        }
+    })?;
+    let mut clients = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let s = connect(addr, None)?;
+        s.set_write_timeout(Some(STALL)).map_err(io_err("write"))?;
+        clients.push(s);
+    }
+    let payload = vec![0x5au8; size];
+    let turn: Vec<u8> = (0..per_turn).flat_map(|_| prefix.iter().chain(&payload).copied()).collect();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    loop {
+        for s in &mut clients {
+            write_all(s, &turn, false).map_err(io_err("write"))?;
+            sent += per_turn as u64;
+        }
+        if budget.spent(sent, start) {
+            break;
+        }
+    }
+    for s in &clients {
+        s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    }
     let (msgs, bytes) = join(handle)?;
     let secs = start.elapsed().as_secs_f64();
     if msgs != sent {

@@ -208,6 +208,12 @@ pub(super) struct Negotiated {
     pub(super) ord: u16,
 }
 
+/// Work requests the client keeps outstanding per queue pair: the window spread over the
+/// pairs, at least one each.
+pub(super) fn per_pair(window: usize, qps: usize) -> usize {
+    window.div_ceil(qps.max(1)).max(1)
+}
+
 /// Sends a client may have in flight per queue pair (received or not): the receives the
 /// server keeps posted for them, beyond its slack.
 pub(super) fn send_credits(window: usize, qps: usize) -> usize {
@@ -253,7 +259,7 @@ impl Bench {
         // Room for every completion a measurement can have outstanding.
         let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
         let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
-        let per_pair = cfg.window.div_ceil(cfg.qps).max(1);
+        let per_pair = per_pair(cfg.window, cfg.qps);
         let rq_target = send_credits(cfg.window, cfg.qps) + RQ_SLACK;
         // Reads as deep as the window, as perftest's are (its outstanding reads are the
         // device's maximum, 128 on siw, then at most its transmit depth), and never under
@@ -484,6 +490,10 @@ impl Bench {
         let credits = self.rq_target - RQ_SLACK;
         // Per pair: send-queue work outstanding, and (Send) messages posted.
         let mut sq_out = vec![0usize; n];
+        // Pairs whose send queue has room, in the order they got it (each limit is at least
+        // 1): with many pairs, a search for one per completion would cost more than the
+        // message.
+        let mut ready: VecDeque<usize> = (0..n).collect();
         // Per pair, for each signaled work request outstanding: how many it retires when it
         // completes (itself and the unsignaled ones posted before it; the send queue completes
         // in order).
@@ -495,7 +505,6 @@ impl Bench {
             usize::try_from(sent[i].saturating_sub(got)).unwrap_or(usize::MAX)
         };
         let (mut posted, mut done) = (0u64, 0u64);
-        let mut next_pair = 0usize;
         let mut stop = false;
         let start = Instant::now();
         let mut batch = Vec::new();
@@ -503,15 +512,21 @@ impl Bench {
         let mut waits = 0u32;
         let mut waiting_since: Option<Instant> = None;
         loop {
-            // Post while some pair has room, a list per pair.
+            // Post while some pair has room (and, for Sends, credits), a list per pair.
             while !stop {
-                let Some(i) = (0..n)
-                    .map(|k| (next_pair + k) % n)
-                    .find(|&i| sq_out[i] < limit[i] && (op != Op::Send || in_flight(i, &sent) < credits))
-                else {
-                    break;
+                let mut tries = ready.len();
+                let picked = loop {
+                    if tries == 0 {
+                        break None;
+                    }
+                    tries -= 1;
+                    let Some(i) = ready.pop_front() else { break None };
+                    if op != Op::Send || in_flight(i, &sent) < credits {
+                        break Some(i);
+                    }
+                    ready.push_back(i);
                 };
-                next_pair = (i + 1) % n;
+                let Some(i) = picked else { break };
                 waiting_since = None;
                 let room = if op == Op::Send {
                     (limit[i] - sq_out[i]).min(credits - in_flight(i, &sent))
@@ -543,6 +558,9 @@ impl Bench {
                     .map_err(|e| BenchError(format!("posting {what} failed: {e}")))?;
                 sq_out[i] += k;
                 sent[i] += k as u64;
+                if sq_out[i] < limit[i] {
+                    ready.push_back(i);
+                }
             }
             if op == Op::Send {
                 done = (0..n).map(|i| self.received[i].load(Ordering::Acquire) - base[i]).sum();
@@ -583,6 +601,9 @@ impl Bench {
                 match split(c.wr_id) {
                     (i, TAG_SQ) if i < n => {
                         let retired = covers[i].pop_front().unwrap_or(1);
+                        if sq_out[i] >= limit[i] && sq_out[i].saturating_sub(retired) < limit[i] {
+                            ready.push_back(i);
+                        }
                         sq_out[i] = sq_out[i].saturating_sub(retired);
                         if op != Op::Send {
                             done += retired as u64;

@@ -183,6 +183,9 @@ pub(crate) struct RawRow {
     pub(crate) ping_pong: Latency,
     /// smoltcp runs: what the stream's frames cost.
     pub(crate) frames: Option<FrameCost>,
+    /// Kernel TCP over 127.0.0.1 with `--qps` above 1: the stream spread over as many
+    /// connections (see `raw::streams`).
+    pub(crate) conns: Option<Throughput>,
 }
 
 /// One operation at one size.
@@ -209,6 +212,11 @@ impl Row {
 
     pub(crate) fn rate_ratio(&self) -> f64 {
         ratio(self.bw.mmsg_s(), self.raw.stream.mmsg_s())
+    }
+
+    /// Against the raw stream over as many connections as queue pairs, where measured.
+    pub(crate) fn conns_ratio(&self) -> Option<f64> {
+        self.raw.conns.map(|c| ratio(self.bw.gbyte_s(), c.gbyte_s()))
     }
 
     pub(crate) fn lat_ratio(&self) -> f64 {
