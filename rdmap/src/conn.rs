@@ -31,10 +31,20 @@ pub const DIRECT_MIN: usize = 24 * 1024;
 /// tagged one is 4 bytes shorter, and those 4 payload bytes then come through the buffer).
 const HEAD_MAX: usize = LENGTH_LEN + UNTAGGED_HEADER_LEN;
 
+/// How far past the end of the next header a read that stops there (see
+/// [`LARGE_LINGER`]) asks. A large message's last FPDU is usually short (a 64 KiB Write's
+/// second FPDU is about 100 bytes on the wire), and with it in the read that ends the payload
+/// before it, a message alone on its connection takes one read per FPDU read into place plus
+/// the header's, not one more for its short tail (kernel TCP on loopback, 1,000 queue pairs
+/// with a 64 KiB Write each in flight: about 4 `readv` per message before, see
+/// docs/architecture.md). What it costs: up to this many bytes of a following large payload
+/// come through the receive buffer (copied into place instead of read there).
+pub const LOOKAHEAD: usize = 512;
+
 /// For how many small FPDUs after a large one (one read into place, or large enough to be)
-/// buffered reads still stop at the end of the next FPDU's header: a large message's last
-/// segment is usually short, and a read past it would take the next message's first FPDUs
-/// into the receive buffer. After that many small FPDUs in a row, reads take whatever is
+/// buffered reads still stop at the end of the next FPDU's header (and [`LOOKAHEAD`] bytes
+/// past it): a large message's last segment is usually short, and a read past it would take
+/// the next message's first FPDUs into the receive buffer. After that many small FPDUs in a row, reads take whatever is
 /// there again (many small FPDUs per read).
 const LARGE_LINGER: u8 = 8;
 
@@ -258,7 +268,7 @@ pub struct Connection {
     /// The FPDU being read straight into place.
     direct: Option<DirectRx>,
     /// Large FPDUs arrive: while non-zero, buffered reads stop at the end of the next FPDU's
-    /// header ([`Connection::buffered_ask`]). Set to [`LARGE_LINGER`] by a large FPDU, less
+    /// header and the lookahead ([`Connection::buffered_ask`]). Set to [`LARGE_LINGER`] by a large FPDU, less
     /// one for each small one.
     rx_large: u8,
     /// The least payload a transmit batch sends from registered memory; `None`: never.
@@ -345,10 +355,11 @@ impl Connection {
     /// `readv(2)` does, and returns the bytes read, 0 when nothing is available). While the
     /// payload of a large FPDU is due, the link reads it straight into the place the segment
     /// names (the region of an RDMA Write or Read Response, the scatter list of a posted
-    /// receive), with its CRC computed over the placed bytes, and the FPDU's pad and CRC and
-    /// the next FPDU's header in the same call; otherwise it reads into `rx` and
-    /// [`Connection::handle_bytes`] takes the bytes. After a large FPDU a buffered read asks
-    /// only for the next header, so the next payload can go into place too.
+    /// receive), with its CRC computed over the placed bytes, and the FPDU's pad and CRC, the
+    /// next FPDU's header and [`LOOKAHEAD`] bytes more in the same call; otherwise it reads
+    /// into `rx` and [`Connection::handle_bytes`] takes the bytes. After a large FPDU a
+    /// buffered read asks only as far as the next header and the lookahead, so the next
+    /// payload can go into place too.
     ///
     /// The place is checked before the first byte lands and again before each read (a region
     /// deregistered meanwhile is never touched: the rest of the payload is dropped and the
@@ -381,7 +392,7 @@ impl Connection {
         {
             let want = d.payload_len - d.done;
             // The front of `rx` takes what follows the payload; the rest, dropped payload.
-            let (next, scratch) = rx.split_at_mut((d.trailer_len + HEAD_MAX).min(rx.len() / 2));
+            let (next, scratch) = rx.split_at_mut((d.trailer_len + HEAD_MAX + LOOKAHEAD).min(rx.len() / 2));
             let place = match d.refused {
                 None => self.qp.direct_bytes(mem, d.sink, d.done, want),
                 Some(e) => Err(e),
@@ -501,11 +512,17 @@ impl Connection {
 
     /// What the next buffered read asks for, when not the whole receive buffer (`None`):
     /// while large FPDUs arrive (and never with markers), the bytes up to the end of the
-    /// next header that may start a payload read into place, and no further. That is the
-    /// rest of the pad and CRC of an FPDU read into place, or the rest of a staged FPDU too
-    /// small for that (or cut before its length), and then the next FPDU's length and
-    /// header; or, for a staged large FPDU, the rest of its own header.
+    /// next header that may start a payload read into place ([`Connection::ask_to_header`]),
+    /// and [`LOOKAHEAD`] more.
     fn buffered_ask(&self) -> Option<usize> {
+        self.ask_to_header().map(|n| n + LOOKAHEAD)
+    }
+
+    /// The bytes to the end of the next header that may start a payload read into place:
+    /// the rest of the pad and CRC of an FPDU read into place, or the rest of a staged FPDU
+    /// too small for that (or cut before its length), and then the next FPDU's length and
+    /// header; or, for a staged large FPDU, the rest of its own header.
+    fn ask_to_header(&self) -> Option<usize> {
         if let Some(d) = &self.direct {
             return Some(d.trailer_len - d.trailer_have + HEAD_MAX);
         }

@@ -15,7 +15,7 @@ use iwarp_ddp::stag_table::{Access, Addressing, ProtectionDomainId, RegionSpec, 
 use iwarp_ddp::{RegionMemory, STag, TableMemory, TerminateCode, TerminateLayer};
 use iwarp_rdmap::Opcode;
 use iwarp_rdmap::atomic::AtomicOp;
-use iwarp_rdmap::conn::{Connection, DIRECT_MIN, TxBatch};
+use iwarp_rdmap::conn::{Connection, DIRECT_MIN, LOOKAHEAD, TxBatch};
 use iwarp_rdmap::memory::Sge;
 use iwarp_rdmap::qp::{
     Completion, PostError, QpEvent, QpState, RecvWr, SendOp, SendWr, SharedReceiveQueue, WcOpcode, WcStatus,
@@ -1199,9 +1199,10 @@ fn large_payload(stream: &[u8]) -> (u64, usize) {
 /// Messages of a MiB and small ones in between, over a link that has the whole stream ready
 /// (reads are limited only by what they ask for) and where an FPDU's header now and then
 /// arrives cut at any point: with the default switch point, every large payload is read
-/// straight into place but for the few bytes a header read brings along, message after
-/// message (a large message's short last segment, or a small message, does not let the
-/// next read take the next message's first FPDUs into the receive buffer); contents, CRC,
+/// straight into place but for the few bytes a header read brings along (the lookahead at
+/// most), message after message (a large message's short last segment, or a small message,
+/// does not let the next read take more of the next message's first FPDUs into the receive
+/// buffer); contents, CRC,
 /// completions and the bytes around every buffer are right.
 #[test]
 fn large_messages_go_into_place_whatever_the_header_cut() {
@@ -1265,12 +1266,13 @@ fn large_messages_go_into_place_whatever_the_header_cut() {
             assert!(got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0xdd), "{what}: around the Read");
             // Into place: all of every large payload but the first read's worth (before the
             // first large FPDU was seen, reads take a whole buffer) and what header reads
-            // bring along (the 4 bytes a tagged header is shorter than an untagged one, the
-            // pad, and the part of a payload before the cut).
+            // bring along (the lookahead past the header, the 4 bytes a tagged header is
+            // shorter than an untagged one, the pad, and the part of a payload before the
+            // cut).
             for (end, bytes) in [(&p.b, &stream), (&p.a, &back)] {
                 let (large, count) = large_payload(bytes);
                 let stats = end.conn.rx_stats();
-                let slack = (RX_LEN + count * (8 + cut.saturating_sub(16))) as u64;
+                let slack = (RX_LEN + count * (8 + LOOKAHEAD + cut.saturating_sub(16))) as u64;
                 assert!(
                     stats.in_place + slack >= large,
                     "{what}: {stats:?}, {large} bytes in large payloads"
@@ -1278,6 +1280,40 @@ fn large_messages_go_into_place_whatever_the_header_cut() {
                 assert_eq!(stats.bytes, bytes.len() as u64, "{what}");
             }
         }
+    }
+}
+
+/// A large message alone on its connection (all of it arrived, nothing after it), once the
+/// receiver reads payloads into place: two reads, the header's and one that takes the payload
+/// into place and brings the message's short last FPDU along (the lookahead), and that one
+/// comes back short, so the engine knows the link drained. Stopping at the next header, the
+/// short FPDU took a read of its own.
+#[test]
+fn a_large_message_alone_takes_a_header_read_and_one_read_into_place() {
+    // Two FPDUs: 64,986 payload bytes, then 214.
+    let len = 65_200;
+    let mut p = Pair::from_conns(Setup { mulpdu: LARGE_MULPDU, ..Setup::new(true, false) }.connect());
+    let src = p.a.buf(len, Access::NONE, 0);
+    let dst = p.b.buf(len, Access::REMOTE_WRITE, 0);
+    for round in 0..3u8 {
+        p.a.write(&src, 0, &pattern(len, round)).unwrap();
+        p.a.post_send(write_to(dst.stag, dst.va, &src, len as u32));
+        let stream = frame_all(&mut p.a);
+        assert_eq!(fpdus(&stream).len(), 2);
+        let before = p.b.conn.rx_stats().in_place;
+        let steps = read_through(&mut p.b, &stream, 0, |_| false);
+        assert!(p.b.events.is_empty(), "{:?}", p.b.events);
+        assert!(p.b.bytes(&dst) == pattern(len, round), "round {round}");
+        if round == 0 {
+            // Nothing large seen yet: the first read takes a whole buffer.
+            continue;
+        }
+        assert_eq!(steps.len(), 2, "round {round}: {steps:?}");
+        assert!(steps[1].read < steps[1].asked, "round {round}: {steps:?}");
+        // All of the large payload but what the header's read brought along: the lookahead
+        // and the 4 bytes a tagged header is shorter than an untagged one.
+        let in_place = p.b.conn.rx_stats().in_place - before;
+        assert!(in_place as usize + LOOKAHEAD + 4 >= 64_986, "round {round}: {in_place} bytes into place");
     }
 }
 
@@ -1307,8 +1343,8 @@ fn small_fpdus_after_large_ones_are_read_many_at_a_time_again() {
     assert_eq!(p.b.completions.len(), 64);
     assert!(p.b.bytes(&rcv) == pattern(len, 3)[..64 * 100]);
     assert!(p.b.bytes(&dst) == pattern(len, 3));
-    // A few reads into place for the Write, one read per small FPDU for a while, then one
-    // read for all the rest.
+    // A few reads into place for the Write, a few small FPDUs per read (as far as the
+    // lookahead goes) for a while, then one read for all the rest.
     assert!(steps.len() <= 4 + 10, "{} reads: {steps:?}", steps.len());
     let last = steps.last().unwrap();
     assert_eq!(last.asked, RX_LEN, "{steps:?}");
