@@ -38,7 +38,10 @@ const HEAD_MAX: usize = LENGTH_LEN + UNTAGGED_HEADER_LEN;
 /// the header's, not one more for its short tail (kernel TCP on loopback, 1,000 queue pairs
 /// with a 64 KiB Write each in flight: about 4 `readv` per message before, see
 /// docs/architecture.md). What it costs: up to this many bytes of a following large payload
-/// come through the receive buffer (copied into place instead of read there).
+/// come through the receive buffer (copied into place instead of read there). It is an eighth
+/// of the least payload read into place where that is less ([`Connection::set_direct_min`]:
+/// 64 bytes over smoltcp, whose reads are copies, not system calls), so no payload read into
+/// place comes more than an eighth through the buffer.
 pub const LOOKAHEAD: usize = 512;
 
 /// For how many small FPDUs after a large one (one read into place, or large enough to be)
@@ -356,7 +359,7 @@ impl Connection {
     /// payload of a large FPDU is due, the link reads it straight into the place the segment
     /// names (the region of an RDMA Write or Read Response, the scatter list of a posted
     /// receive), with its CRC computed over the placed bytes, and the FPDU's pad and CRC, the
-    /// next FPDU's header and [`LOOKAHEAD`] bytes more in the same call; otherwise it reads
+    /// next FPDU's header and [`LOOKAHEAD`] bytes more (at most) in the same call; otherwise it reads
     /// into `rx` and [`Connection::handle_bytes`] takes the bytes. After a large FPDU a
     /// buffered read asks only as far as the next header and the lookahead, so the next
     /// payload can go into place too.
@@ -386,13 +389,14 @@ impl Connection {
         read: impl FnOnce(&mut [IoSliceMut<'_>]) -> Result<usize, E>,
         after_read: impl FnOnce(&mut QueuePair),
     ) -> Result<ReceiveStep, E> {
+        let lookahead = self.lookahead();
         if !self.rx_failed
             && let Some(d) = self.direct.as_mut()
             && d.done < d.payload_len
         {
             let want = d.payload_len - d.done;
             // The front of `rx` takes what follows the payload; the rest, dropped payload.
-            let (next, scratch) = rx.split_at_mut((d.trailer_len + HEAD_MAX + LOOKAHEAD).min(rx.len() / 2));
+            let (next, scratch) = rx.split_at_mut((d.trailer_len + HEAD_MAX + lookahead).min(rx.len() / 2));
             let place = match d.refused {
                 None => self.qp.direct_bytes(mem, d.sink, d.done, want),
                 Some(e) => Err(e),
@@ -513,9 +517,15 @@ impl Connection {
     /// What the next buffered read asks for, when not the whole receive buffer (`None`):
     /// while large FPDUs arrive (and never with markers), the bytes up to the end of the
     /// next header that may start a payload read into place ([`Connection::ask_to_header`]),
-    /// and [`LOOKAHEAD`] more.
+    /// and the lookahead more ([`Connection::lookahead`]).
     fn buffered_ask(&self) -> Option<usize> {
-        self.ask_to_header().map(|n| n + LOOKAHEAD)
+        self.ask_to_header().map(|n| n + self.lookahead())
+    }
+
+    /// How far past the next header a read that stops there asks: [`LOOKAHEAD`], or an
+    /// eighth of the least payload read into place where that is less.
+    fn lookahead(&self) -> usize {
+        self.direct_min.map_or(0, |min| (min / 8).min(LOOKAHEAD))
     }
 
     /// The bytes to the end of the next header that may start a payload read into place:
