@@ -69,6 +69,13 @@ fn servers<T: Send + 'static>(
     Ok((addr, handle))
 }
 
+/// The 4-byte length that goes before each message of `size` bytes in a stream.
+fn length_prefix(size: usize) -> Result<[u8; 4], BenchError> {
+    u32::try_from(size)
+        .map(u32::to_be_bytes)
+        .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))
+}
+
 fn join<T>(handle: JoinHandle<Result<T, BenchError>>) -> Result<T, BenchError> {
     handle.join().map_err(|_| BenchError("raw TCP server thread panicked".into()))?
 }
@@ -93,9 +100,7 @@ pub(super) fn stream(
     veth: Option<&VethPath>,
     per_write: Option<usize>,
 ) -> Result<Throughput, BenchError> {
-    let prefix = u32::try_from(size)
-        .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
-        .to_be_bytes();
+    let prefix = length_prefix(size)?;
     let (addr, handle) = server(veth, move |s| {
         s.set_read_timeout(Some(STALL)).map_err(io_err("read"))?;
         let mut r = BufReader::with_capacity(STREAM_BUFFER, s);
@@ -147,7 +152,20 @@ pub(super) fn stream(
         }
         w.flush().map_err(io_err("write"))?;
     }
-    s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    finish_stream(std::slice::from_ref(&s), handle, start, sent)
+}
+
+/// Ends a stream measurement: the client's connections end (for writing), and the server's
+/// count of messages and bytes must be what was sent.
+fn finish_stream(
+    clients: &[TcpStream],
+    handle: JoinHandle<Result<(u64, u64), BenchError>>,
+    start: Instant,
+    sent: u64,
+) -> Result<Throughput, BenchError> {
+    for s in clients {
+        s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+    }
     let (msgs, bytes) = join(handle)?;
     let secs = start.elapsed().as_secs_f64();
     if msgs != sent {
@@ -172,9 +190,7 @@ pub(super) fn streams(
     conns: usize,
     per_turn: usize,
 ) -> Result<Throughput, BenchError> {
-    let prefix = u32::try_from(size)
-        .map_err(|_| BenchError(format!("raw TCP: {size} bytes do not fit a 4-byte length")))?
-        .to_be_bytes();
+    let prefix = length_prefix(size)?;
     let conns = conns.max(1);
     let per_turn = per_turn.clamp(1, (TURN_BYTES / (size + 4)).max(1));
     let turn_len = per_turn * (size + 4);
@@ -226,15 +242,7 @@ pub(super) fn streams(
             break;
         }
     }
-    for s in &clients {
-        s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
-    }
-    let (msgs, bytes) = join(handle)?;
-    let secs = start.elapsed().as_secs_f64();
-    if msgs != sent {
-        return Err(BenchError(format!("raw TCP: sent {sent} messages, the server counted {msgs}")));
-    }
-    Ok(Throughput { msgs, bytes, secs })
+    finish_stream(&clients, handle, start, sent)
 }
 
 /// Reads exactly `buf.len()` bytes, spinning on a nonblocking socket when `busy`.
