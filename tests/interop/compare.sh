@@ -84,18 +84,30 @@ for n in $VCPUS; do
     # below), not the script.
     read -r siw siw_lo siw_hi < <(grep -aE "^\[siw-$op-r[0-9]+\] +$SIZE " "$IW_SERIAL" | awk '{ print $5 }' | median) || true
     for poll in $POLLS; do
-      # bench: per operation a section whose first row is "  64K |  GB/s ..."; MB/s
-      read -r iw iw_lo iw_hi < <(for r in $(seq "$ROUNDS"); do
+      # bench: per operation a section whose first row is "  64K |  GB/s ..."; MB/s. A
+      # round that gave no table (its bench failed) is left out of the median and counted
+      # as a failure, and the rounds after it still count (grep finding nothing fails the
+      # pipeline, under errexit and pipefail).
+      vals="$(for r in $(seq "$ROUNDS"); do
         grep -aE "^\[iwarp-$poll-r$r\] +[0-9]+[KMG]? \|" "$IW_SERIAL" |
-          awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000 }'
-      done | median) || true
+          awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000 }' ||
+          true
+      done)"
+      got="$(printf '%s' "$vals" | grep -c . || true)"
+      short=""
+      if [ "$got" -lt "$ROUNDS" ]; then
+        failed=1
+        short="  ($got of $ROUNDS rounds)"
+      fi
+      iw=""
+      read -r iw iw_lo iw_hi < <(printf '%s\n' "$vals" | grep . | median) || true
       if [ -z "${siw:-}" ] || [ -z "${iw:-}" ]; then
         failed=1
         results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "${iw:-?}")"$'\n'
         continue
       fi
       results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" -v r="$siw_lo-$siw_hi / $iw_lo-$iw_hi" 'BEGIN {
-        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f  (ranges %s)", n, o, p, s, i, (s > 0) ? i / s : 0, r }')"$'\n'
+        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f  (ranges %s)", n, o, p, s, i, (s > 0) ? i / s : 0, r }')$short"$'\n'
     done
   done
 done
