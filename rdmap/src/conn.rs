@@ -31,8 +31,8 @@ pub const DIRECT_MIN: usize = 24 * 1024;
 /// tagged one is 4 bytes shorter, and those 4 payload bytes then come through the buffer).
 const HEAD_MAX: usize = LENGTH_LEN + UNTAGGED_HEADER_LEN;
 
-/// How far past the end of the next header a read that stops there (see
-/// [`LARGE_LINGER`]) asks. A large message's last FPDU is usually short (a 64 KiB Write's
+/// How far past the end of the next header a read that stops there (after large FPDUs)
+/// asks. A large message's last FPDU is usually short (a 64 KiB Write's
 /// second FPDU is about 100 bytes on the wire), and with it in the read that ends the payload
 /// before it, a message alone on its connection takes one read per FPDU read into place plus
 /// the header's, not one more for its short tail (kernel TCP on loopback, 1,000 queue pairs
