@@ -97,8 +97,9 @@ pub(crate) struct Args {
     #[arg(long, value_parser = parse_gap)]
     gap: Option<Duration>,
     /// Work requests outstanding on the sender in the bandwidth measurements, like perftest's
-    /// transmit depth (Reads too: the connections take the window per queue pair as their
-    /// IRD and ORD, at least 16, as perftest's reads go as deep as the device allows). For
+    /// transmit depth, spread over the queue pairs (at least one each: with more pairs than
+    /// the window, one per pair). Reads too: the connections take the window per queue pair as
+    /// their IRD and ORD, at least 16, as perftest's reads go as deep as the device allows. For
     /// Sends the receiver keeps 512 receives posted over all queue pairs (at least a window's
     /// worth per pair), like perftest's receive depth, and the sender never has more Sends in
     /// flight than that.
