@@ -495,11 +495,11 @@ fn measure(
     // [n/N] on every progress line: the baseline's sizes, then each operation at each size.
     let per_window = stacks.is_none() && veth.is_none();
     // With several queue pairs, the stream over as many connections too (per size).
-    let conns = (per_window && args.qps > 1).then_some(usize::from(args.qps));
+    let conn_count = (per_window && args.qps > 1).then_some(usize::from(args.qps));
     let total = sizes.len()
         + usize::from(!sizes.contains(&RATE_SIZE))
         + usize::from(per_window)
-        + conns.map_or(0, |_| sizes.len())
+        + conn_count.map_or(0, |_| sizes.len())
         + ops.len() * sizes.len();
     let done = std::cell::Cell::new(0usize);
     let progress = |line: String| {
@@ -554,7 +554,7 @@ fn measure(
             stream.mmsg_s(),
             ping_pong.p50_us
         ));
-        let conns = match conns {
+        let conns = match conn_count {
             Some(n) if sizes.contains(&size) => {
                 let per_pair = rdma::per_pair(usize::from(args.window), n);
                 let t = raw::streams(size, &budget, n, per_pair)?;

@@ -32,23 +32,23 @@ pub const DIRECT_MIN: usize = 24 * 1024;
 const HEAD_MAX: usize = LENGTH_LEN + UNTAGGED_HEADER_LEN;
 
 /// How far past the end of the next header a read that stops there (after large FPDUs)
-/// asks. A large message's last FPDU is usually short (a 64 KiB Write's
-/// second FPDU is about 100 bytes on the wire), and with it in the read that ends the payload
-/// before it, a message alone on its connection takes one read per FPDU read into place plus
-/// the header's, not one more for its short tail (kernel TCP on loopback, 1,000 queue pairs
-/// with a 64 KiB Write each in flight: about 4 `readv` per message before, see
-/// docs/architecture.md). What it costs: up to this many bytes of a following large payload
-/// come through the receive buffer (copied into place instead of read there). It is an eighth
-/// of the least payload read into place where that is less ([`Connection::set_direct_min`]:
-/// 64 bytes over smoltcp, whose reads are copies, not system calls), so no payload read into
-/// place comes more than an eighth through the buffer.
+/// asks. A large message's last FPDU is usually short (a 64 KiB Write's second FPDU is about
+/// 100 bytes on the wire), and with it in the read that ends the payload before it, a message
+/// alone on its connection takes one read per FPDU read into place plus the header's, not one
+/// more for its short tail (kernel TCP on loopback, 1,000 queue pairs with a 64 KiB Write each
+/// in flight: about 4 `readv` per message before, see docs/architecture.md). What it costs:
+/// up to this many bytes of a following large payload come through the receive buffer (copied
+/// into place instead of read there). It is an eighth of the least payload read into place
+/// where that is less ([`Connection::set_direct_min`]: 64 bytes over smoltcp, whose reads are
+/// copies, not system calls), so no payload read into place comes more than an eighth through
+/// the buffer.
 pub const LOOKAHEAD: usize = 512;
 
 /// For how many small FPDUs after a large one (one read into place, or large enough to be)
 /// buffered reads still stop at the end of the next FPDU's header (and [`LOOKAHEAD`] bytes
 /// past it): a large message's last segment is usually short, and a read past it would take
-/// the next message's first FPDUs into the receive buffer. After that many small FPDUs in a row, reads take whatever is
-/// there again (many small FPDUs per read).
+/// the next message's first FPDUs into the receive buffer. After that many small FPDUs in a
+/// row, reads take whatever is there again (many small FPDUs per read).
 const LARGE_LINGER: u8 = 8;
 
 /// An FPDU whose payload goes straight from the link into the place its segment names; its
@@ -271,8 +271,8 @@ pub struct Connection {
     /// The FPDU being read straight into place.
     direct: Option<DirectRx>,
     /// Large FPDUs arrive: while non-zero, buffered reads stop at the end of the next FPDU's
-    /// header and the lookahead ([`Connection::buffered_ask`]). Set to [`LARGE_LINGER`] by a large FPDU, less
-    /// one for each small one.
+    /// header and the lookahead ([`Connection::buffered_ask`]). Set to [`LARGE_LINGER`] by a
+    /// large FPDU, less one for each small one.
     rx_large: u8,
     /// The least payload a transmit batch sends from registered memory; `None`: never.
     tx_by_ref_min: Option<usize>,
@@ -359,10 +359,10 @@ impl Connection {
     /// payload of a large FPDU is due, the link reads it straight into the place the segment
     /// names (the region of an RDMA Write or Read Response, the scatter list of a posted
     /// receive), with its CRC computed over the placed bytes, and the FPDU's pad and CRC, the
-    /// next FPDU's header and [`LOOKAHEAD`] bytes more (at most) in the same call; otherwise it reads
-    /// into `rx` and [`Connection::handle_bytes`] takes the bytes. After a large FPDU a
-    /// buffered read asks only as far as the next header and the lookahead, so the next
-    /// payload can go into place too.
+    /// next FPDU's header and [`LOOKAHEAD`] bytes more (at most) in the same call; otherwise
+    /// it reads into `rx` and [`Connection::handle_bytes`] takes the bytes. After a large
+    /// FPDU a buffered read asks only as far as the next header and the lookahead, so the
+    /// next payload can go into place too.
     ///
     /// The place is checked before the first byte lands and again before each read (a region
     /// deregistered meanwhile is never touched: the rest of the payload is dropped and the
@@ -429,7 +429,7 @@ impl Connection {
             }
             return Ok(ReceiveStep { read: n, asked });
         }
-        let asked = self.buffered_ask().unwrap_or(rx.len()).min(rx.len());
+        let asked = self.buffered_ask().map_or(rx.len(), |n| n + lookahead).min(rx.len());
         let n = read(&mut [IoSliceMut::new(&mut rx[..asked])])?.min(asked);
         after_read(&mut self.qp);
         self.handle_bytes(mem, &rx[..n]);
@@ -514,25 +514,20 @@ impl Connection {
         }
     }
 
-    /// What the next buffered read asks for, when not the whole receive buffer (`None`):
-    /// while large FPDUs arrive (and never with markers), the bytes up to the end of the
-    /// next header that may start a payload read into place ([`Connection::ask_to_header`]),
-    /// and the lookahead more ([`Connection::lookahead`]).
-    fn buffered_ask(&self) -> Option<usize> {
-        self.ask_to_header().map(|n| n + self.lookahead())
-    }
-
     /// How far past the next header a read that stops there asks: [`LOOKAHEAD`], or an
     /// eighth of the least payload read into place where that is less.
     fn lookahead(&self) -> usize {
         self.direct_min.map_or(0, |min| (min / 8).min(LOOKAHEAD))
     }
 
-    /// The bytes to the end of the next header that may start a payload read into place:
-    /// the rest of the pad and CRC of an FPDU read into place, or the rest of a staged FPDU
-    /// too small for that (or cut before its length), and then the next FPDU's length and
-    /// header; or, for a staged large FPDU, the rest of its own header.
-    fn ask_to_header(&self) -> Option<usize> {
+    /// Where the next buffered read stops, when not at the end of the receive buffer
+    /// (`None`): while large FPDUs arrive (and never with markers), at the end of the next
+    /// header that may start a payload read into place (then [`Connection::receive`] asks
+    /// the lookahead more). That is the rest of the pad and CRC of an FPDU read into place,
+    /// or the rest of a staged FPDU too small for that (or cut before its length), and then
+    /// the next FPDU's length and header; or, for a staged large FPDU, the rest of its own
+    /// header.
+    fn buffered_ask(&self) -> Option<usize> {
         if let Some(d) = &self.direct {
             return Some(d.trailer_len - d.trailer_have + HEAD_MAX);
         }

@@ -1202,8 +1202,7 @@ fn large_payload(stream: &[u8]) -> (u64, usize) {
 /// straight into place but for the few bytes a header read brings along (the lookahead at
 /// most), message after message (a large message's short last segment, or a small message,
 /// does not let the next read take more of the next message's first FPDUs into the receive
-/// buffer); contents, CRC,
-/// completions and the bytes around every buffer are right.
+/// buffer); contents, CRC, completions and the bytes around every buffer are right.
 #[test]
 fn large_messages_go_into_place_whatever_the_header_cut() {
     let len = 1 << 20;
