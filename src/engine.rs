@@ -49,7 +49,8 @@ pub enum PollMode {
     /// Sleep whenever idle; woken by doorbells and by the links' readiness.
     Event,
     /// No engine thread: the application's calls ([`crate::Device::progress`], polling a
-    /// completion queue) drive the engine on the application's thread.
+    /// completion queue, posting, which sends at once) drive the engine on the application's
+    /// thread.
     Inline,
 }
 
@@ -419,10 +420,14 @@ impl Engine {
     /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
+    /// Inline, where nothing else runs the engine, the poster always visits its queue pair:
+    /// the work goes out before the poster's next poll, whose pass would first ask the
+    /// readiness poll for input (a system call on a ping-pong's path between the ping read
+    /// and the pong sent).
     pub(crate) fn posted(&self, qp: &QpShared) {
         // The usual case of a poster that finds the engine asleep: its queue pair alone is
         // visited, without going through the doorbell's queue (see `visit_direct`).
-        if self.doorbell.parked()
+        if (self.doorbell.parked() || self.inline())
             && let Ok(mut core) = self.core.try_lock()
             && core.visit_direct(qp)
         {

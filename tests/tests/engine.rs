@@ -417,6 +417,23 @@ fn adaptive_waits_stop_driving_the_engine_when_answers_come_late() {
     assert!(passes <= 3 * ROUNDS, "waits kept driving the engine: {passes} passes in {ROUNDS} rounds");
 }
 
+/// Inline, posting is one of the application's calls that drive the engine: a Send goes on
+/// the wire as it is posted, while the client's thread does nothing else with its device
+/// until the peer has it.
+#[test]
+fn inline_posts_go_out_as_posted() {
+    let (client_dev, server_dev) = (open(PollMode::Inline), open(PollMode::Event));
+    let (client, server) = connect_many(&client_dev, &server_dev, 1, 4).pop().unwrap();
+    for i in 0..3 {
+        server.post_recv(i);
+        let before = client_dev.stats().direct_passes;
+        client.send(100 + i, 8);
+        assert_eq!(client_dev.stats().direct_passes - before, 1, "the post's own pass");
+        server.wait_recv(i, "ping");
+        client.wait("send completion");
+    }
+}
+
 /// With many idle connections, traffic on one costs visits of that one only.
 #[test]
 fn idle_connections_are_not_visited() {
