@@ -29,10 +29,13 @@ const SMOL_PORT: u16 = 7290;
 /// takes about 24 ns on the project's VM, and 20,000 turns, half a millisecond, kept four busy
 /// threads on two cores waiting for the scheduler at every hand-over).
 const SPINS_BEFORE_YIELD: u32 = 256;
-/// The same inline, where each turn runs a pass of the thread's engine (a system call at
-/// least, several microseconds under emulation): 256 turns kept the core a quarter of a
-/// millisecond or more from the peer's thread, which on a single core is the one with the
-/// work.
+/// The same inline on a machine with fewer cores than spinning threads, where each turn runs
+/// a pass of the thread's engine (a system call at least, several microseconds under
+/// emulation): 256 turns kept the core a quarter of a millisecond or more from the peer's
+/// thread, which on a single core is the one with the work. With a core for each spinning
+/// thread the yields only slow the spin down, as raw TCP's busy-poll ping-pong never yields:
+/// yielding after 4 turns made the inline 8 B Write ping-pong 19-20 us against 15 after 256
+/// turns (raw 10.5, 2 cores).
 const INLINE_SPINS_BEFORE_YIELD: u32 = 4;
 /// How long the client, out of credits for Sends, yields the core to the server (which is
 /// about to hand some back) before it sleeps: a sleeping thread takes tens of microseconds to
@@ -102,6 +105,20 @@ impl Config {
     fn inline(&self) -> bool {
         self.poll == PollMode::Inline
     }
+
+    /// Turns a spinning thread waits before it also yields the core (see [`relax`]): few
+    /// inline when the benchmark's spinning threads (its two, and a busy engine's) outnumber
+    /// the cores it may run on. Asks the system (the affinity mask, cgroup quotas): once per
+    /// run, not per turn.
+    fn patience(&self) -> u32 {
+        let engines = match (self.poll, self.shared_device) {
+            (PollMode::Busy, true) => 1,
+            (PollMode::Busy, false) => 2,
+            _ => 0,
+        };
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        if self.inline() && cores < 2 + engines { INLINE_SPINS_BEFORE_YIELD } else { SPINS_BEFORE_YIELD }
+    }
 }
 
 /// How the client, out of credits for Sends, sleeps until the server reposts buffers.
@@ -166,6 +183,8 @@ struct Server {
     busy: bool,
     /// The server's device runs inline: this thread drives it.
     inline: bool,
+    /// Spinning turns before a yield ([`Config::patience`]).
+    patience: u32,
     /// Turns of the idle step (inline) that found nothing, in a row.
     idle_turns: u32,
 }
@@ -197,6 +216,8 @@ pub(super) struct Bench {
     server: Option<JoinHandle<()>>,
     /// Resident memory growth per connection end while the connections were set up idle.
     idle_bytes_per_qp: Option<u64>,
+    /// Spinning turns before a yield ([`Config::patience`]).
+    patience: u32,
     devices: Vec<Device>,
 }
 
@@ -336,6 +357,7 @@ impl Bench {
             .first()
             .cloned()
             .ok_or_else(|| BenchError("the server accepted no connection".into()))?;
+        let patience = cfg.patience();
         let server = Server {
             posted: vec![0; server_qps.len()],
             consumed: vec![0; server_qps.len()],
@@ -351,6 +373,7 @@ impl Bench {
             max_size: cfg.max_size,
             busy: cfg.busy(),
             inline: cfg.inline(),
+            patience,
             idle_turns: 0,
         };
         let (commands, command_rx) = mpsc::channel();
@@ -378,6 +401,7 @@ impl Bench {
             server_qp,
             server: Some(server),
             idle_bytes_per_qp,
+            patience,
             devices,
         })
     }
@@ -433,7 +457,7 @@ impl Bench {
 
     /// The next completion, failing on a timeout or an unsuccessful status.
     fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
-        let wc = next_completion(&self.cq, self.cfg.busy(), self.cfg.inline());
+        let wc = next_completion(&self.cq, self.cfg.busy(), self.patience);
         let wc =
             wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
         check(&wc, what)?;
@@ -582,7 +606,7 @@ impl Bench {
                 waits = waits.wrapping_add(1);
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if self.cfg.busy() || waits < 64 {
-                    relax(waits, self.cfg.inline());
+                    relax(waits, self.patience);
                 } else if since.elapsed() < CREDIT_SPIN {
                     std::thread::yield_now();
                 } else {
@@ -751,7 +775,7 @@ impl Bench {
                     STALL.as_secs()
                 )));
             }
-            wait_for_memory(qp, epoch, spins, self.cfg.busy(), self.cfg.inline(), deadline);
+            wait_for_memory(qp, epoch, spins, self.cfg.busy(), self.patience, deadline);
         }
     }
 
@@ -789,7 +813,7 @@ impl Bench {
 
 /// The next completion of `cq` within [`STALL`]: spinning (busy and inline modes) or
 /// blocking.
-fn next_completion(cq: &CompletionQueue, busy: bool, inline: bool) -> Option<WorkCompletion> {
+fn next_completion(cq: &CompletionQueue, busy: bool, patience: u32) -> Option<WorkCompletion> {
     if !busy {
         return cq.wait(STALL);
     }
@@ -803,7 +827,7 @@ fn next_completion(cq: &CompletionQueue, busy: bool, inline: bool) -> Option<Wor
         if spins.is_multiple_of(1024) && Instant::now() >= deadline {
             return None;
         }
-        relax(spins, inline);
+        relax(spins, patience);
     }
 }
 
@@ -924,7 +948,7 @@ impl Server {
             if spins.is_multiple_of(256) && Instant::now() >= deadline {
                 return None;
             }
-            relax(spins, self.inline);
+            relax(spins, self.patience);
         }
     }
 
@@ -941,7 +965,7 @@ impl Server {
                     }
                     None => {
                         self.idle_turns = self.idle_turns.wrapping_add(1);
-                        relax(self.idle_turns, true);
+                        relax(self.idle_turns, self.patience);
                     }
                 }
                 Ok(())
@@ -1000,7 +1024,7 @@ impl Server {
                 if spins.is_multiple_of(256) && Instant::now() >= deadline {
                     return Ok(());
                 }
-                wait_for_memory(&self.qps[0], epoch, spins, self.busy, self.inline, deadline);
+                wait_for_memory(&self.qps[0], epoch, spins, self.busy, self.patience, deadline);
             } else if self.qps[0].wait_input(epoch, deadline.saturating_duration_since(Instant::now()))
                 == epoch
             {
@@ -1022,11 +1046,10 @@ impl Server {
     }
 }
 
-/// One turn of a busy wait: spin, and after a while also yield the core, so that on a machine
-/// with more runnable threads than cores the engine (or the peer) gets to run; sooner when
-/// each turn drives an inline engine.
-fn relax(spins: u32, inline: bool) {
-    if spins >= if inline { INLINE_SPINS_BEFORE_YIELD } else { SPINS_BEFORE_YIELD } {
+/// One turn of a busy wait: spin, and after `patience` turns also yield the core, so that on a
+/// machine with more runnable threads than cores the engine (or the peer) gets to run.
+fn relax(spins: u32, patience: u32) {
+    if spins >= patience {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -1043,9 +1066,9 @@ fn relax(spins: u32, inline: bool) {
 /// sleeping kept it runnable, and with another process spinning on this 2-core machine the
 /// engine thread woken to place the Write waited for the scheduler's next tick: the Write
 /// ping-pong's p50 was 4 ms at 256 B to 1 MiB.
-fn wait_for_memory(qp: &QueuePair, epoch: u64, spins: u32, busy: bool, inline: bool, deadline: Instant) {
+fn wait_for_memory(qp: &QueuePair, epoch: u64, spins: u32, busy: bool, patience: u32, deadline: Instant) {
     if busy {
-        relax(spins, inline);
+        relax(spins, patience);
     } else {
         qp.wait_input(epoch, deadline.saturating_duration_since(Instant::now()));
     }
