@@ -687,6 +687,25 @@ fn config_line(args: &Args, report: &Report) -> String {
         Some((c, s)) => format!("smoltcp offloads: client {c}; server {s}\n"),
         None => String::new(),
     };
+    let spinning = rdma::spinning_threads(args.poll.mode(), args.shared_device);
+    let cores = rdma::cores();
+    let crowded = if spinning > cores {
+        format!(
+            "{spinning} spinning threads (the benchmark's client and server{}) on {cores} core(s): a hand-over to a thread without a core of its own waits for the scheduler, and the latencies measure that as much as the stack{}\n",
+            match (args.poll, args.shared_device) {
+                (Poll::Busy, true) => ", the engine",
+                (Poll::Busy, false) => ", the two engines",
+                _ => "",
+            },
+            if args.poll == Poll::Busy {
+                " (--poll inline spins two; busy mode is for machines with a core per spinning thread)"
+            } else {
+                ""
+            },
+        )
+    } else {
+        String::new()
+    };
     let memory = match report.idle_bytes_per_qp {
         Some(b) => {
             format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
@@ -695,7 +714,7 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, {per} per measurement{neg}\n\
-         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{offloads}{memory}",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{crowded}{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -911,6 +930,8 @@ fn json_report(args: &Args, report: &Report) -> String {
             "send_credits_per_qp": rdma::send_credits(usize::from(args.window), usize::from(args.qps)),
             "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
             "shared_device": args.shared_device,
+            "spinning_threads": rdma::spinning_threads(args.poll.mode(), args.shared_device),
+            "cores": rdma::cores(),
             "zero_copy": args.zero_copy == OnOff::On,
             "gap_us": gap(args).as_secs_f64() * 1e6,
             "idle_bytes_per_qp": report.idle_bytes_per_qp,

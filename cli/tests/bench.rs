@@ -42,6 +42,9 @@ fn bench_json_has_every_row() {
     assert_eq!(v["config"]["crc"], true);
     assert_eq!(v["config"]["poll"], "adaptive");
     assert_eq!(v["config"]["shared_device"], false);
+    // Adaptive engines sleep when idle and the benchmark's threads block: nothing spins.
+    assert_eq!(v["config"]["spinning_threads"], 0);
+    assert!(v["config"]["cores"].as_u64().unwrap() >= 1);
     assert_eq!(v["config"]["negotiated"]["crc"], true);
     // Reads go as deep as the window (64 by default).
     assert_eq!(v["config"]["negotiated"]["ord"], 64);
@@ -70,11 +73,41 @@ fn bench_json_has_every_row() {
     }
 }
 
+/// A run with more spinning threads than cores says so above its tables: on one core (the
+/// process's affinity set to one CPU), an inline run's two threads, a busy run's four; an
+/// adaptive run spins none.
+#[test]
+fn bench_says_when_its_spinning_threads_outnumber_the_cores() {
+    let run = |poll: &str| {
+        let o = std::process::Command::new("taskset")
+            .args(["-c", "0", env!("CARGO_BIN_EXE_iwarp"), "bench", "--ops", "write", "--sizes", "64"])
+            .args(["--iters", "20", "--quiet", "--poll", poll])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let inline = run("inline");
+    assert!(
+        inline.contains("2 spinning threads (the benchmark's client and server) on 1 core(s)"),
+        "{inline}"
+    );
+    let busy = run("busy");
+    assert!(
+        busy.contains("4 spinning threads (the benchmark's client and server, the two engines) on 1 core(s)"),
+        "{busy}"
+    );
+    assert!(busy.contains("busy mode is for machines with a core per spinning thread"), "{busy}");
+    let adaptive = run("adaptive");
+    assert!(!adaptive.contains("spinning threads"), "{adaptive}");
+}
+
 #[test]
 fn bench_inline_two_qps_no_crc() {
     let v =
         bench_json(&["--poll", "inline", "--qps", "2", "--crc", "off", "--mpa-rev", "1", "--window", "8"]);
     assert_eq!(v["config"]["poll"], "inline");
+    assert_eq!(v["config"]["spinning_threads"], 2);
     // Inline, no engine thread runs, so none ever sleeps; the application's calls ran the
     // passes.
     for e in v["config"]["engines"].as_array().unwrap() {

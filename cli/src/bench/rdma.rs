@@ -107,18 +107,28 @@ impl Config {
     }
 
     /// Turns a spinning thread waits before it also yields the core (see [`relax`]): few
-    /// inline when the benchmark's spinning threads (its two, and a busy engine's) outnumber
-    /// the cores it may run on. Asks the system (the affinity mask, cgroup quotas): once per
-    /// run, not per turn.
+    /// inline when the benchmark's spinning threads outnumber the cores it may run on. Asks
+    /// the system (the affinity mask, cgroup quotas): once per run, not per turn.
     fn patience(&self) -> u32 {
-        let engines = match (self.poll, self.shared_device) {
-            (PollMode::Busy, true) => 1,
-            (PollMode::Busy, false) => 2,
-            _ => 0,
-        };
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        if self.inline() && cores < 2 + engines { INLINE_SPINS_BEFORE_YIELD } else { SPINS_BEFORE_YIELD }
+        let spinning = spinning_threads(self.poll, self.shared_device);
+        if self.inline() && cores() < spinning { INLINE_SPINS_BEFORE_YIELD } else { SPINS_BEFORE_YIELD }
     }
+}
+
+/// Threads the benchmark keeps spinning in `mode`: its client and server threads in busy and
+/// inline modes, and a busy mode's engine threads (one per device); none otherwise.
+pub(super) fn spinning_threads(mode: PollMode, shared_device: bool) -> usize {
+    match (mode, shared_device) {
+        (PollMode::Busy, true) => 3,
+        (PollMode::Busy, false) => 4,
+        (PollMode::Inline, _) => 2,
+        (PollMode::Adaptive | PollMode::Event, _) => 0,
+    }
+}
+
+/// The cores this process may run on (its affinity mask and cgroup quota), at least one.
+pub(super) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// How the client, out of credits for Sends, sleeps until the server reposts buffers.
