@@ -434,6 +434,24 @@ fn inline_posts_go_out_as_posted() {
     }
 }
 
+/// Busy, a poster that finds the engine thread between passes sends its work itself rather
+/// than handing it over: the busy engine thread leaves its lock free while it asks the
+/// readiness poll for events, so some of 200 posts find it free.
+#[test]
+fn busy_posters_send_themselves_when_the_engine_is_between_passes() {
+    let (client_dev, server_dev) = (open(PollMode::Busy), open(PollMode::Event));
+    let (client, server) = connect_many(&client_dev, &server_dev, 1, 4).pop().unwrap();
+    let before = client_dev.stats().direct_passes;
+    for i in 0..200 {
+        server.post_recv(i);
+        client.send(100 + i, 8);
+        server.wait_recv(i, "ping");
+        client.wait("send completion");
+    }
+    let direct = client_dev.stats().direct_passes - before;
+    assert!(direct > 0, "no post of 200 went out on the posting thread");
+}
+
 /// With many idle connections, traffic on one costs visits of that one only.
 #[test]
 fn idle_connections_are_not_visited() {
