@@ -609,8 +609,8 @@ fn measure(
     let mut rows = Vec::new();
     for &op in &ops {
         for &size in &sizes {
-            let bw = bench.throughput(op, size, &budget)?;
-            let lat = bench.latency(op, size, &budget)?;
+            let bw = bench.throughput(op, size, &budget).map_err(|e| bench.explain(e))?;
+            let lat = bench.latency(op, size, &budget).map_err(|e| bench.explain(e))?;
             let raw = raw_rows
                 .get(&size)
                 .copied()
@@ -633,7 +633,7 @@ fn measure(
         raw_rows.get(&RATE_SIZE).map(|r| r.stream).ok_or_else(|| BenchError("no raw-TCP 64 B row".into()))?;
     let iwarp_rate = match rows.iter().find(|r| r.op == Op::Send && r.size == RATE_SIZE) {
         Some(r) => r.bw,
-        None => bench.throughput(Op::Send, RATE_SIZE, &budget)?,
+        None => bench.throughput(Op::Send, RATE_SIZE, &budget).map_err(|e| bench.explain(e))?,
     };
     let (received, sent, engines) = (bench.received(), bench.sent(), bench.engines());
     bench.close();

@@ -15,7 +15,7 @@ use iwarp::mpa::frame::IRD_ORD_MAX;
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
     Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, ProtectionDomain,
-    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    QpState, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::results::{BenchError, Budget, Latency, Op, Samples, Throughput};
@@ -45,6 +45,8 @@ const CREDIT_SPIN: Duration = Duration::from_micros(100);
 /// pair), as `ib_send_bw`'s default receive depth: `--window` bounds the sender's outstanding
 /// work requests, as perftest's transmit depth does, not the receiver's buffers.
 const RX_DEPTH: usize = 512;
+/// Queue pairs a failed measurement's error describes at most (see [`Bench::explain`]).
+const EXPLAINED: usize = 4;
 /// Receives posted per pair beyond the client's credits.
 const RQ_SLACK: usize = 8;
 /// How often the server thread looks for its next command while it spins (busy and inline
@@ -414,6 +416,33 @@ impl Bench {
             patience,
             devices,
         })
+    }
+
+    /// `e` with what the queue pairs that left RTS say about it: a flushed completion tells
+    /// only that its queue pair went to error, the queue pair's events tell why (a Terminate
+    /// sent or received, the connection lost). The client's pairs and the server's first, at
+    /// most [`EXPLAINED`] of them.
+    pub(super) fn explain(&self, e: BenchError) -> BenchError {
+        let ends = self.qps.iter().enumerate().map(|(i, qp)| ("client", i, qp));
+        let mut why: Vec<String> = ends
+            .chain([("server", 0, &self.server_qp)])
+            .filter(|(_, _, qp)| qp.state() != QpState::Rts)
+            .map(|(side, i, qp)| {
+                let events: Vec<String> =
+                    std::iter::from_fn(|| qp.poll_event()).map(|ev| format!("{ev:?}")).collect();
+                let events = if events.is_empty() { "no event".to_string() } else { events.join(", ") };
+                format!("{side} queue pair {i} {:?}: {events}", qp.state())
+            })
+            .collect();
+        if why.is_empty() {
+            return e;
+        }
+        let more = why.len().saturating_sub(EXPLAINED);
+        why.truncate(EXPLAINED);
+        if more > 0 {
+            why.push(format!("{more} more"));
+        }
+        BenchError(format!("{} ({})", e.0, why.join("; ")))
     }
 
     /// What the first connection negotiated.
@@ -1103,4 +1132,46 @@ fn unexpected(what: &str, wc: &WorkCompletion) -> BenchError {
         "{what}: unexpected completion {:?} (wr_id {:#x}, qp {})",
         wc.opcode, wc.wr_id, wc.qp_num
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code panics on failure")]
+
+    use super::*;
+
+    /// A measurement that fails because a queue pair left RTS says why: here the server closed
+    /// its end, and the error names both queue pairs with their states and events.
+    #[test]
+    fn a_failed_measurement_names_the_queue_pairs_that_left_rts() {
+        let cfg = Config {
+            poll: PollMode::Adaptive,
+            crc: false,
+            revision: 2,
+            qps: 1,
+            window: 4,
+            cq_mod: 1,
+            shared_device: false,
+            zero_copy: true,
+            gap: Duration::ZERO,
+            max_size: 64,
+            pcap: None,
+            smol: None,
+        };
+        let mut bench = Bench::open(cfg).unwrap();
+        bench.server_qp.disconnect();
+        let deadline = Instant::now() + STALL;
+        while bench.qps[0].state() == QpState::Rts {
+            assert!(Instant::now() < deadline, "the client's queue pair stayed in RTS");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let budget = Budget { iters: Some(10), duration: Duration::from_secs(1) };
+        let e = bench.latency(Op::Send, 64, &budget).map_err(|e| bench.explain(e)).unwrap_err().0;
+        // The server's thread sees its receives flushed; the client's queue pair lost its
+        // connection with it.
+        assert!(e.contains("WrFlushError"), "{e}");
+        assert!(e.contains("client queue pair 0 Error: LlpLost"), "{e}");
+        assert!(e.contains("server queue pair 0 Error"), "{e}");
+        bench.close();
+    }
 }
