@@ -432,8 +432,8 @@ impl Engine {
     /// Called after posting to `qp`: queues it for the engine. A sleeping engine is not woken
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
-    /// Inline, where nothing else runs the engine, the poster always visits its queue pair:
-    /// the work goes out before the poster's next poll, whose pass would first ask the
+    /// Inline, where nothing else runs the engine, the poster visits its queue pair whenever
+    /// it finds the lock free: the work goes out before the poster's next poll, whose pass would first ask the
     /// readiness poll for input (a system call on a ping-pong's path between the ping read
     /// and the pong sent). Busy, it does when the engine thread is not in a pass: on two
     /// cores the 8 B Write ping-pong between two busy devices went from 82-103 to 53-70 us
