@@ -417,11 +417,8 @@ impl Engine {
         work
     }
 
-    /// Whether a poster visits its queue pair itself when it finds the engine's lock free
-    /// (see [`Engine::posted`]): inline, where nothing else runs the engine, and busy, where
-    /// the engine thread spins but need not have a core (four spinning threads on two
-    /// cores: the work waited for the scheduler to run the engine thread); otherwise while
-    /// the engine sleeps.
+    /// Whether a poster visits its queue pair itself when it finds the engine's lock free:
+    /// always inline and busy, otherwise while the engine sleeps (see [`Engine::posted`]).
     fn posts_visit(&self) -> bool {
         match self.config.poll_mode {
             PollMode::Inline | PollMode::Busy => true,
@@ -433,14 +430,16 @@ impl Engine {
     /// when the poster can run the pass itself (as siw transmits in the poster's context
     /// when the send queue was idle): the work goes out now, without a wake-up on the way.
     /// Inline, where nothing else runs the engine, the poster visits its queue pair whenever
-    /// it finds the lock free: the work goes out before the poster's next poll, whose pass would first ask the
-    /// readiness poll for input (a system call on a ping-pong's path between the ping read
-    /// and the pong sent). Busy, it does when the engine thread is not in a pass: on two
-    /// cores the 8 B Write ping-pong between two busy devices went from 82-103 to 53-70 us
-    /// and 64 B Sends from 1.9 to 3.0 Mmsg/s.
+    /// it finds the lock free: the work goes out before the poster's next poll, whose pass
+    /// would first ask the readiness poll for input (a system call on a ping-pong's path
+    /// between the ping read and the pong sent). Busy, it does so when the engine thread is
+    /// not in a pass, as that thread need not have a core (four spinning threads on two
+    /// cores: the work waited for the scheduler to run it): the 8 B Write ping-pong between
+    /// two busy devices went from 82-103 to 53-70 us and 64 B Sends from 1.9 to 3.0 Mmsg/s.
     pub(crate) fn posted(&self, qp: &QpShared) {
-        // The usual case of a poster that finds the engine asleep: its queue pair alone is
-        // visited, without going through the doorbell's queue (see `visit_direct`).
+        // A poster that finds the engine asleep (or runs it, inline and busy) and its lock
+        // free: its queue pair alone is visited, without going through the doorbell's queue
+        // (see `visit_direct`).
         if self.posts_visit()
             && let Ok(mut core) = self.core.try_lock()
             && core.visit_direct(qp)
