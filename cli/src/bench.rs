@@ -80,7 +80,9 @@ pub(crate) struct Args {
     poll: Poll,
     /// Queue pairs (connections); bandwidth messages go round-robin over them. Above one, the
     /// raw-TCP stream also runs over as many connections, a window's share of messages per
-    /// connection in turn, for a like-for-like ratio.
+    /// connection in turn, for a like-for-like ratio, and Writes also run over the first
+    /// queue pair alone with the whole window, for the aggregate against one queue pair in
+    /// the same run.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
     qps: u16,
     /// Run both ends on one device (one engine). By default the client and the server have
@@ -500,7 +502,8 @@ fn measure(
         + usize::from(!sizes.contains(&RATE_SIZE))
         + usize::from(per_window)
         + conn_count.map_or(0, |_| sizes.len())
-        + ops.len() * sizes.len();
+        + ops.len() * sizes.len()
+        + one_qp_writes(args) * sizes.len();
     let done = std::cell::Cell::new(0usize);
     let progress = |line: String| {
         if !args.quiet {
@@ -615,7 +618,8 @@ fn measure(
                 .get(&size)
                 .copied()
                 .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
-            let row = Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied() };
+            let mut row =
+                Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied(), one_qp: None };
             progress(format!(
                 "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw)",
                 op.name(),
@@ -626,6 +630,18 @@ fn measure(
                 lat.p50_us,
                 row.lat_ratio()
             ));
+            if op == Op::Write && args.qps > 1 {
+                let one = bench.throughput_one(size, &budget).map_err(|e| bench.explain(e))?;
+                row.one_qp = Some(one);
+                progress(format!(
+                    "{:<5} {:>5} over one QP: {:8.3} GB/s (over {} QPs / over one {:.2})",
+                    op.name(),
+                    show_size(size),
+                    one.gbyte_s(),
+                    args.qps,
+                    row.one_qp_ratio().unwrap_or(0.0)
+                ));
+            }
             rows.push(row);
         }
     }
@@ -647,6 +663,12 @@ fn measure(
         engines,
         offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
     })
+}
+
+/// How many of the operations get a one-QP measurement beside the aggregate: Writes, with
+/// `--qps` above 1 (`rdma::Bench::throughput_one`).
+fn one_qp_writes(args: &Args) -> usize {
+    usize::from(args.qps > 1 && ops(args).contains(&Op::Write))
 }
 
 /// The 64 B raw stream written `window` messages per system call. A Send completes once
@@ -790,25 +812,43 @@ fn text_report(args: &Args, report: &Report) -> String {
             ));
         }
     }
-    if report.rows.iter().any(|r| r.raw.conns.is_some()) {
-        let per_pair = rdma::per_pair(usize::from(args.window), usize::from(args.qps));
-        out.push_str(&format!(
-            "\nbandwidth over {} QPs against raw TCP over {} connections, {per_pair} message(s) per connection per write (at most 4 MiB; the table's ratio is against one connection), and raw TCP's own change from one connection to {}\n",
-            args.qps, args.qps, args.qps
-        ));
-        for r in report.rows.iter() {
-            let (Some(c), Some(q)) = (r.raw.conns, r.conns_ratio()) else { continue };
+    if report.rows.iter().any(|r| r.raw.conns.is_some() || r.one_qp.is_some()) {
+        let qps = args.qps;
+        let per_pair = rdma::per_pair(usize::from(args.window), usize::from(qps));
+        out.push_str(&format!("\nbandwidth over {qps} QPs"));
+        if report.rows.iter().any(|r| r.one_qp.is_some()) {
             out.push_str(&format!(
-                "{:<5} {:>6}: iwarp {:.3} GB/s, raw TCP over {} connections {:.3} GB/s, ratio {:.2}; raw over {} / raw over one {:.2}\n",
+                " against one QP in the same run (Writes: the whole window of {} on the first QP);",
+                args.window
+            ));
+        }
+        if report.rows.iter().any(|r| r.raw.conns.is_some()) {
+            out.push_str(&format!(
+                " against raw TCP over {qps} connections, {per_pair} message(s) per connection per write (at most 4 MiB; the table's ratio is against one connection), and raw TCP's own change from one connection to {qps}"
+            ));
+        }
+        out.push('\n');
+        for r in report.rows.iter() {
+            if r.raw.conns.is_none() && r.one_qp.is_none() {
+                continue;
+            }
+            out.push_str(&format!(
+                "{:<5} {:>6}: iwarp {:.3} GB/s",
                 r.op.name(),
                 show_size(r.size),
-                r.bw.gbyte_s(),
-                args.qps,
-                c.gbyte_s(),
-                q,
-                args.qps,
-                ratio(c.gbyte_s(), r.raw.stream.gbyte_s())
+                r.bw.gbyte_s()
             ));
+            if let (Some(o), Some(q)) = (r.one_qp, r.one_qp_ratio()) {
+                out.push_str(&format!(", over one QP {:.3} GB/s, over {qps} / over one {q:.2}", o.gbyte_s()));
+            }
+            if let (Some(c), Some(q)) = (r.raw.conns, r.conns_ratio()) {
+                out.push_str(&format!(
+                    "; raw TCP over {qps} connections {:.3} GB/s, ratio {q:.2}; raw over {qps} / raw over one {:.2}",
+                    c.gbyte_s(),
+                    ratio(c.gbyte_s(), r.raw.stream.gbyte_s())
+                ));
+            }
+            out.push('\n');
         }
     }
     if report.rows.iter().any(|r| r.raw.frames.is_some()) {
@@ -903,9 +943,11 @@ fn json_report(args: &Args, report: &Report) -> String {
                 "kernel_tcp": r.kernel.map(|k| k.to_json()),
                 "raw_frames": r.raw.frames.map(|f| f.to_json()),
                 "raw_conns": r.raw.conns.map(|c| c.to_json()),
+                "iwarp_one_qp": r.one_qp.map(|o| o.to_json()),
                 "ratio": {
                     "bandwidth": r.bw_ratio(),
                     "bandwidth_conns": r.conns_ratio(),
+                    "bandwidth_one_qp": r.one_qp_ratio(),
                     "msg_rate": r.rate_ratio(),
                     "p50": r.lat_ratio(),
                 },

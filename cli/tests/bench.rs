@@ -120,10 +120,18 @@ fn bench_inline_two_qps_no_crc() {
     assert_eq!(v["config"]["negotiated"]["ord"], 16);
     // Two queue pairs: each row also against the raw stream over two connections, which
     // carried whole turns (the same number of messages on each).
+    // Writes also over the first queue pair alone, in the same run: the aggregate's
+    // baseline. Reads and Sends have none.
     for r in v["rows"].as_array().unwrap() {
         let msgs = r["raw_conns"]["msgs"].as_u64().unwrap();
         assert!(msgs > 0 && msgs % 2 == 0, "{r}");
         assert!(r["ratio"]["bandwidth_conns"].as_f64().unwrap() > 0.0, "{r}");
+        if r["op"] == "write" {
+            assert!(r["iwarp_one_qp"]["msgs"].as_u64().unwrap() > 0, "{r}");
+            assert!(r["ratio"]["bandwidth_one_qp"].as_f64().unwrap() > 0.0, "{r}");
+        } else {
+            assert!(r["iwarp_one_qp"].is_null() && r["ratio"]["bandwidth_one_qp"].is_null(), "{r}");
+        }
     }
 }
 
@@ -203,24 +211,41 @@ fn bench_text_and_iters() {
 }
 
 /// Several queue pairs: the raw stream over as many connections too (one more progress line
-/// per size), and a line per row with iwarp against it and raw TCP's own change.
+/// per size), Writes over one queue pair alone too (one more line after each Write row), and
+/// a line per row with iwarp against both and raw TCP's own change.
 #[test]
-fn bench_over_several_qps_compares_with_raw_tcp_over_as_many_connections() {
-    let o =
-        iwarp(&["bench", "--ops", "write", "--sizes", "4K", "--iters", "300", "--qps", "5", "--window", "8"]);
+fn bench_over_several_qps_compares_with_raw_tcp_over_as_many_connections_and_with_one_qp() {
+    let o = iwarp(&[
+        "bench",
+        "--ops",
+        "write,read",
+        "--sizes",
+        "4K",
+        "--iters",
+        "300",
+        "--qps",
+        "5",
+        "--window",
+        "8",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     assert!(
         s.contains(
-            "bandwidth over 5 QPs against raw TCP over 5 connections, 2 message(s) per connection per write"
+            "bandwidth over 5 QPs against one QP in the same run (Writes: the whole window of 8 on the first QP); against raw TCP over 5 connections, 2 message(s) per connection per write"
         ),
         "{s}"
     );
     let line = s.lines().find(|l| l.starts_with("write ") && l.contains("over 5 connections")).unwrap();
+    assert!(line.contains("over one QP") && line.contains("over 5 / over one"), "{line}");
     assert!(line.contains("raw over 5 / raw over one"), "{line}");
+    let line = s.lines().find(|l| l.starts_with("read ") && l.contains("over 5 connections")).unwrap();
+    assert!(!line.contains("over one QP"), "{line}");
     let err = stderr(&o);
-    assert!(err.contains("bench: [2/5] raw TCP    4K over 5 connections"), "{err}");
-    assert!(err.contains("bench: [5/5] write"), "{err}");
+    assert!(err.contains("bench: [2/7] raw TCP    4K over 5 connections"), "{err}");
+    assert!(err.contains("bench: [5/7] write    4K:"), "{err}");
+    assert!(err.contains("bench: [6/7] write    4K over one QP:"), "{err}");
+    assert!(err.contains("bench: [7/7] read"), "{err}");
 }
 
 #[test]

@@ -306,7 +306,8 @@ impl Bench {
                 ord: ird_ord,
                 ..Policy::default()
             },
-            max_send_wr: per_pair + 64,
+            // The window on the first pair alone too (`Bench::throughput_one`).
+            max_send_wr: per_pair.max(cfg.window) + 64,
             max_recv_wr: rq_target + 64,
             capture: cfg.pcap.clone(),
             transport: crate::transport::transport(cfg.smol.as_ref().map(|s| &s.0)),
@@ -540,14 +541,36 @@ impl Bench {
         size: usize,
         budget: &Budget,
     ) -> Result<Throughput, BenchError> {
-        let what = format!("{} {size} B bandwidth", op.name());
-        self.serve(if op == Op::Send { Serve::Sink } else { Serve::Idle })?;
-        let n = self.qps.len();
         let limit: Vec<usize> = self
             .ords
             .iter()
             .map(|&ord| if op == Op::Read { self.per_pair.min(ord) } else { self.per_pair })
             .collect();
+        self.stream(op, size, budget, &limit, "bandwidth")
+    }
+
+    /// Write bandwidth over the first queue pair alone, the whole window outstanding on it:
+    /// with several pairs, what their aggregate is compared with, measured in the same run
+    /// (one process's figures move together with where the scheduler puts its threads).
+    /// Writes only: a Read over one of the pairs is bounded by its ORD, the window's share
+    /// (at least 16), and a Send by the receives the server keeps posted on it.
+    pub(super) fn throughput_one(&mut self, size: usize, budget: &Budget) -> Result<Throughput, BenchError> {
+        let limit = [self.cfg.window.max(1)];
+        self.stream(Op::Write, size, budget, &limit, "bandwidth over one QP")
+    }
+
+    /// Streams over the first `limit.len()` pairs, at most `limit[i]` outstanding on pair `i`.
+    fn stream(
+        &mut self,
+        op: Op,
+        size: usize,
+        budget: &Budget,
+        limit: &[usize],
+        measure: &str,
+    ) -> Result<Throughput, BenchError> {
+        let what = format!("{} {size} B {measure}", op.name());
+        self.serve(if op == Op::Send { Serve::Sink } else { Serve::Idle })?;
+        let n = limit.len();
         // Sends beyond the receives the server has posted would be a peer error on iWARP (no
         // RNR retry): the server's reposts are the client's credits.
         let credits = self.rq_target - RQ_SLACK;

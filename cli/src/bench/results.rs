@@ -199,6 +199,9 @@ pub(crate) struct Row {
     /// smoltcp runs: the kernel-TCP stream (over the same veth pair, or 127.0.0.1), for
     /// comparison.
     pub(crate) kernel: Option<Throughput>,
+    /// Writes with `--qps` above 1: the same Writes over the first queue pair alone, the
+    /// whole window on it, in the same run (`Bench::throughput_one`).
+    pub(crate) one_qp: Option<Throughput>,
 }
 
 pub(crate) fn ratio(a: f64, b: f64) -> f64 {
@@ -217,6 +220,11 @@ impl Row {
     /// Against the raw stream over as many connections as queue pairs, where measured.
     pub(crate) fn conns_ratio(&self) -> Option<f64> {
         self.raw.conns.map(|c| ratio(self.bw.gbyte_s(), c.gbyte_s()))
+    }
+
+    /// The aggregate over all queue pairs against one queue pair's, where measured.
+    pub(crate) fn one_qp_ratio(&self) -> Option<f64> {
+        self.one_qp.map(|o| ratio(self.bw.gbyte_s(), o.gbyte_s()))
     }
 
     pub(crate) fn lat_ratio(&self) -> f64 {
