@@ -140,6 +140,10 @@ pub struct EngineStats {
     pub tx_by_ref: u64,
     /// Bytes a full link left unsent, copied into a transmit buffer to go out later.
     pub tx_staged: u64,
+    /// Payload bytes large enough to go straight from registered memory that were copied
+    /// into the transmit buffer instead, because the kernel's copy of them would have run
+    /// at a slow distance (`iwarp_rdmap::conn::TxBatch`).
+    pub tx_moved: u64,
 }
 
 #[derive(Debug, Default)]
@@ -838,6 +842,7 @@ impl Engine {
             tx_bytes: tx.bytes,
             tx_by_ref: tx.by_ref,
             tx_staged,
+            tx_moved: tx.moved,
         }
     }
 }
@@ -1509,6 +1514,7 @@ impl EngineCore {
         self.rx_stats.in_place += after.in_place - before.in_place;
         self.tx_stats.bytes += tx_after.bytes - tx_before.bytes;
         self.tx_stats.by_ref += tx_after.by_ref - tx_before.by_ref;
+        self.tx_stats.moved += tx_after.moved - tx_before.moved;
         self.tx_staged += v.staged as u64;
         if let Some(state) = v.state_change {
             self.state_changes.push((slot.shared.clone(), state));

@@ -460,13 +460,13 @@ impl Bench {
         self.devices.iter().map(Device::stats).fold((0, 0), |(b, p), s| (b + s.rx_bytes, p + s.rx_in_place))
     }
 
-    /// Bytes framed by both ends so far, those written straight from registered memory, and
-    /// those a full link left to be copied and sent later.
-    pub(super) fn sent(&self) -> (u64, u64, u64) {
-        self.devices
-            .iter()
-            .map(Device::stats)
-            .fold((0, 0, 0), |(b, r, s), x| (b + x.tx_bytes, r + x.tx_by_ref, s + x.tx_staged))
+    /// Bytes framed by both ends so far, those written straight from registered memory,
+    /// those a full link left to be copied and sent later, and those copied because the
+    /// kernel's copy from registered memory would have been slow.
+    pub(super) fn sent(&self) -> (u64, u64, u64, u64) {
+        self.devices.iter().map(Device::stats).fold((0, 0, 0, 0), |(b, r, s, m), x| {
+            (b + x.tx_bytes, r + x.tx_by_ref, s + x.tx_staged, m + x.tx_moved)
+        })
     }
 
     /// Each device's engine counters so far, named by the end it serves (`shared` when both
