@@ -152,15 +152,16 @@ pub enum TxPart {
 /// A payload of at least [`TX_BY_REF_MIN`] bytes goes out from registered memory, where the
 /// kernel copies it into its socket buffer, unless that copy would run at one of the
 /// [`SLOW_COPY_DISTANCES`]. The kernel copies a write into a page fragment of the writing
-/// thread's, from where the last write left it; when nothing of the connection is in flight
-/// any more (a ping-pong's every message), that fragment is free again and the write starts at
-/// its first byte. So a payload's destination is taken to agree with its offset in the batch,
-/// modulo the page: a 64 KiB Write from page-aligned memory, whose payload starts 16 bytes into
-/// the write (after the length field and the tagged header), was copied at distance 16, and the
-/// kernel's copy of its first FPDU took most of the round trip of a 64 KiB Write ping-pong. Such
-/// a payload is copied into the batch instead, at a place half a page from its source, so that
-/// neither this copy nor the kernel's from there is slow; mid-stream, where the fragment's offset
-/// is anyone's guess, the guess costs at most that copy once in a while.
+/// thread's, from where the last write left it; when nothing the thread wrote is in flight any
+/// more, that fragment is free again and the write starts at its first byte. That is likely
+/// when the peer has answered since the connection's last batch (a ping-pong's every message,
+/// a Read Response after its request), and then a payload's destination is taken to agree
+/// with its offset in the batch, modulo the page: a 64 KiB Write from page-aligned memory,
+/// whose payload starts 16 bytes into the write (after the length field and the tagged
+/// header), was copied at distance 16, and the kernel's copy of its first FPDU took most of the
+/// round trip of a 64 KiB Write ping-pong. Such a payload is copied into the batch instead, at
+/// a place half a page from its source, so that neither this copy nor the kernel's from there
+/// is slow. In a one-way stream the fragment's offset is anyone's guess, and nothing is moved.
 #[derive(Debug, Default)]
 pub struct TxBatch {
     /// The batch's own bytes are `meta[..meta_len]`; the bytes after them are room kept from
@@ -326,6 +327,9 @@ pub struct Connection {
     tx_by_ref_min: Option<usize>,
     rx_stats: RxStats,
     tx_stats: TxStats,
+    /// `rx_stats.bytes` when the last transmit batch that framed anything was framed: bytes received since then
+    /// mean the peer answered what went before (see [`TxBatch`]).
+    rx_at_last_batch: u64,
 }
 
 impl Connection {
@@ -360,6 +364,7 @@ impl Connection {
             tx_by_ref_min: Some(TX_BY_REF_MIN),
             rx_stats: RxStats::default(),
             tx_stats: TxStats::default(),
+            rx_at_last_batch: 0,
         }
     }
 
@@ -781,6 +786,9 @@ impl Connection {
         limit: usize,
     ) -> usize {
         let start = batch.len;
+        // Payloads are moved off slow distances only where the write is likely to start at the
+        // first byte of the kernel's page fragment: the peer answered since the last batch.
+        let answered = self.rx_stats.bytes != self.rx_at_last_batch;
         while batch.len - start < limit
             && batch.parts.len() + 3 <= TxBatch::MAX_PARTS
             && self.qp.may_transmit()
@@ -819,7 +827,7 @@ impl Connection {
                 // Where the kernel's copy puts it, as far as the page goes: its offset in the
                 // write the batch is (see `TxBatch`).
                 let bytes = mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default();
-                if bytes.len() == p.len && slow_copy(batch.len, bytes.as_ptr() as usize) {
+                if answered && bytes.len() == p.len && slow_copy(batch.len, bytes.as_ptr() as usize) {
                     batch.push_moved(bytes);
                     self.tx_stats.moved += p.len as u64;
                     continue;
@@ -834,6 +842,9 @@ impl Connection {
             batch.push_meta(at);
         }
         let added = batch.len - start;
+        if added > 0 {
+            self.rx_at_last_batch = self.rx_stats.bytes;
+        }
         self.tx_stats.bytes += added as u64;
         added
     }
