@@ -154,14 +154,15 @@ pub enum TxPart {
 /// [`SLOW_COPY_DISTANCES`]. The kernel copies a write into a page fragment of the writing
 /// thread's, from where the last write left it; when nothing the thread wrote is in flight any
 /// more, that fragment is free again and the write starts at its first byte. That is likely
-/// when the peer has answered since the connection's last batch (a ping-pong's every message,
-/// a Read Response after its request), and then a payload's destination is taken to agree
+/// when the connection's last batch sent all there was and the peer has answered since (a
+/// ping-pong's every message, a lone Read's response), and then a payload's destination is taken to agree
 /// with its offset in the batch, modulo the page: a 64 KiB Write from page-aligned memory,
 /// whose payload starts 16 bytes into the write (after the length field and the tagged
 /// header), was copied at distance 16, and the kernel's copy of its first FPDU took most of the
 /// round trip of a 64 KiB Write ping-pong. Such a payload is copied into the batch instead, at
 /// a place half a page from its source, so that neither this copy nor the kernel's from there
-/// is slow. In a one-way stream the fragment's offset is anyone's guess, and nothing is moved.
+/// is slow. In a stream (one way, or Read Responses queued behind each other) the fragment's
+/// offset is anyone's guess, and nothing is moved.
 #[derive(Debug, Default)]
 pub struct TxBatch {
     /// The batch's own bytes are `meta[..meta_len]`; the bytes after them are room kept from
@@ -327,9 +328,11 @@ pub struct Connection {
     tx_by_ref_min: Option<usize>,
     rx_stats: RxStats,
     tx_stats: TxStats,
-    /// `rx_stats.bytes` when the last transmit batch that framed anything was framed: bytes received since then
-    /// mean the peer answered what went before (see [`TxBatch`]).
+    /// `rx_stats.bytes` when the last transmit batch that framed anything was framed: bytes
+    /// received since then mean the peer answered what went before (see [`TxBatch`]).
     rx_at_last_batch: u64,
+    /// Whether that batch left nothing to send behind it.
+    tx_drained: bool,
 }
 
 impl Connection {
@@ -365,6 +368,7 @@ impl Connection {
             rx_stats: RxStats::default(),
             tx_stats: TxStats::default(),
             rx_at_last_batch: 0,
+            tx_drained: true,
         }
     }
 
@@ -787,8 +791,9 @@ impl Connection {
     ) -> usize {
         let start = batch.len;
         // Payloads are moved off slow distances only where the write is likely to start at the
-        // first byte of the kernel's page fragment: the peer answered since the last batch.
-        let answered = self.rx_stats.bytes != self.rx_at_last_batch;
+        // first byte of the kernel's page fragment: the last batch sent everything there was,
+        // and the peer answered since.
+        let answered = self.tx_drained && self.rx_stats.bytes != self.rx_at_last_batch;
         while batch.len - start < limit
             && batch.parts.len() + 3 <= TxBatch::MAX_PARTS
             && self.qp.may_transmit()
@@ -844,6 +849,7 @@ impl Connection {
         let added = batch.len - start;
         if added > 0 {
             self.rx_at_last_batch = self.rx_stats.bytes;
+            self.tx_drained = !self.qp.may_transmit();
         }
         self.tx_stats.bytes += added as u64;
         added

@@ -1321,13 +1321,14 @@ fn a_large_message_alone_takes_a_header_read_and_one_read_into_place() {
 /// write is 16 bytes in (a Write's first FPDU, after the length field and the tagged header) or
 /// 20 (a Send's) would be copied at a slow distance: such a payload goes out copied into the
 /// batch, half a page from its source, while the FPDUs after it stay in registered memory,
-/// where the peer has answered since the last write (the fragment is then likely free again).
+/// where the last batch sent all there was and the peer has answered since (the fragment is
+/// then likely free again); not in a stream.
 /// From a source 16 bytes into its page the first payload's distance is 0 and the second's 20
 /// (it is the one copied); from 100 bytes in, no payload is. Either way no payload of the write
 /// is at a slow distance from its place, and the peer gets the message.
 #[test]
 fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
-    use iwarp_rdmap::conn::{TX_BY_REF_MIN, TxPart, slow_copy};
+    use iwarp_rdmap::conn::{PAGE, TX_BY_REF_MIN, TxPart, slow_copy};
     let len = 150_000;
     for (offset, send) in [(0usize, false), (0, true), (16, false), (100, true)] {
         let what = format!("source {offset} bytes into its page, {}", if send { "Send" } else { "Write" });
@@ -1436,6 +1437,46 @@ fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
             assert!(p.b.events.is_empty(), "{what}: {:?}", p.b.events);
             assert!(p.b.bytes(&dst) == data[offset..], "{what}");
         }
+        // A batch that stops short (its limit) leaves the rest of the message queued: an
+        // answer that comes in meanwhile does not make the next batch, which carries on the
+        // stream, start a fragment, and nothing in it is moved. (From this source the second
+        // FPDU's payload starts a page: at the start of a fragment it would be moved.)
+        let header = if send { 18 } else { 14 };
+        let from = (PAGE - (LARGE_MULPDU - header) % PAGE) % PAGE;
+        let sent = len - PAGE;
+        let sge = Sge { lkey: src, addr: va + from as u64, len: sent as u32 };
+        assert!(slow_copy(2 + header, src_addr + from + LARGE_MULPDU - header), "{what}");
+        p.a.post_send(SendWr { wr_id: 1, op, sgl: sge.into(), signaled: true });
+        let mut stream = Vec::new();
+        for (i, limit) in [1usize, 1 << 20].into_iter().enumerate() {
+            if i == 1 {
+                p.a.post_recv(30, vec![answer_to.sge()]);
+                p.b.post_send(SendWr {
+                    wr_id: 30,
+                    op: SendOp::Send { solicited: false, invalidate: None },
+                    sgl: answer.sge().into(),
+                    signaled: true,
+                });
+                let back = frame_all(&mut p.b);
+                p.a.feed(&back);
+            }
+            batch.clear();
+            let before = p.a.conn.tx_stats().moved;
+            let mut mem = TableMemory { table: &mut p.a.table, pd: p.a.pd };
+            p.a.conn.poll_transmit_batch(&mut mem, &mut batch, limit);
+            let mut iov = Vec::new();
+            batch.io_slices(&mem, &mut iov).unwrap();
+            iov.iter().for_each(|b| stream.extend_from_slice(b));
+            if i == 1 {
+                assert_eq!(p.a.conn.tx_stats().moved, before, "{what}: the batch after a short one");
+            }
+        }
+        if send {
+            p.b.post_recv(8, vec![dst.sge()]);
+        }
+        p.b.feed(&stream);
+        assert!(p.b.events.is_empty(), "{what}: {:?}", p.b.events);
+        assert!(p.b.bytes(&dst)[..sent] == data[from..from + sent], "{what}");
     }
 }
 
