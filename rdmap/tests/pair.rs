@@ -1316,6 +1316,19 @@ fn a_large_message_alone_takes_a_header_read_and_one_read_into_place() {
     }
 }
 
+/// `from` Sends `src` to `to`, into `sink` (posted as receive `id` first), and `to` reads it.
+fn send_over(from: &mut End, to: &mut End, id: u64, src: &Buf, sink: &Buf) {
+    to.post_recv(id, vec![sink.sge()]);
+    from.post_send(SendWr {
+        wr_id: id,
+        op: SendOp::Send { solicited: false, invalidate: None },
+        sgl: src.sge().into(),
+        signaled: true,
+    });
+    let bytes = frame_all(from);
+    to.feed(&bytes);
+}
+
 /// The kernel copies a write into a page fragment that starts at the write's first byte when
 /// the connection is idle, so a payload whose source is page-aligned and whose place in the
 /// write is 16 bytes in (a Write's first FPDU, after the length field and the tagged header) or
@@ -1348,15 +1361,7 @@ fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
         // The initiator speaks first (a responder sends nothing before its first FPDU).
         let hello = p.a.buf(64, Access::NONE, 6);
         let hello_to = p.b.buf(64, Access::LOCAL_WRITE, 0);
-        p.b.post_recv(10, vec![hello_to.sge()]);
-        p.a.post_send(SendWr {
-            wr_id: 10,
-            op: SendOp::Send { solicited: false, invalidate: None },
-            sgl: hello.sge().into(),
-            signaled: true,
-        });
-        let first = frame_all(&mut p.a);
-        p.b.feed(&first);
+        send_over(&mut p.a, &mut p.b, 10, &hello, &hello_to);
         let dst = p.b.buf(len, Access::REMOTE_WRITE.union(Access::LOCAL_WRITE), 0);
         let op = if send {
             p.b.post_recv(7, vec![dst.sge()]);
@@ -1375,15 +1380,7 @@ fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
         for round in 0..3 {
             let what = format!("{what}, round {round}");
             if round < 2 {
-                p.a.post_recv(20 + round, vec![answer_to.sge()]);
-                p.b.post_send(SendWr {
-                    wr_id: 20 + round,
-                    op: SendOp::Send { solicited: false, invalidate: None },
-                    sgl: answer.sge().into(),
-                    signaled: true,
-                });
-                let back = frame_all(&mut p.b);
-                p.a.feed(&back);
+                send_over(&mut p.b, &mut p.a, 20 + round, &answer, &answer_to);
             }
             p.a.post_send(SendWr { wr_id: 1, op, sgl: sge.into(), signaled: true });
             batch.clear();
@@ -1450,15 +1447,7 @@ fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
         let mut stream = Vec::new();
         for (i, limit) in [1usize, 1 << 20].into_iter().enumerate() {
             if i == 1 {
-                p.a.post_recv(30, vec![answer_to.sge()]);
-                p.b.post_send(SendWr {
-                    wr_id: 30,
-                    op: SendOp::Send { solicited: false, invalidate: None },
-                    sgl: answer.sge().into(),
-                    signaled: true,
-                });
-                let back = frame_all(&mut p.b);
-                p.a.feed(&back);
+                send_over(&mut p.b, &mut p.a, 30, &answer, &answer_to);
             }
             batch.clear();
             let before = p.a.conn.tx_stats().moved;
