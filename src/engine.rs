@@ -590,8 +590,23 @@ impl Engine {
         register: impl FnOnce(&Arc<Poll>) -> bool,
         unregister: impl FnOnce(&Arc<Poll>),
     ) -> bool {
-        if !self.doorbell.parked() || self.inline() || self.poll.is_none() {
+        if self.inline() || self.poll.is_none() {
             return false;
+        }
+        if !self.doorbell.parked() {
+            // The engine is awake and sees the input, unless it goes to sleep on the doorbell
+            // alone meanwhile, leaving the input to this thread as one just woken for input
+            // that will be back in its poll (`Engine::sleep`), while this thread sleeps where
+            // it does not watch the links: the input then waited for the end of the engine's
+            // sleep (a millisecond: `epoll_wait` counts in them), on about one 256 KiB
+            // ping-pong round trip in a thousand. So this thread takes that leave back, and
+            // looks again: either the engine, announcing its park before it reads the leave,
+            // sleeps on the links, or this thread sees the park and sleeps in its own poll.
+            self.app_busy_until.store(0, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !self.doorbell.parked() {
+                return false;
+            }
         }
         let Ok(mut alarm) = cq.watching.try_lock() else { return false };
         let poll = match cq.watch() {
