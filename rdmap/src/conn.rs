@@ -155,14 +155,14 @@ pub enum TxPart {
 /// thread's, from where the last write left it; when nothing the thread wrote is in flight any
 /// more, that fragment is free again and the write starts at its first byte. That is likely
 /// when the connection's last batch sent all there was and the peer has answered since (a
-/// ping-pong's every message, a lone Read's response), and then a payload's destination is taken to agree
-/// with its offset in the batch, modulo the page: a 64 KiB Write from page-aligned memory,
-/// whose payload starts 16 bytes into the write (after the length field and the tagged
-/// header), was copied at distance 16, and the kernel's copy of its first FPDU took most of the
-/// round trip of a 64 KiB Write ping-pong. Such a payload is copied into the batch instead, at
-/// a place half a page from its source, so that neither this copy nor the kernel's from there
-/// is slow. In a stream (one way, or Read Responses queued behind each other) the fragment's
-/// offset is anyone's guess, and nothing is moved.
+/// ping-pong's every message, a lone Read's response), and then a payload's destination is
+/// taken to agree with its offset in the batch, modulo the page: a 64 KiB Write from
+/// page-aligned memory, whose payload starts 16 bytes into the write (after the length field
+/// and the tagged header), was copied at distance 16, and the kernel's copy of its first FPDU
+/// took most of the round trip of a 64 KiB Write ping-pong. Such a payload is copied into the
+/// batch instead, at a place half a page from its source, so that neither this copy nor the
+/// kernel's from there is slow. In a stream (one way, or Read Responses queued behind each
+/// other) the fragment's offset is anyone's guess, and nothing is moved.
 #[derive(Debug, Default)]
 pub struct TxBatch {
     /// The batch's own bytes are `meta[..meta_len]`; the bytes after them are room kept from
