@@ -1990,6 +1990,31 @@ fn visit(
 mod tests {
     use super::*;
 
+    /// A thread that comes back to wait for input while the engine is awake is refused its
+    /// queue's poll and parks where it does not watch the links; so it takes back the leave
+    /// that lets the engine sleep on the doorbell alone (the engine's thread would otherwise
+    /// take it for one back in its poll, and nobody would watch the links). A thread let into
+    /// its poll keeps the leave. The engine's thread is stopped, so that the test sets the park.
+    #[test]
+    fn a_waiter_refused_its_poll_takes_back_the_engines_quiet_sleep() {
+        let (engine, thread) =
+            Engine::start(DeviceConfig { poll_mode: PollMode::Event, ..DeviceConfig::default() });
+        engine.stop(thread);
+        let cq = CqShared::new(4);
+        let now = Instant::now();
+        engine.app_busy(now);
+        assert!(engine.app_busy_for(now).is_some());
+        // Awake: refused, and the leave is gone.
+        engine.doorbell.set_parked(false);
+        assert!(!engine.wait_polling(&cq, now, Some(Duration::ZERO), cq.interrupts()));
+        assert_eq!(engine.app_busy_for(now), None);
+        // Parked: the thread sleeps in its poll (for no time here), and a leave it was given
+        // on waking stands.
+        engine.doorbell.set_parked(true);
+        assert!(engine.wait_polling(&cq, Instant::now(), Some(Duration::ZERO), cq.interrupts()));
+        assert!(engine.app_busy_for(Instant::now()).is_some());
+    }
+
     /// The write's buffer list keeps its allocation from one write to the next.
     #[test]
     fn the_iov_list_is_reused_without_allocating() {
