@@ -174,14 +174,7 @@ impl Poll {
         let epoll = epoll::create(CreateFlags::CLOEXEC)?;
         epoll::add(&epoll, doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
         // Without a timer its sleeps carry their own timeouts, in whole milliseconds.
-        let timer = rustix::time::timerfd_create(
-            TimerfdClockId::Monotonic,
-            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
-        )
-        .ok()
-        .filter(|t| {
-            epoll::add(&epoll, t, EventData::new_u64(ALARM), EventFlags::IN | EventFlags::ET).is_ok()
-        });
+        let timer = timer_in(&epoll);
         Ok(DoorbellPoll { epoll, timer })
     }
 
@@ -272,32 +265,40 @@ impl Alarm {
             self.refused = true;
             return (timeout, false);
         };
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
-        let value = Itimerspec { it_interval: zero, it_value: timespec(t) };
-        match rustix::time::timerfd_settime(timer, TimerfdTimerFlags::empty(), &value) {
-            Ok(_) => {
-                self.armed = Some(by);
-                (None, true)
-            }
-            Err(_) => {
-                self.armed = None;
-                (timeout, false)
-            }
+        if arm(timer, t) {
+            self.armed = Some(by);
+            (None, true)
+        } else {
+            self.armed = None;
+            (timeout, false)
         }
     }
 
     /// The timer, made and registered in `poll` on first use.
     fn timer(&mut self, poll: &Poll) -> Option<&OwnedFd> {
         if self.timer.is_none() {
-            let flags = TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC;
-            let timer = rustix::time::timerfd_create(TimerfdClockId::Monotonic, flags).ok()?;
-            // Edge-triggered: each expiry is one event; the count it leaves is never read.
-            epoll::add(&poll.epoll, &timer, EventData::new_u64(ALARM), EventFlags::IN | EventFlags::ET)
-                .ok()?;
-            self.timer = Some(timer);
+            self.timer = Some(timer_in(&poll.epoll)?);
         }
         self.timer.as_ref()
     }
+}
+
+/// A one-shot timer registered in `epoll` (its expiries reported as [`ALARM`]); `None` if the
+/// system refuses one.
+fn timer_in(epoll: &OwnedFd) -> Option<OwnedFd> {
+    let flags = TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC;
+    let timer = rustix::time::timerfd_create(TimerfdClockId::Monotonic, flags).ok()?;
+    // Edge-triggered: each expiry is one event; the count it leaves is never read.
+    epoll::add(epoll, &timer, EventData::new_u64(ALARM), EventFlags::IN | EventFlags::ET).ok()?;
+    Some(timer)
+}
+
+/// Sets `timer` to go off once, `t` from now (replacing any earlier setting and clearing an
+/// expiry not read yet); whether the system took it.
+fn arm(timer: &OwnedFd, t: Duration) -> bool {
+    let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+    let value = Itimerspec { it_interval: zero, it_value: timespec(t) };
+    rustix::time::timerfd_settime(timer, TimerfdTimerFlags::empty(), &value).is_ok()
 }
 
 /// A poll of another poll's doorbell alone (see [`Poll::doorbell_only`]), with a timer that
@@ -316,14 +317,7 @@ impl DoorbellPoll {
     /// instead (one more system call per sleep).
     pub(crate) fn wait(&self, timeout: Duration) -> bool {
         let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; 2];
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
-        let timed = match &self.timer {
-            Some(timer) if !timeout.is_zero() => {
-                let value = Itimerspec { it_interval: zero, it_value: timespec(timeout) };
-                rustix::time::timerfd_settime(timer, TimerfdTimerFlags::empty(), &value).is_ok()
-            }
-            _ => false,
-        };
+        let timed = !timeout.is_zero() && self.timer.as_ref().is_some_and(|timer| arm(timer, timeout));
         // Re-arming the timer clears an expiry an earlier sleep left unread (it ended on a
         // ring), so epoll does not report that one in this sleep.
         let limit = (!timed).then(|| timespec(timeout));

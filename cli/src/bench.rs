@@ -955,7 +955,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             })
         })
         .collect();
-    let doc = json!({
+    let mut doc = json!({
         "config": {
             "ops": ops(args).iter().map(|o| o.name()).collect::<Vec<_>>(),
             "sizes": sizes(args),
@@ -1012,7 +1012,6 @@ fn json_report(args: &Args, report: &Report) -> String {
         },
     });
     // Beside the other byte counts (one more inside the macro passes its recursion limit).
-    let mut doc = doc;
     doc["config"]["tx_moved_bytes"] = json!(report.sent.3);
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

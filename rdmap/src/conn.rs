@@ -12,6 +12,7 @@
 
 use std::io::IoSliceMut;
 
+use iwarp_ddp::dma::PAGE_SIZE;
 use iwarp_ddp::header::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN, control};
 use iwarp_ddp::{AccessError, TerminateCode, TerminateLayer};
 use iwarp_mpa::fpdu::{CRC_LEN, LENGTH_LEN, crc_from_wire, crc_update, pad_len};
@@ -107,21 +108,18 @@ fn after_fpdu(rx_large: u8, markers: bool, direct_min: Option<usize>, ulpdu_len:
 /// more than the copy.
 pub const TX_BY_REF_MIN: usize = 2048;
 
-/// The page size of the address arithmetic below.
-pub const PAGE: usize = 4096;
-
-/// Destination-minus-source distances, modulo [`PAGE`], at which a large forward copy runs many
-/// times slower on some CPUs: each store is taken for one that the loads just behind it may
-/// depend on (their addresses agree in the low 12 bits), and `rep movsb`, which the kernel's
-/// copy from user memory and glibc's `memcpy` use for large copies, waits on every one. On the
-/// project's VM (AMD EPYC) a 64 KiB `rep movsb` took 22-36 us at distances 1 to 31 bytes and
+/// Destination-minus-source distances, modulo [`PAGE_SIZE`], at which a large forward copy
+/// runs many times slower on some CPUs: each store is taken for one that the loads just behind
+/// it may depend on (their addresses agree in the low 12 bits), and `rep movsb`, which the
+/// kernel's copy from user memory and glibc's `memcpy` use for large copies, waits on every
+/// one. On the project's VM (AMD EPYC) a 64 KiB `rep movsb` took 22-36 us at distances 1 to 31 bytes and
 /// 1.5-2.3 us at every other distance measured (0, 32-64, 80, 96, 128 ... 4092).
 pub const SLOW_COPY_DISTANCES: std::ops::RangeInclusive<usize> = 1..=31;
 
 /// Whether copying from `src` to `dst` (addresses, or offsets that agree with them modulo
-/// [`PAGE`]) falls at one of the [`SLOW_COPY_DISTANCES`].
+/// [`PAGE_SIZE`]) falls at one of the [`SLOW_COPY_DISTANCES`].
 pub fn slow_copy(dst: usize, src: usize) -> bool {
-    SLOW_COPY_DISTANCES.contains(&(dst.wrapping_sub(src) % PAGE))
+    SLOW_COPY_DISTANCES.contains(&(dst.wrapping_sub(src) % PAGE_SIZE))
 }
 
 /// Counts of a connection's transmitted bytes.
@@ -212,14 +210,14 @@ impl TxBatch {
     }
 
     /// Appends `bytes` (a payload from registered memory) as a part of the batch's own, copied
-    /// to the place in the buffer half a page (modulo [`PAGE`]) from where they are, which is at
-    /// most a page past the end of the batch's bytes: the gap is never sent.
+    /// to the place in the buffer half a page (modulo [`PAGE_SIZE`]) from where they are, which
+    /// is at most a page past the end of the batch's bytes: the gap is never sent.
     fn push_moved(&mut self, bytes: &[u8]) {
         let end = self.meta_len;
         // Room first: growing the buffer may move it.
-        Self::meta_room(&mut self.meta, end, PAGE + bytes.len());
-        let want = (bytes.as_ptr() as usize).wrapping_add(PAGE / 2) % PAGE;
-        let at = end + want.wrapping_sub((self.meta.as_ptr() as usize).wrapping_add(end)) % PAGE;
+        Self::meta_room(&mut self.meta, end, PAGE_SIZE + bytes.len());
+        let want = (bytes.as_ptr() as usize).wrapping_add(PAGE_SIZE / 2) % PAGE_SIZE;
+        let at = end + want.wrapping_sub((self.meta.as_ptr() as usize).wrapping_add(end)) % PAGE_SIZE;
         self.meta[at..at + bytes.len()].copy_from_slice(bytes);
         self.meta_len = at + bytes.len();
         self.push_meta(at);
@@ -830,9 +828,12 @@ impl Connection {
             for i in first..batch.pieces.len() {
                 let p = batch.pieces[i];
                 // Where the kernel's copy puts it, as far as the page goes: its offset in the
-                // write the batch is (see `TxBatch`).
-                let bytes = mem.source(p.stag, p.to, p.len, p.needed).unwrap_or_default();
-                if answered && bytes.len() == p.len && slow_copy(batch.len, bytes.as_ptr() as usize) {
+                // write the batch is (see `TxBatch`). Looked at only where a move may be due.
+                let slow = answered
+                    .then(|| mem.source(p.stag, p.to, p.len, p.needed).ok())
+                    .flatten()
+                    .filter(|b| b.len() == p.len && slow_copy(batch.len, b.as_ptr() as usize));
+                if let Some(bytes) = slow {
                     batch.push_moved(bytes);
                     self.tx_stats.moved += p.len as u64;
                     continue;

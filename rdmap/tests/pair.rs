@@ -1341,7 +1341,8 @@ fn send_over(from: &mut End, to: &mut End, id: u64, src: &Buf, sink: &Buf) {
 /// is at a slow distance from its place, and the peer gets the message.
 #[test]
 fn a_payload_the_kernel_would_copy_at_a_slow_distance_goes_out_from_a_copy() {
-    use iwarp_rdmap::conn::{PAGE, TX_BY_REF_MIN, TxPart, slow_copy};
+    use iwarp_ddp::dma::PAGE_SIZE as PAGE;
+    use iwarp_rdmap::conn::{TX_BY_REF_MIN, TxPart, slow_copy};
     let len = 150_000;
     for (offset, send) in [(0usize, false), (0, true), (16, false), (100, true)] {
         let what = format!("source {offset} bytes into its page, {}", if send { "Send" } else { "Write" });
