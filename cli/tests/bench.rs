@@ -152,6 +152,12 @@ fn bench_sends_beyond_the_window_up_to_the_posted_receives() {
     // past the server's posted receives would be terminated by the server and fail the run.
     let v = run("1", "3", &[]);
     assert_eq!(v["config"]["send_credits_per_qp"], 170);
+    // More pairs than receives: one credit per pair, so every pair's next Send waits for the
+    // server to repost the receive its last one took (the client sets such pairs aside, in
+    // the order they ran out, and takes them up as their credits come back).
+    let v = run("1", "520", &[]);
+    assert_eq!(v["config"]["send_credits_per_qp"], 1);
+    assert_eq!(v["rows"][0]["iwarp"]["msgs"], 3000);
     // A window beyond the default receive depth raises it. On one shared device the run
     // reports the one engine.
     let v = run("1024", "2", &["--shared-device"]);
