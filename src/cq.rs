@@ -13,6 +13,14 @@ use crate::shared::{CqShared, Waiter, WorkCompletion};
 
 /// How long [`CompletionQueue::wait`] spins before it sleeps.
 pub(crate) const WAIT_SPIN: Duration = Duration::from_micros(20);
+/// The longest sleep of a wait with a deadline before it looks again. Nothing is owed to
+/// the look: the input, a completion or an interrupt ends either sleep, as for a wait without
+/// a deadline, which has no timer at all. Its length is what a timer costs: a queue's alarm is
+/// armed again only once it has gone off (`readiness::Alarm`), so once per such sleep. At
+/// 10 ms, a ping-pong with 10 ms between round trips armed it on every round trip, on the way
+/// from the client's send to its sleep, and the server's went off 2 ms after each answer for
+/// nothing.
+pub(crate) const LONGEST_NAP: Duration = Duration::from_secs(1);
 /// Turns of that spin (about 24 ns each on the project's VM) before it also yields the core
 /// between looks: the engine thread it waits for may need that core.
 const WAIT_SPINS_BEFORE_YIELD: u32 = 64;
@@ -97,7 +105,7 @@ impl CompletionQueue {
     /// A `timeout` too long to be added to the current time ([`Duration::MAX`]) waits with no
     /// deadline, until a completion comes or [`CompletionQueue::interrupt`] ends the wait,
     /// as `ibv_get_cq_event` blocks. Such a wait sleeps without a timer; one with a deadline
-    /// wakes at least every 10 ms to look again.
+    /// wakes at least once a second to look again.
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         // A completion that is there at once says nothing about the traffic, and costs no
         // clock read (in a ping-pong every other wait is one: the send's completion, pushed
@@ -177,10 +185,9 @@ impl CompletionQueue {
                 }
                 continue;
             }
-            // At most 10 ms at a time when there is a deadline (the engine may park or wake
-            // meanwhile, which changes where this thread should sleep); without one, no timer
-            // at all: the input, a completion or an interrupt wakes either sleep.
-            let nap = deadline.map(|d| (d - now).min(Duration::from_millis(10)));
+            // At most LONGEST_NAP at a time when there is a deadline; without one, no timer at
+            // all: the input, a completion or an interrupt wakes either sleep.
+            let nap = deadline.map(|d| (d - now).min(LONGEST_NAP));
             // While the engine sleeps, wait in this queue's own readiness poll: the input it
             // waits for then wakes this thread, which runs the pass itself.
             if self.dev.wait_polling(&self.shared, now, nap, epoch) {

@@ -124,7 +124,7 @@ pub struct EngineStats {
     /// another thread had run on the core meanwhile, so the spin competed with it.
     pub contended_yields: u64,
     /// Times the alarm that ends application threads' timed sleeps in a queue's poll was
-    /// armed: at most once per 10 ms of waiting in a steady exchange, not once per sleep (a
+    /// armed: about once per second of waiting in a steady exchange, not once per sleep (a
     /// timer armed and cancelled for each sleep costs a round trip a few tenths of a
     /// microsecond).
     pub alarms: u64,

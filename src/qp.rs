@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{CheckedSendWr, PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
-use crate::cq::{WAIT_SPIN, spin_turn};
+use crate::cq::{LONGEST_NAP, WAIT_SPIN, spin_turn};
 use crate::engine::{Engine, WaitingApp};
 use crate::shared::QpShared;
 
@@ -364,10 +364,9 @@ impl QueuePair {
                     spin_turn(&mut spins);
                     continue;
                 }
-                // At most 10 ms at a time in either sleep when there is a deadline: the
-                // engine may park or wake meanwhile, which changes where this thread should
-                // sleep. Without one, no timer: the input or an interrupt wakes either sleep.
-                let nap = left.map(|l| l.min(Duration::from_millis(10)));
+                // At most LONGEST_NAP at a time in either sleep when there is a deadline;
+                // without one, no timer: the input or an interrupt wakes either sleep.
+                let nap = left.map(|l| l.min(LONGEST_NAP));
                 if !dev.wait_input_polling(shared, seen, interrupts, now, nap) {
                     arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
                 }

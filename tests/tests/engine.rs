@@ -174,11 +174,11 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
 
 /// Back-to-back Send/Send round trips between two event-mode engines, each end waiting with
 /// a deadline: the waiting threads sleep in their queues' polls, and those sleeps share one
-/// timer per queue, armed again only once it has gone off (it is set 10 ms ahead, the longest
-/// a timed sleep there lasts), not one timer per sleep (a kernel timer armed and cancelled for
-/// each sleep cost an 8 B round trip 0.25-0.3 us of its 6.7). Two queues may thus arm theirs
-/// at most once per 10 ms each, however loaded the machine; one arm per sleep would be about
-/// 600 in a few hundred milliseconds.
+/// timer per queue, armed again only once it has gone off (it is set up to a second ahead,
+/// the longest a timed sleep there lasts), not one timer per sleep (a kernel timer armed and
+/// cancelled for each sleep cost an 8 B round trip 0.25-0.3 us of its 6.7). Two queues may
+/// thus arm theirs at most once per 10 ms each, however loaded the machine (in fact about
+/// once a second); one arm per sleep would be about 600 in a few hundred milliseconds.
 #[test]
 fn timed_waits_share_an_alarm() {
     const ROUNDS: u64 = 300;
