@@ -214,6 +214,47 @@ fn timed_waits_share_an_alarm() {
     assert!(alarms <= 2 * periods, "the alarms were armed more often than they went off: {counts}");
 }
 
+/// Round trips paced a little over 10 ms apart, each end waiting with a deadline: a timed
+/// sleep in a queue's poll lasts up to a second (`LONGEST_NAP`), so the queue's alarm, set
+/// once, covers every sleep of the exchange. With sleeps of at most 10 ms it was armed again
+/// at nearly every round trip, on the client's way from its send to its sleep, and the
+/// server's went off between the round trips, waking its thread for nothing.
+#[test]
+fn paced_waits_arm_no_alarm_per_round_trip() {
+    const ROUNDS: u64 = 15;
+    let (client_dev, server_dev, pair) = one_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
+    first_round_trip(client, server);
+    let before = (client_dev.stats(), server_dev.stats());
+    thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..ROUNDS {
+                server.wait_recv(100 + i, "ping");
+                server.post_recv(101 + i);
+                server.send(1000 + i, 8);
+            }
+        });
+        server.post_recv(100);
+        for i in 0..ROUNDS {
+            thread::sleep(Duration::from_millis(12));
+            client.post_recv(200 + i);
+            client.send(i, 8);
+            client.wait_recv(200 + i, "pong");
+        }
+    });
+    let after = (client_dev.stats(), server_dev.stats());
+    let alarms = after.0.alarms + after.1.alarms - before.0.alarms - before.1.alarms;
+    let server_sleeps = after.1.app_polls - before.1.app_polls;
+    let counts = format!(
+        "{alarms} alarms, {server_sleeps} server sleeps in its queue's poll: {before:?} -> {after:?}"
+    );
+    // Each queue's alarm once, and once more should a second pass (a slow machine).
+    assert!(alarms <= 4, "the alarms were armed per round trip: {counts}");
+    // A sleep per ping, and a few more for waits that found the engine awake or a spurious
+    // wake-up; one more per round trip would be the alarm going off in between.
+    assert!(server_sleeps <= ROUNDS + 4, "the server's thread woke between the round trips: {counts}");
+}
+
 /// A state hook may drop the last handle of a region when its connection goes down (the
 /// verbs drop-in's hooks may hold the last reference to a connection and its regions). The
 /// region's drop takes the engine's core, so the hook must run with the core let go: run
