@@ -1091,18 +1091,20 @@ impl Server {
                 let mut next = self.wait();
                 while let Some(c) = next {
                     if self.completed(&c, "server pong")? == Some(0) {
-                        // The ping's receive goes back before the pong: the client answers
-                        // a pong with its next ping at once, so while pings keep coming in
-                        // this loop need not end, and a repost left for its end came too
-                        // late (the receives ran out, "no buffer available", after 9 round
-                        // trips where 9 were posted, in a debug build under load).
-                        self.repost()?;
                         let sgl = self.bufs.src.sge(0, len32(size)?).into();
                         let op = SendOp::Send { solicited: false, invalidate: None };
                         self.qps[0]
                             .post_send(SendWr { wr_id: wr_id(0, TAG_SQ), op, sgl, signaled: true })
                             .map_err(post_err("the pong"))?;
                         self.sq_out += 1;
+                        // The ping's receive goes back before the next look, right behind the
+                        // pong (off the round trip's path; the slack covers the next ping
+                        // should it come first): the client answers a pong with its next ping
+                        // at once, so while pings keep coming in this loop need not end, and
+                        // a repost left for its end came too late (the receives ran out, "no
+                        // buffer available", after 9 round trips where 9 were posted, in a
+                        // debug build under load).
+                        self.repost()?;
                     }
                     next = self.cq.poll();
                 }
