@@ -148,6 +148,15 @@ impl Segmenter {
         self.max_payload
     }
 
+    /// The payload bytes not yet in a segment, of a message whose first segment was taken
+    /// (0 before that, and once the last was taken).
+    pub fn begun_rest(&self) -> usize {
+        match self.next {
+            Some(offset) if offset > 0 => self.len - offset,
+            _ => 0,
+        }
+    }
+
     /// How many segments are left.
     fn remaining(&self) -> usize {
         match self.next {

@@ -1946,3 +1946,45 @@ fn lists_posted_whole_run_in_order_and_report_each_refusal() {
     assert_eq!(b, [(1, 100), (3, 100), (4, 100)]);
     assert_eq!(p.b.bytes(&dst), pattern(300, 3));
 }
+
+/// A batch's limit gives way at a message's end: with FPDUs of 32 KiB on the wire, a 256 KiB
+/// Write is eight of them and a ninth carrying the last 160 bytes, and a batch limited to
+/// 256 KiB carries all nine (one write: left to the next batch, the ninth went out in a write
+/// of its own, and the message was complete at the peer only when that one came). A message
+/// whose rest past the limit is more than one FPDU is cut at the limit as before.
+#[test]
+fn a_batch_finishes_a_message_whose_rest_fits_in_one_more_fpdu() {
+    // ULPDU of 32,762 bytes: with the length field and the CRC, FPDUs of 32,768.
+    let mulpdu = 32_762;
+    let payload = mulpdu - 14;
+    let limit = 256 * 1024;
+    for (len, first) in [(limit, limit + 180), (limit + 2 * payload, limit)] {
+        let what = format!("{len} B Write");
+        let mut p = Pair::from_conns(Setup { mulpdu, ..Setup::new(true, false) }.connect());
+        let src = p.a.buf(len, Access::NONE, 0);
+        p.a.write(&src, 0, &pattern(len, 9)).unwrap();
+        let dst = p.b.buf(len, Access::REMOTE_WRITE, 0);
+        p.a.post_send(write_to(dst.stag, dst.va, &src, len as u32));
+        let mut stream = Vec::new();
+        let mut sizes = Vec::new();
+        let mut batch = TxBatch::default();
+        loop {
+            batch.clear();
+            let mut mem = TableMemory { table: &mut p.a.table, pd: p.a.pd };
+            let n = p.a.conn.poll_transmit_batch(&mut mem, &mut batch, limit);
+            if n == 0 {
+                break;
+            }
+            let mut iov = Vec::new();
+            batch.io_slices(&mem, &mut iov).unwrap();
+            iov.iter().for_each(|b| stream.extend_from_slice(b));
+            sizes.push(n);
+        }
+        assert_eq!(sizes[0], first, "{what}: {sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), stream.len(), "{what}");
+        assert_eq!(fpdus(&stream).len(), len.div_ceil(payload), "{what}");
+        p.b.feed(&stream);
+        assert!(p.b.events.is_empty(), "{what}: {:?}", p.b.events);
+        assert!(p.b.bytes(&dst) == pattern(len, 9), "{what}");
+    }
+}

@@ -75,6 +75,17 @@ impl QueuePair {
         }
     }
 
+    /// The payload bytes still to send of the messages whose sending has begun (a send-queue
+    /// message and a Read Response, one of each at most, and a message set aside for a
+    /// Terminate): 0 when every message sent so far went out whole.
+    pub fn begun_rest(&self) -> usize {
+        [&self.tx_cur, &self.tx_next, &self.resp_cur]
+            .into_iter()
+            .flatten()
+            .map(|m| m.segments.begun_rest())
+            .sum()
+    }
+
     /// Whether [`QueuePair::poll_transmit`] may have something to send (or memory work requests
     /// to run): false only when it would certainly return `None`. A few field tests, where a
     /// poll that finds nothing walks both turns and the send queue's head.
