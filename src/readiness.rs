@@ -230,9 +230,9 @@ impl Poll {
 /// ping-pong that is twice per round trip, and it cost 0.25-0.3 us of an 8 B Send round trip
 /// of 6.7 us (two devices, one core) against a blocking raw TCP ping-pong's sleep in `recv`,
 /// which has none. The alarm is armed only when the time it is set for comes too late for a
-/// sleep: a waiter that must look again within a second (`cq::LONGEST_NAP`) arms it about once
-/// a second, not once per sleep, and sleeps without a timeout. Going off early only ends one sleep, which the waiter
-/// takes as a spurious wake-up (it checks its own deadline).
+/// sleep: a waiter that must look again within a second (`cq::LONGEST_NAP`) arms it about
+/// once a second, not once per sleep, and sleeps without a timeout. Going off early only ends
+/// one sleep, which the waiter takes as a spurious wake-up (it checks its own deadline).
 #[derive(Debug, Default)]
 pub(crate) struct Alarm {
     /// The timer, registered in the poll it was first used with (made on first use).

@@ -650,16 +650,17 @@ impl Bench {
                     ready.push_back(i);
                 }
                 let Some(i) = ready.pop_front() else { break };
-                if op == Op::Send && in_flight(i, &sent) >= credits {
+                // Sends beyond the pair's credits wait among the starved.
+                let unspent = match op {
+                    Op::Send => credits.saturating_sub(in_flight(i, &sent)),
+                    _ => usize::MAX,
+                };
+                if unspent == 0 {
                     starved.push_back(i);
                     continue;
                 }
                 waiting_since = None;
-                let room = if op == Op::Send {
-                    (limit[i] - sq_out[i]).min(credits - in_flight(i, &sent))
-                } else {
-                    limit[i] - sq_out[i]
-                };
+                let room = (limit[i] - sq_out[i]).min(unspent);
                 batch.clear();
                 // A count budget is checked per message, a time budget once per list (a
                 // clock read per 64-byte message costs as much as posting it).

@@ -76,8 +76,8 @@ impl QueuePair {
     }
 
     /// The payload bytes still to send of the messages whose sending has begun (a send-queue
-    /// message and a Read Response, one of each at most, and a message set aside for a
-    /// Terminate): 0 when every message sent so far went out whole.
+    /// message and a Read Response, one of each at most, and a message set aside while the
+    /// peer-to-peer RTR goes first): 0 when every message sent so far went out whole.
     pub fn begun_rest(&self) -> usize {
         [&self.tx_cur, &self.tx_next, &self.resp_cur]
             .into_iter()
