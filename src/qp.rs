@@ -199,6 +199,12 @@ impl QueuePair {
         QueuePair { handle: Arc::new(Handle { shared, dev }) }
     }
 
+    /// What the queue pair's handles share with the engine.
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<QpShared> {
+        &self.handle.shared
+    }
+
     /// The queue pair's number (in every [`crate::WorkCompletion`] of it).
     pub fn qp_num(&self) -> u32 {
         self.handle.shared.qp_num

@@ -62,6 +62,12 @@ impl Events {
     pub(crate) fn is_empty(&self) -> bool {
         self.ready.is_empty()
     }
+
+    /// Events made up by a test, as if a poll had collected them.
+    #[cfg(test)]
+    pub(crate) fn of(ready: impl IntoIterator<Item = Ready>) -> Events {
+        Events { ready: ready.into_iter().collect() }
+    }
 }
 
 /// The poll and its doorbell.
