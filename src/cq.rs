@@ -180,7 +180,7 @@ impl CompletionQueue {
             }
             if parked && now < drive_until {
                 // The engine sleeps: run its pass here, giving the core away between passes.
-                if !self.dev.waiting_pass() {
+                if !self.dev.waiting_pass(|| self.shared.wake_due(epoch)) {
                     std::thread::yield_now();
                 }
                 continue;

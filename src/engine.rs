@@ -398,6 +398,12 @@ impl Engine {
     /// One pass on the calling thread if no other thread is in one or waiting for the
     /// engine's lock: never blocks. Whether a pass ran and found work.
     pub(crate) fn try_progress(&self) -> bool {
+        self.try_progress_until(|| true)
+    }
+
+    /// [`Engine::try_progress`], whose pass goes on reading the connections that have more
+    /// input until `due` ([`EngineCore::read_on`]).
+    fn try_progress_until(&self, due: impl Fn() -> bool) -> bool {
         if self.waiting.load(Ordering::Acquire) > 0 || self.pass_waiting.load(Ordering::Acquire) {
             return false;
         }
@@ -406,18 +412,22 @@ impl Engine {
         if let Some(poll) = &self.poll {
             poll.wait(&mut events, Some(Duration::ZERO));
         }
-        let work = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
+        let mut work = core.progress(self.poll.as_ref().map(|_| &*events), &self.doorbell);
         drop(events);
+        work |= core.read_on(due);
         self.let_go(core);
         bump(&self.counters.direct_passes, 1);
         work
     }
 
     /// A pass run by a thread waiting for a completion while the engine sleeps (see
-    /// `CompletionQueue::wait`): [`Engine::try_progress`], counted in
+    /// `CompletionQueue::wait`), until what it waits for is `due`: as [`Engine::try_progress`],
+    /// but like the pass of a thread woken in its queue's poll it goes on reading a connection
+    /// with more input ([`EngineCore::read_on`]): left ready, the connection woke the engine
+    /// thread, and the waiting thread stopped its passes for a sleeping engine. Counted in
     /// [`EngineStats::waiting_passes`] when it finds work.
-    pub(crate) fn waiting_pass(&self) -> bool {
-        let work = self.try_progress();
+    pub(crate) fn waiting_pass(&self, due: impl Fn() -> bool) -> bool {
+        let work = self.try_progress_until(due);
         if work {
             bump(&self.counters.waiting_passes, 1);
         }
@@ -1477,15 +1487,23 @@ impl EngineCore {
         }
         self.note(events.iter().copied());
         let mut work = self.visit_ready();
-        let mut rounds = 1;
-        while rounds < WAITER_ROUNDS && !self.ready.is_empty() && !due() {
-            rounds += 1;
-            if !self.visit_ready() {
+        work |= self.read_on(due);
+        self.passes += 1;
+        work
+    }
+
+    /// After a waiting thread's first round of visits: visits the connections left ready again
+    /// (one whose read budget, [`RX_READS_PER_PASS`], ran out while input kept coming), up to
+    /// [`WAITER_ROUNDS`] rounds in all, until `due` or a round finds nothing to do. Whether one
+    /// did something.
+    fn read_on(&mut self, due: impl Fn() -> bool) -> bool {
+        let mut work = false;
+        for _ in 1..WAITER_ROUNDS {
+            if self.ready.is_empty() || due() || !self.visit_ready() {
                 break;
             }
             work = true;
         }
-        self.passes += 1;
         work
     }
 
@@ -2072,30 +2090,44 @@ mod tests {
         }
     }
 
-    /// A waiting thread woken for input runs the pass itself (`Engine::sleep_in_watch`). When
-    /// the message it waits for has more input than one visit reads (a large message still
-    /// arriving as it is read; here all of it is in the link, and its reads are as many),
-    /// the pass goes on reading until the message's completion is there, instead of leaving
-    /// the rest to the engine thread; and it stops there, leaving a second message's input
-    /// to the engine. Both devices inline, so that no thread but the test's runs a pass.
+    /// A waiting thread runs the engine's pass itself: woken for input in its queue's poll
+    /// (`Engine::sleep_in_watch`), or running passes while the engine sleeps (adaptive mode,
+    /// `Engine::waiting_pass`). When the message it waits for has more input than one visit
+    /// reads (a large message still arriving as it is read; here all of it is in the link,
+    /// and its reads are as many), the pass goes on reading until the message's completion is
+    /// there, instead of leaving the rest to the engine thread; and it stops there, leaving a
+    /// second message's input to the engine. Both devices inline, so that no thread but the
+    /// test's runs a pass.
     #[test]
     fn a_waiters_pass_reads_until_its_completion_is_due() {
+        for woken in [true, false] {
+            waiter_reads_until_due(woken);
+        }
+    }
+
+    /// The test above with a thread woken in its poll (`woken`) or driving a sleeping engine.
+    fn waiter_reads_until_due(woken: bool) {
+        use std::io::Write;
+
         use crate::{Access, ConnectOptions, Device, SendOp, SendWr};
         const LEN_U32: u32 = 4 << 20;
         const LEN: usize = LEN_U32 as usize;
         let inline = || Device::open(DeviceConfig { poll_mode: PollMode::Inline, ..DeviceConfig::default() });
         let (cdev, sdev) = (inline(), inline());
         let (a, b) = iwarp_netdev::MemLink::pair(4 * LEN);
+        // A link and a handle on the peer of its socket, which makes the link readable.
         let watched = |mem| {
             let (socket, peer) = std::os::unix::net::UnixStream::pair().unwrap();
-            Box::new(Watched { mem, socket: [socket, peer] })
+            let signal = peer.try_clone().unwrap();
+            (Box::new(Watched { mem, socket: [socket, peer] }), signal)
         };
+        let ((client_link, _), (server_link, mut server_signal)) = (watched(a), watched(b));
         let opts = ConnectOptions { timeout: Duration::from_secs(10), ..ConnectOptions::default() };
         let (cpd, spd) = (cdev.alloc_pd(), sdev.alloc_pd());
         let (ccq, scq) = (cdev.create_cq(16), sdev.create_cq(16));
         let (server, client) = std::thread::scope(|s| {
-            let server = s.spawn(|| sdev.accept_link(watched(b), &spd, &scq, &scq, &opts).unwrap());
-            let client = cdev.connect_link(watched(a), &cpd, &ccq, &ccq, &opts).unwrap();
+            let server = s.spawn(|| sdev.accept_link(server_link, &spd, &scq, &scq, &opts).unwrap());
+            let client = cdev.connect_link(client_link, &cpd, &ccq, &ccq, &opts).unwrap();
             (server.join().unwrap(), client.qp)
         });
         let src = cpd.register(LEN, Access::LOCAL_WRITE).unwrap();
@@ -2123,16 +2155,20 @@ mod tests {
                 sent += 1;
             }
         }
-        let events = Events::of([Ready {
-            token: server.shared().key as Token,
-            readable: true,
-            writable: true,
-            closed: false,
-        }]);
         let cq = &scq.shared;
         let due = || cq.wake_due(cq.interrupts());
         assert!(!due());
-        sdev.engine.pass_events(&events, due);
+        if woken {
+            let token = server.shared().key as Token;
+            sdev.engine.pass_events(
+                &Events::of([Ready { token, readable: true, writable: true, closed: false }]),
+                due,
+            );
+        } else {
+            // The pass asks the engine's poll, which now reports the link readable.
+            server_signal.write_all(&[1]).unwrap();
+            assert!(sdev.engine.waiting_pass(due));
+        }
         let first = scq.poll().expect("the first message completes in the waiter's pass");
         assert_eq!((first.wr_id, first.status, first.byte_len), (0, WcStatus::Success, LEN as u64));
         assert!(scq.poll().is_none(), "the pass stops once the completion is there");
