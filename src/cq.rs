@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::engine::{Engine, WaitingApp};
+use crate::engine::{Engine, WaitingApp, Watch};
 use crate::shared::{CqShared, Waiter, WorkCompletion};
 
 /// How long [`CompletionQueue::wait`] spins before it sleeps.
@@ -118,7 +118,7 @@ impl CompletionQueue {
         let epoch = self.shared.interrupts();
         let start = Instant::now();
         let deadline = crate::deadline::after(start, timeout);
-        let spin_until = start + WAIT_SPIN;
+        let mut spin_until = start + WAIT_SPIN;
         let spin = self.dev.config.spin;
         let adaptive = self.dev.config.poll_mode == crate::PollMode::Adaptive;
         // Whether to drive or sleep (adaptive mode), chosen when the wait first finds the
@@ -190,8 +190,14 @@ impl CompletionQueue {
             let nap = deadline.map(|d| (d - now).min(LONGEST_NAP));
             // While the engine sleeps, wait in this queue's own readiness poll: the input it
             // waits for then wakes this thread, which runs the pass itself.
-            if self.dev.wait_polling(&self.shared, now, nap, epoch) {
-                continue;
+            match self.dev.wait_polling(&self.shared, now, nap, epoch) {
+                Watch::Refused => {}
+                Watch::Slept => continue,
+                Watch::LeftToHolder => {
+                    // The engine's thread is placing the input that woke this one.
+                    spin_until = Instant::now() + WAIT_SPIN;
+                    continue;
+                }
             }
             self.shared.add_waiter(Waiter::Thread(std::thread::current()));
             // Re-check after registering, so a push or an interrupt between the poll and the

@@ -12,7 +12,7 @@ use iwarp_mpa::ConnParams;
 use iwarp_rdmap::qp::{CheckedSendWr, PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr};
 
 use crate::cq::{LONGEST_NAP, WAIT_SPIN, spin_turn};
-use crate::engine::{Engine, WaitingApp};
+use crate::engine::{Engine, WaitingApp, Watch};
 use crate::shared::QpShared;
 
 /// Why a list of work requests was not posted whole (verbs' `bad_wr`): the requests before
@@ -350,7 +350,7 @@ impl QueuePair {
         let interrupts = arrivals.interrupts();
         let _waiting = WaitingApp::new(dev);
         if !dev.inline() {
-            let spin_until = start + WAIT_SPIN;
+            let mut spin_until = start + WAIT_SPIN;
             let mut spins = 0u32;
             let mut first = true;
             loop {
@@ -373,8 +373,13 @@ impl QueuePair {
                 // At most LONGEST_NAP at a time in either sleep when there is a deadline;
                 // without one, no timer: the input or an interrupt wakes either sleep.
                 let nap = left.map(|l| l.min(LONGEST_NAP));
-                if !dev.wait_input_polling(shared, seen, interrupts, now, nap) {
-                    arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
+                match dev.wait_input_polling(shared, seen, interrupts, now, nap) {
+                    Watch::Refused => {
+                        arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
+                    }
+                    Watch::Slept => {}
+                    // The engine's thread is placing the input that woke this one.
+                    Watch::LeftToHolder => spin_until = Instant::now() + WAIT_SPIN,
                 }
             }
         }

@@ -477,10 +477,11 @@ fn adaptive_engines_sharing_a_core_leave_the_passes_to_the_waiting_threads() {
     // Not asserted: that a yield came back late (`contended_yields`), which is how the spin
     // notices; whether one does in a short run is the scheduler's timing (0 in 4 of 10 runs
     // here on an otherwise idle machine). Where the passes ran is the behaviour.
-    // About one pass a round trip is the posting thread's (each pong's post); the rest split
-    // between the engine and the waiting thread: 45-57% of them the posting thread's in 8 runs
-    // of a debug build here, none with the spin that kept going.
-    assert!(3 * n("direct_passes") >= n("passes"), "a third of the passes by the posting thread: {server}");
+    // About one pass a round trip is the posting thread's (each pong's post), none with the
+    // spin that kept going. The rest split between the engine and the waiting thread, and how
+    // is the scheduler's timing: 45-57% of all passes were the posting thread's in 8 runs of a
+    // debug build here once, 33-46% in 20 runs since, so the share is not what is asserted.
+    assert!(2 * n("direct_passes") >= 300, "a pass by the posting thread on most round trips: {server}");
 }
 
 /// 64 KiB Writes from the bench's page-aligned buffers: most payload bytes go out straight
