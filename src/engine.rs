@@ -2223,6 +2223,18 @@ mod tests {
             self.scq.shared.wake_due(self.scq.shared.interrupts())
         }
 
+        /// Runs the server's passes until its next completion.
+        fn next_completion(&self) -> WorkCompletion {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                assert!(Instant::now() < deadline, "no message arrived");
+                self.sdev.progress();
+                if let Some(wc) = self.scq.poll() {
+                    return wc;
+                }
+            }
+        }
+
         /// Checks that receive `wr_id` completed whole, with the pattern in place.
         fn received(&self, wc: &WorkCompletion, wr_id: u64) {
             assert_eq!((wc.wr_id, wc.status, wc.byte_len), (wr_id, WcStatus::Success, LEN as u64));
@@ -2257,15 +2269,7 @@ mod tests {
             assert!(t.scq.poll().is_none(), "the pass stops once the completion is there");
             // The rest is left queued for another pass (the engine thread's, woken by `let_go`).
             assert!(!t.sdev.engine.core().ready.is_empty());
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let second = loop {
-                assert!(Instant::now() < deadline, "the second message did not arrive");
-                t.sdev.progress();
-                if let Some(wc) = t.scq.poll() {
-                    break wc;
-                }
-            };
-            t.received(&second, 1);
+            t.received(&t.next_completion(), 1);
         }
     }
 
@@ -2295,15 +2299,7 @@ mod tests {
         assert_eq!(waiter, None, "the events were left to the holder");
         assert!(t.sdev.stats().rx_bytes > before, "the holder read the input as it let go");
         // The rest of the message: the connection is queued (the link has no new readiness).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let wc = loop {
-            assert!(Instant::now() < deadline, "the message did not arrive");
-            t.sdev.progress();
-            if let Some(wc) = t.scq.poll() {
-                break wc;
-            }
-        };
-        t.received(&wc, 0);
+        t.received(&t.next_completion(), 0);
     }
 
     /// The write's buffer list keeps its allocation from one write to the next.
