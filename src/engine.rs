@@ -1165,6 +1165,8 @@ struct Visit {
     work: bool,
     /// The connection has more to do right away (a read or write budget ran out).
     again: bool,
+    /// Its read budget ran out: more input may wait in the link.
+    input_left: bool,
     /// The connection is finished and fully reported: drop it.
     done: bool,
     /// Visit the connection again at this time (a nudge, the end of a linger).
@@ -1186,6 +1188,8 @@ pub(crate) struct EngineCore {
     free_keys: Vec<usize>,
     /// Keys to visit in the next pass.
     ready: Vec<usize>,
+    /// A visit of the current round of [`EngineCore::visit_ready`] spent its read budget.
+    input_left: bool,
     /// Queue pairs whose state changed in a pass, for their state hooks, which run once the
     /// core is let go (`Engine::let_go`).
     state_changes: Vec<(Arc<QpShared>, QpState)>,
@@ -1241,6 +1245,7 @@ impl EngineCore {
             slots: Vec::new(),
             free_keys: Vec::new(),
             ready: Vec::new(),
+            input_left: false,
             state_changes: Vec::new(),
             waiting_writable: 0,
             iov: Vec::new(),
@@ -1535,14 +1540,17 @@ impl EngineCore {
         work
     }
 
-    /// After a waiting thread's first round of visits: visits the connections left ready again
-    /// (one whose read budget, [`RX_READS_PER_PASS`], ran out while input kept coming), up to
-    /// [`WAITER_ROUNDS`] rounds in all, until `due` or a round finds nothing to do. Whether one
-    /// did something.
+    /// After a waiting thread's first round of visits: while a connection's read budget
+    /// ([`RX_READS_PER_PASS`]) ran out in the last round (input kept coming), visits the
+    /// connections left ready again, up to [`WAITER_ROUNDS`] rounds in all, until `due` or a
+    /// round finds nothing to do. Whether one did something. A connection left ready only with
+    /// more to send does not keep the thread: the engine thread, woken as the core is let go,
+    /// sends the rest, while the application thread goes back to its own work (posting the
+    /// next window of a stream), as before there was any reading on.
     fn read_on(&mut self, due: impl Fn() -> bool) -> bool {
         let mut work = false;
         for _ in 1..WAITER_ROUNDS {
-            if self.ready.is_empty() || due() || !self.visit_ready() {
+            if !self.input_left || self.ready.is_empty() || due() || !self.visit_ready() {
                 break;
             }
             work = true;
@@ -1571,6 +1579,7 @@ impl EngineCore {
 
     /// Visits the connections queued for a visit; whether anything happened.
     fn visit_ready(&mut self) -> bool {
+        self.input_left = false;
         let batch = std::mem::take(&mut self.ready);
         let mut work = false;
         for &key in &batch {
@@ -1637,6 +1646,7 @@ impl EngineCore {
         if v.again {
             self.schedule(key);
         }
+        self.input_left |= v.input_left;
         v.work
     }
 
@@ -1857,6 +1867,7 @@ fn visit(
         loop {
             if reads == RX_READS_PER_PASS {
                 v.again = true;
+                v.input_left = true;
                 break;
             }
             reads += 1;
@@ -2191,15 +2202,21 @@ mod tests {
             Linked { cdev, sdev, ccq, scq, client, server, signal, src, dst, pattern }
         }
 
-        /// Posts `n` Sends of `LEN` bytes and runs the client's passes until all of them are
-        /// in the link.
-        fn send(&self, n: u64) {
+        /// Posts `n` Sends of `LEN` bytes (inline, posting visits the queue pair: the first
+        /// two batches go out).
+        fn post_sends(&self, n: u64) {
             use crate::{SendOp, SendWr};
             for wr_id in 0..n {
                 let op = SendOp::Send { solicited: false, invalidate: None };
                 let sgl = self.src.sge(0, LEN_U32).into();
                 self.client.post_send(SendWr { wr_id, op, sgl, signaled: true }).unwrap();
             }
+        }
+
+        /// Posts `n` Sends of `LEN` bytes and runs the client's passes until all of them are
+        /// in the link.
+        fn send(&self, n: u64) {
+            self.post_sends(n);
             let deadline = Instant::now() + Duration::from_secs(30);
             let mut sent = 0;
             while sent < n {
@@ -2271,6 +2288,19 @@ mod tests {
             assert!(!t.sdev.engine.core().ready.is_empty());
             t.received(&t.next_completion(), 1);
         }
+    }
+
+    /// A waiting thread's pass reads on, but does not write on: a connection left ready only
+    /// with more to send (its transmit budget spent) is left to the engine thread, which sends
+    /// the rest while the application thread goes on.
+    #[test]
+    fn a_waiters_pass_does_not_write_on() {
+        let t = Linked::new(1);
+        t.post_sends(1);
+        let cq = &t.ccq.shared;
+        assert!(t.cdev.engine.waiting_pass(|| cq.wake_due(cq.interrupts())));
+        assert!(t.ccq.poll().is_none(), "the pass stopped with the message half sent");
+        assert!(!t.cdev.engine.core().ready.is_empty(), "the rest is queued for the engine");
     }
 
     /// A thread woken in its queue's poll while another thread holds the core (the engine's,
