@@ -194,7 +194,8 @@ impl CompletionQueue {
                 Watch::Refused => {}
                 Watch::Slept => continue,
                 Watch::LeftToHolder => {
-                    // The engine's thread is placing the input that woke this one.
+                    // Another thread holding the core (mostly the engine's) places the input that
+                    // woke this one.
                     spin_until = Instant::now() + WAIT_SPIN;
                     continue;
                 }

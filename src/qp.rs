@@ -378,7 +378,8 @@ impl QueuePair {
                         arrivals.wait(seen, interrupts, nap.map(|n| Instant::now() + n));
                     }
                     Watch::Slept => {}
-                    // The engine's thread is placing the input that woke this one.
+                    // Another thread holding the core (mostly the engine's) places the input that
+                    // woke this one.
                     Watch::LeftToHolder => spin_until = Instant::now() + WAIT_SPIN,
                 }
             }
