@@ -186,7 +186,7 @@ const TX_BATCH: usize = 256 * 1024;
 /// Reads per connection per pass, so one busy connection cannot starve the others.
 const RX_READS_PER_PASS: usize = 8;
 /// Rounds of visits a waiting thread's pass makes while its connections have more input
-/// ([`EngineCore::progress_events`]): up to this many times [`RX_READS_PER_PASS`] reads each.
+/// ([`EngineCore::read_on`]): up to this many times [`RX_READS_PER_PASS`] reads each.
 const WAITER_ROUNDS: usize = 32;
 /// Transmit batches per connection per pass.
 const TX_BATCHES_PER_PASS: usize = 2;
@@ -1520,15 +1520,8 @@ impl EngineCore {
 
     /// The pass of a thread woken in a queue's own poll, given what woke it: the connections
     /// the events name are visited, and nothing else (see [`EngineCore::visit_direct`] for
-    /// what the general pass's other rounds are left to). The general pass where
-    /// [`EngineCore::every_pass_serves`].
-    ///
-    /// A connection whose visit spent its read budget ([`RX_READS_PER_PASS`]) with input still
-    /// coming (a large message arriving as it is read) is visited again, up to
-    /// [`WAITER_ROUNDS`] rounds in all, until what the thread waits for is `due`: left for the
-    /// engine thread, the rest of the message cost a wake-up of that thread, and of the
-    /// waiting one again once the engine had placed it (the last of a 256 KiB message's nine
-    /// FPDUs reached its waiter about 40 us after the rest, on two cores).
+    /// what the general pass's other rounds are left to), then read on until `due`
+    /// ([`EngineCore::read_on`]). The general pass where [`EngineCore::every_pass_serves`].
     fn progress_events(&mut self, events: &Events, doorbell: &Doorbell, due: impl Fn() -> bool) -> bool {
         if self.every_pass_serves() {
             return self.progress(Some(events), doorbell);
@@ -1541,9 +1534,13 @@ impl EngineCore {
     }
 
     /// After a waiting thread's first round of visits: while a connection's read budget
-    /// ([`RX_READS_PER_PASS`]) ran out in the last round (input kept coming), visits the
-    /// connections left ready again, up to [`WAITER_ROUNDS`] rounds in all, until `due` or a
-    /// round finds nothing to do. Whether one did something. A connection left ready only with
+    /// ([`RX_READS_PER_PASS`]) ran out in the last round (input kept coming, a large message
+    /// arriving as it is read), visits the connections left ready again, up to
+    /// [`WAITER_ROUNDS`] rounds in all, until `due` or a round finds nothing to do. Whether one
+    /// did something. Left to the engine thread, the rest of the message cost a wake-up of that
+    /// thread, and of the waiting one again once the engine had placed it (the last of a
+    /// 256 KiB message's nine FPDUs reached its waiter about 40 us after the rest, on two
+    /// cores). A connection left ready only with
     /// more to send does not keep the thread: the engine thread, woken as the core is let go,
     /// sends the rest, while the application thread goes back to its own work (posting the
     /// next window of a stream), as before there was any reading on.
