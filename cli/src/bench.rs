@@ -98,6 +98,15 @@ pub(crate) struct Args {
     /// 10ms: sparse messages, which find the engines asleep [default: 0].
     #[arg(long, value_parser = parse_gap)]
     gap: Option<Duration>,
+    /// The ping-pongs' raw-TCP baseline taking turns with this stack's ping-pong over the
+    /// same time (on: one round trip each with --gap, else 10 ms of each), or measured before
+    /// it with the other baselines (off). On by default where the baseline blocks (adaptive
+    /// and event modes over kernel TCP): on a shared machine a baseline measured seconds
+    /// apart moved by a factor of two from one run to the next. Not with a busy or inline
+    /// engine, whose baseline busy-polls (its spinning echo thread would take a core from
+    /// this stack's turns), nor over smoltcp [default: on where it applies].
+    #[arg(long, value_enum)]
+    interleave: Option<OnOff>,
     /// Work requests outstanding on the sender in the bandwidth measurements, like perftest's
     /// transmit depth, spread over the queue pairs (at least one each: with more pairs than
     /// the window, one per pair). Reads too: the connections take the window per queue pair as
@@ -337,6 +346,14 @@ pub(crate) fn run(args: &Args) -> ExitCode {
     if let Some(name) = &args.device {
         return run_device(args, name);
     }
+    if args.interleave == Some(OnOff::On) && (raw_busy(args) || args.transport.smoltcp()) {
+        eprintln!(
+            "error: bench: --interleave on needs the blocking raw-TCP baseline of adaptive or event mode over kernel TCP (with --poll {} {}, it would spin beside this stack's turns)",
+            args.poll.name(),
+            if args.transport.smoltcp() { "over smoltcp" } else { "the baseline busy-polls" }
+        );
+        return ExitCode::from(2);
+    }
     let (stacks, veth) = match open_stacks(args) {
         Ok(Some((s, v))) => (Some(s), v),
         Ok(None) => (None, None),
@@ -478,6 +495,12 @@ fn gap(args: &Args) -> Duration {
     args.gap.unwrap_or(Duration::ZERO)
 }
 
+/// Whether the ping-pongs' baseline takes turns with this stack's (`--interleave`): where the
+/// baseline blocks over kernel TCP, unless turned off.
+fn interleave(args: &Args) -> bool {
+    args.interleave != Some(OnOff::Off) && !raw_busy(args) && !args.transport.smoltcp()
+}
+
 fn budget(args: &Args) -> Budget {
     Budget { iters: args.iters, duration: args.duration.unwrap_or(DEFAULT_DURATION) }
 }
@@ -541,7 +564,7 @@ fn measure(
             }
             None => {
                 let stream = raw::stream(size, &budget, None, None)?;
-                let ping_pong = if sizes.contains(&size) {
+                let ping_pong = if sizes.contains(&size) && !interleave(args) {
                     raw::ping_pong(size, &budget, raw_busy(args), gap(args))?
                 } else {
                     Latency::default()
@@ -550,12 +573,16 @@ fn measure(
             }
         };
         progress(format!(
-            "{} {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  ping-pong p50 {:.1} us",
+            "{} {:>5}: {:8.3} GB/s {:8.3} Mmsg/s  {}",
             if stacks.is_some() { "smoltcp raw TCP" } else { "raw TCP" },
             show_size(size),
             stream.gbyte_s(),
             stream.mmsg_s(),
-            ping_pong.p50_us
+            if interleave(args) {
+                "ping-pong: in turns with each operation's".to_string()
+            } else {
+                format!("ping-pong p50 {:.1} us", ping_pong.p50_us)
+            }
         ));
         let conns = match conn_count {
             Some(n) if sizes.contains(&size) => {
@@ -571,7 +598,7 @@ fn measure(
             }
             _ => None,
         };
-        raw_rows.insert(size, RawRow { stream, ping_pong, frames, conns });
+        raw_rows.insert(size, RawRow { stream, ping_pong, ping_pong_turns: None, frames, conns });
     }
     let raw_per_window = if per_window {
         let t = raw_per_window(usize::from(args.window), &budget)?;
@@ -613,22 +640,39 @@ fn measure(
     for &op in &ops {
         for &size in &sizes {
             let bw = bench.throughput(op, size, &budget).map_err(|e| bench.explain(e))?;
-            let lat = bench.latency(op, size, &budget).map_err(|e| bench.explain(e))?;
-            let raw = raw_rows
+            let mut raw = raw_rows
                 .get(&size)
                 .copied()
                 .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
+            let lat = if interleave(args) {
+                // The time of both ping-pongs measured apart.
+                let both = Budget { duration: budget.duration * 2, ..budget };
+                let mut echo = raw::Echo::open(size, false)?;
+                let (lat, raw_lat, turns) =
+                    bench.latency(op, size, &both, Some(&mut echo)).map_err(|e| bench.explain(e))?;
+                echo.close()?;
+                raw.ping_pong = raw_lat;
+                raw.ping_pong_turns = Some(turns);
+                lat
+            } else {
+                bench.latency(op, size, &budget, None).map_err(|e| bench.explain(e))?.0
+            };
             let mut row =
                 Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied(), one_qp: None };
             progress(format!(
-                "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw)",
+                "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw{})",
                 op.name(),
                 show_size(size),
                 bw.gbyte_s(),
                 row.bw_ratio(),
                 bw.mmsg_s(),
                 lat.p50_us,
-                row.lat_ratio()
+                row.lat_ratio(),
+                if interleave(args) {
+                    format!(" {:.1} us, in turns", raw.ping_pong.p50_us)
+                } else {
+                    String::new()
+                }
             ));
             if op == Op::Write && args.qps > 1 {
                 let one = bench.throughput_one(size, &budget).map_err(|e| bench.explain(e))?;
@@ -736,7 +780,7 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, {per} per measurement{neg}\n\
-         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}. Latency is the round trip.\n{crowded}{offloads}{memory}",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}{}. Latency is the round trip.\n{crowded}{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -744,6 +788,7 @@ fn config_line(args: &Args, report: &Report) -> String {
         args.window,
         args.cq_mod,
         if raw_busy(args) { "busy-polling" } else { "blocking" },
+        if interleave(args) { ", in turns with each operation's" } else { "" },
     )
 }
 
@@ -935,6 +980,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             }
             if let (Value::Object(i), Value::Object(l)) = (&mut raw, r.raw.ping_pong.to_json()) {
                 i.extend(l);
+                i.insert("ping_pong_turns".into(), json!(r.raw.ping_pong_turns));
             }
             json!({
                 "op": r.op.name(),
@@ -971,7 +1017,11 @@ fn json_report(args: &Args, report: &Report) -> String {
             "window": args.window,
             "cq_mod": args.cq_mod,
             "send_credits_per_qp": rdma::send_credits(usize::from(args.window), usize::from(args.qps)),
-            "raw_ping_pong": if raw_busy(args) { "busy-poll" } else { "blocking" },
+            "raw_ping_pong": match (raw_busy(args), interleave(args)) {
+                (true, _) => "busy-poll",
+                (false, true) => "blocking, in turns",
+                (false, false) => "blocking",
+            },
             "shared_device": args.shared_device,
             "spinning_threads": rdma::spinning_threads(args.poll.mode(), args.shared_device),
             "cores": rdma::cores(),

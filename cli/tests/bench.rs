@@ -290,6 +290,9 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         (&["--duration", "0"], "duration"),
         (&["--duration", "1", "--iters", "5"], "cannot be used with"),
         (&["--ops", "atomic"], "--ops"),
+        (&["--interleave", "sometimes"], "--interleave"),
+        (&["--poll", "busy", "--interleave", "on"], "--interleave on"),
+        (&["--poll", "inline", "--interleave", "on"], "--interleave on"),
     ] {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
@@ -298,6 +301,45 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         let e = stderr(&o);
         assert!(e.starts_with("error:") && e.contains(needle), "{args:?}: {e}");
         assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// The ping-pongs' raw-TCP baseline takes turns with this stack's: with a gap, one round trip
+/// each, as many as this stack's; back to back, 10 ms of each, several turns in a measurement;
+/// measured apart with `--interleave off` and where the baseline busy-polls.
+#[test]
+fn bench_ping_pongs_take_turns_with_the_raw_baseline() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["bench", "--ops", "send,write", "--sizes", "8", "--json", "--quiet"];
+        args.extend_from_slice(extra);
+        let o = iwarp(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{v}");
+        v
+    };
+    let v = run(&["--iters", "20", "--gap", "1ms"]);
+    assert_eq!(v["config"]["raw_ping_pong"], "blocking, in turns");
+    for r in v["rows"].as_array().unwrap() {
+        assert_eq!(r["iwarp"]["samples"], 20, "{r}");
+        assert_eq!(r["raw"]["samples"], 20, "{r}");
+        assert_eq!(r["raw"]["ping_pong_turns"], 20, "{r}");
+        assert!(r["raw"]["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // Back to back: 0.1 s of each, in turns of 10 ms.
+    let v = run(&["--duration", "0.1", "--poll", "event"]);
+    for r in v["rows"].as_array().unwrap() {
+        let turns = r["raw"]["ping_pong_turns"].as_u64().unwrap();
+        assert!((3..=40).contains(&turns), "{turns} turns: {r}");
+        assert!(r["raw"]["samples"].as_u64().unwrap() > turns, "{r}");
+        assert!(r["iwarp"]["samples"].as_u64().unwrap() > turns, "{r}");
+    }
+    for extra in [&["--iters", "20", "--interleave", "off"][..], &["--iters", "20", "--poll", "inline"]] {
+        let v = run(extra);
+        for r in v["rows"].as_array().unwrap() {
+            assert!(r["raw"]["ping_pong_turns"].is_null(), "{extra:?}: {r}");
+            assert_eq!(r["raw"]["samples"], 20, "{extra:?}: {r}");
+        }
     }
 }
 

@@ -300,43 +300,67 @@ fn prepare(s: &TcpStream, busy: bool) -> io::Result<()> {
     }
 }
 
-/// Ping-pong: the client sends `size` bytes, the server echoes them; one sample per round
-/// trip, each after a pause of `gap`. With `busy`, both ends spin on nonblocking sockets.
+/// A raw-TCP echo connection, for ping-pongs: the client sends `size` bytes, a server thread
+/// echoes them. With `busy`, both ends spin on nonblocking sockets; otherwise both block.
+pub(super) struct Echo {
+    s: TcpStream,
+    out: Vec<u8>,
+    back: Vec<u8>,
+    busy: bool,
+    server: JoinHandle<Result<(), BenchError>>,
+}
+
+impl Echo {
+    pub(super) fn open(size: usize, busy: bool) -> Result<Echo, BenchError> {
+        let (addr, server) = server(None, move |mut s| {
+            prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
+            let mut buf = vec![0u8; size];
+            while read_exact(&mut s, &mut buf, busy).map_err(io_err("echo read"))? {
+                write_all(&mut s, &buf, busy).map_err(io_err("echo write"))?;
+            }
+            Ok(())
+        })?;
+        let s = connect(addr, None)?;
+        prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
+        Ok(Echo { s, out: vec![0xa5u8; size], back: vec![0u8; size], busy, server })
+    }
+
+    /// One round trip, timed.
+    pub(super) fn round_trip(&mut self) -> Result<Duration, BenchError> {
+        let t0 = Instant::now();
+        write_all(&mut self.s, &self.out, self.busy).map_err(io_err("ping write"))?;
+        if !read_exact(&mut self.s, &mut self.back, self.busy).map_err(io_err("pong read"))? {
+            return Err(BenchError("raw TCP: the echo server closed the connection".into()));
+        }
+        Ok(t0.elapsed())
+    }
+
+    /// Ends the connection and the server thread.
+    pub(super) fn close(self) -> Result<(), BenchError> {
+        self.s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
+        join(self.server)
+    }
+}
+
+/// Ping-pong over an [`Echo`]: one sample per round trip, each after a pause of `gap`.
 pub(super) fn ping_pong(
     size: usize,
     budget: &Budget,
     busy: bool,
     gap: Duration,
 ) -> Result<Latency, BenchError> {
-    let (addr, handle) = server(None, move |mut s| {
-        prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
-        let mut buf = vec![0u8; size];
-        while read_exact(&mut s, &mut buf, busy).map_err(io_err("echo read"))? {
-            write_all(&mut s, &buf, busy).map_err(io_err("echo write"))?;
-        }
-        Ok(())
-    })?;
-    let mut s = connect(addr, None)?;
-    prepare(&s, busy).map_err(io_err("ping-pong setup"))?;
-    let out = vec![0xa5u8; size];
-    let mut back = vec![0u8; size];
+    let mut echo = Echo::open(size, busy)?;
     let mut samples = Samples::new();
     let start = Instant::now();
     loop {
         if !gap.is_zero() {
             std::thread::sleep(gap);
         }
-        let t0 = Instant::now();
-        write_all(&mut s, &out, busy).map_err(io_err("ping write"))?;
-        if !read_exact(&mut s, &mut back, busy).map_err(io_err("pong read"))? {
-            return Err(BenchError("raw TCP: the echo server closed the connection".into()));
-        }
-        samples.push(t0.elapsed());
+        samples.push(echo.round_trip()?);
         if budget.spent(samples.len() as u64, start) {
             break;
         }
     }
-    s.shutdown(Shutdown::Write).map_err(io_err("shutdown"))?;
-    join(handle)?;
+    echo.close()?;
     Ok(Latency::from_samples(samples))
 }

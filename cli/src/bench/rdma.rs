@@ -18,10 +18,17 @@ use iwarp::{
     QpState, QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use super::raw;
 use super::results::{BenchError, Budget, Latency, Op, Samples, Throughput};
 
 /// How long the engine may go without completing anything before a measurement fails.
 const STALL: Duration = Duration::from_secs(10);
+/// How long each side's turn lasts when the ping-pong alternates with the raw-TCP baseline's
+/// back to back (`Bench::latency`): long enough that the first round trips after a switch
+/// (the engines woken, the other side's spin still running) stay out of the percentiles,
+/// short against the load changes that moved a baseline measured apart by a factor of two
+/// from one run to the next on a shared machine.
+pub(super) const TURN: Duration = Duration::from_millis(10);
 /// The iWARP listener's port on the server's smoltcp stack.
 const SMOL_PORT: u16 = 7290;
 
@@ -772,11 +779,21 @@ impl Bench {
         Ok(Throughput { msgs: done, bytes: done * size as u64, secs })
     }
 
-    /// Round trips of one message of `size` bytes on the first pair. Never inlined, so that
-    /// callgrind can count what happens within it (docs/architecture.md, "What a message costs
-    /// on the way").
+    /// Round trips of one message of `size` bytes on the first pair until the budget is spent,
+    /// each after the pause of `--gap`. With `baseline`, the raw-TCP echo's round trips take
+    /// turns with these (one each with a gap, else [`TURN`] of each), so that both meet the
+    /// same load on the machine: the second value holds them (empty without `baseline`), the
+    /// third counts the turns (0 without). The budget counts this stack's round trips, or the
+    /// time of the whole. Never inlined, so that callgrind can count what happens within it
+    /// (docs/architecture.md, "What a message costs on the way").
     #[inline(never)]
-    pub(super) fn latency(&mut self, op: Op, size: usize, budget: &Budget) -> Result<Latency, BenchError> {
+    pub(super) fn latency(
+        &mut self,
+        op: Op,
+        size: usize,
+        budget: &Budget,
+        mut baseline: Option<&mut raw::Echo>,
+    ) -> Result<(Latency, Latency, u64), BenchError> {
         let what = format!("{} {size} B ping-pong", op.name());
         self.serve(match op {
             Op::Write => Serve::WritePong(size),
@@ -784,58 +801,38 @@ impl Bench {
             Op::Read => Serve::Idle,
         })?;
         self.top_up()?;
-        let mut samples = Samples::new();
+        let gap = self.cfg.gap;
+        let pause = || {
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
+            }
+        };
+        // A turn is one round trip with a gap (every round trip then starts from the same
+        // idle), else TURN of them.
+        let turn_over = |turn: Instant| !gap.is_zero() || turn.elapsed() >= TURN;
+        let (mut samples, mut raw_samples) = (Samples::new(), Samples::new());
         let start = Instant::now();
         // Send completions of the ping-pong not reaped yet.
         let mut sq_out = 0usize;
+        let mut turns = 0u64;
         loop {
-            if !self.cfg.gap.is_zero() {
-                std::thread::sleep(self.cfg.gap);
-            }
-            let t0 = Instant::now();
-            match op {
-                Op::Read => {
-                    self.qps[0]
-                        .post_send(self.client_wr(Op::Read, 0, size, TAG_SQ)?)
-                        .map_err(post_err(&what))?;
-                    let c = self.next(&what)?;
-                    if c.wr_id != wr_id(0, TAG_SQ) || c.opcode != WcOpcode::Read {
-                        return Err(unexpected(&what, &c));
+            if let Some(echo) = baseline.as_deref_mut() {
+                turns += 1;
+                let turn = Instant::now();
+                loop {
+                    pause();
+                    raw_samples.push(echo.round_trip()?);
+                    if turn_over(turn) || budget.spent(raw_samples.len() as u64, start) {
+                        break;
                     }
                 }
-                Op::Write => {
-                    self.seq = self.seq.wrapping_add(1);
-                    let (mark_at, mark) = marker(size, self.seq);
-                    self.bufs
-                        .src
-                        .write(mark_at, &mark)
-                        .map_err(|_| BenchError("marker out of bounds".into()))?;
-                    self.qps[0]
-                        .post_send(self.client_wr(Op::Write, 0, size, TAG_SQ)?)
-                        .map_err(post_err(&what))?;
-                    sq_out += 1;
-                    self.wait_marker(mark_at, &mark, &mut sq_out, &what)?;
-                }
-                Op::Send => {
-                    self.qps[0]
-                        .post_send(self.client_wr(Op::Send, 0, size, TAG_SQ)?)
-                        .map_err(post_err(&what))?;
-                    sq_out += 1;
-                    self.wait_recv(size, &mut sq_out, &what)?;
-                    self.posted[0] -= 1;
-                }
             }
-            samples.push(t0.elapsed());
-            if op == Op::Send {
-                self.top_up()?;
-            }
-            // Keep the send queue from filling up with unreaped completions.
-            while sq_out > 0 {
-                let Some(c) = self.cq.poll() else { break };
-                check(&c, &what)?;
-                match split(c.wr_id) {
-                    (0, TAG_SQ) => sq_out -= 1,
-                    _ => return Err(unexpected(&what, &c)),
+            let turn = Instant::now();
+            loop {
+                pause();
+                samples.push(self.round_trip(op, size, &mut sq_out, &what)?);
+                if baseline.is_none() || turn_over(turn) || budget.spent(samples.len() as u64, start) {
+                    break;
                 }
             }
             if budget.spent(samples.len() as u64, start) {
@@ -849,7 +846,56 @@ impl Bench {
                 _ => return Err(unexpected(&what, &c)),
             }
         }
-        Ok(Latency::from_samples(samples))
+        Ok((Latency::from_samples(samples), Latency::from_samples(raw_samples), turns))
+    }
+
+    /// One timed round trip of the ping-pong, then the untimed upkeep: the receive reposted
+    /// (Send) and the send completions there are reaped.
+    fn round_trip(
+        &mut self,
+        op: Op,
+        size: usize,
+        sq_out: &mut usize,
+        what: &str,
+    ) -> Result<Duration, BenchError> {
+        let t0 = Instant::now();
+        match op {
+            Op::Read => {
+                self.qps[0].post_send(self.client_wr(Op::Read, 0, size, TAG_SQ)?).map_err(post_err(what))?;
+                let c = self.next(what)?;
+                if c.wr_id != wr_id(0, TAG_SQ) || c.opcode != WcOpcode::Read {
+                    return Err(unexpected(what, &c));
+                }
+            }
+            Op::Write => {
+                self.seq = self.seq.wrapping_add(1);
+                let (mark_at, mark) = marker(size, self.seq);
+                self.bufs.src.write(mark_at, &mark).map_err(|_| BenchError("marker out of bounds".into()))?;
+                self.qps[0].post_send(self.client_wr(Op::Write, 0, size, TAG_SQ)?).map_err(post_err(what))?;
+                *sq_out += 1;
+                self.wait_marker(mark_at, &mark, sq_out, what)?;
+            }
+            Op::Send => {
+                self.qps[0].post_send(self.client_wr(Op::Send, 0, size, TAG_SQ)?).map_err(post_err(what))?;
+                *sq_out += 1;
+                self.wait_recv(size, sq_out, what)?;
+                self.posted[0] -= 1;
+            }
+        }
+        let took = t0.elapsed();
+        if op == Op::Send {
+            self.top_up()?;
+        }
+        // Keep the send queue from filling up with unreaped completions.
+        while *sq_out > 0 {
+            let Some(c) = self.cq.poll() else { break };
+            check(&c, what)?;
+            match split(c.wr_id) {
+                (0, TAG_SQ) => *sq_out -= 1,
+                _ => return Err(unexpected(what, &c)),
+            }
+        }
+        Ok(took)
     }
 
     /// Spins until the server's answering Write shows the marker in the client's buffer,
@@ -1243,7 +1289,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let budget = Budget { iters: Some(10), duration: Duration::from_secs(1) };
-        let e = bench.latency(Op::Send, 64, &budget).map_err(|e| bench.explain(e)).unwrap_err().0;
+        let e = bench.latency(Op::Send, 64, &budget, None).map_err(|e| bench.explain(e)).unwrap_err().0;
         // The server's thread sees its receives flushed; the client's queue pair lost its
         // connection with it.
         assert!(e.contains("WrFlushError"), "{e}");

@@ -181,6 +181,9 @@ impl FrameCost {
 pub(crate) struct RawRow {
     pub(crate) stream: Throughput,
     pub(crate) ping_pong: Latency,
+    /// The turns the ping-pong took with this stack's (`--interleave`), or `None` when it
+    /// was measured apart.
+    pub(crate) ping_pong_turns: Option<u64>,
     /// smoltcp runs: what the stream's frames cost.
     pub(crate) frames: Option<FrameCost>,
     /// Kernel TCP over 127.0.0.1 with `--qps` above 1: the stream spread over as many
