@@ -250,8 +250,48 @@ fn bench_over_several_qps_compares_with_raw_tcp_over_as_many_connections_and_wit
     let err = stderr(&o);
     assert!(err.contains("bench: [2/7] raw TCP    4K over 5 connections"), "{err}");
     assert!(err.contains("bench: [5/7] write    4K:"), "{err}");
-    assert!(err.contains("bench: [6/7] write    4K over one QP:"), "{err}");
+    assert!(err.contains("bench: [6/7] write    4K over one QP:") && err.contains("; 5 rounds "), "{err}");
     assert!(err.contains("bench: [7/7] read"), "{err}");
+    assert!(s.contains("take turns in 5 rounds"), "{s}");
+    let line = s.lines().find(|l| l.starts_with("write ") && l.contains("over 5 connections")).unwrap();
+    assert_eq!(line.matches("(rounds ").count(), 2, "{line}");
+}
+
+/// Writes over several queue pairs take turns with one queue pair and with raw TCP over as
+/// many connections, in five rounds of a fifth of the budget each: the figures are the rounds'
+/// sums, the ratios come with their spread. Busy engines would spin beside raw TCP's turns:
+/// there raw TCP over the connections is the one measured before the engines started.
+#[test]
+fn bench_writes_over_several_qps_take_turns_in_rounds() {
+    let run = |poll: &str| {
+        let o = iwarp(&[
+            "bench", "--ops", "write", "--sizes", "4K", "--iters", "100", "--qps", "3", "--window", "6",
+            "--poll", poll, "--json", "--quiet",
+        ]);
+        assert!(o.status.success(), "{poll}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["rows"][0].clone()
+    };
+    for poll in ["adaptive", "busy"] {
+        let r = run(poll);
+        assert_eq!(r["write_rounds"], 5, "{poll}: {r}");
+        // 100 messages in rounds of 20, for the aggregate and for one queue pair.
+        assert_eq!(r["iwarp"]["msgs"], 100, "{poll}: {r}");
+        assert_eq!(r["iwarp_one_qp"]["msgs"], 100, "{poll}: {r}");
+        let one = &r["ratio"]["bandwidth_one_qp_rounds"];
+        let (lo, mid, hi) =
+            (one["min"].as_f64().unwrap(), one["median"].as_f64().unwrap(), one["max"].as_f64().unwrap());
+        assert!(0.0 < lo && lo <= mid && mid <= hi, "{poll}: {r}");
+        assert!(r["raw_conns"]["gbyte_s"].as_f64().unwrap() > 0.0, "{poll}: {r}");
+        let conns = &r["ratio"]["bandwidth_conns_rounds"];
+        if poll == "busy" {
+            assert!(conns.is_null(), "{r}");
+        } else {
+            assert!(conns["min"].as_f64().unwrap() <= conns["max"].as_f64().unwrap(), "{r}");
+            // Five rounds of at least 20 messages (whole turns of 2 per connection).
+            assert!(r["raw_conns"]["msgs"].as_u64().unwrap() >= 100, "{r}");
+        }
+    }
 }
 
 #[test]

@@ -73,6 +73,11 @@ impl Throughput {
         self.msgs as f64 / self.secs.max(1e-9) / 1e6
     }
 
+    /// Two measurements as one: their messages, bytes and times added.
+    pub(crate) fn plus(self, o: Throughput) -> Throughput {
+        Throughput { msgs: self.msgs + o.msgs, bytes: self.bytes + o.bytes, secs: self.secs + o.secs }
+    }
+
     pub(crate) fn to_json(self) -> Value {
         json!({
             "gbyte_s": self.gbyte_s(),
@@ -205,6 +210,47 @@ pub(crate) struct Row {
     /// Writes with `--qps` above 1: the same Writes over the first queue pair alone, the
     /// whole window on it, in the same run (`Bench::throughput_one`).
     pub(crate) one_qp: Option<Throughput>,
+    /// Writes with `--qps` above 1: how the ratios of the aggregate spread over the rounds
+    /// it was measured in, taking turns with one queue pair (and raw TCP over as many
+    /// connections).
+    pub(crate) rounds: Option<Rounds>,
+}
+
+/// The spread of a ratio over rounds: lowest, median, highest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Spread {
+    pub(crate) min: f64,
+    pub(crate) median: f64,
+    pub(crate) max: f64,
+}
+
+impl Spread {
+    /// `None` for no values.
+    pub(crate) fn of(mut values: Vec<f64>) -> Option<Spread> {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => values[n / 2],
+            _ => f64::midpoint(values[n / 2 - 1], values[n / 2]),
+        };
+        Some(Spread { min: values[0], median, max: values[n - 1] })
+    }
+
+    pub(crate) fn to_json(self) -> Value {
+        json!({ "min": self.min, "median": self.median, "max": self.max })
+    }
+}
+
+/// The rounds of a Write measurement over several queue pairs: in each, the aggregate, one
+/// queue pair and (where measured alike) raw TCP over as many connections, in turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rounds {
+    pub(crate) n: usize,
+    /// The aggregate against one queue pair, round by round.
+    pub(crate) one_qp: Spread,
+    /// The aggregate against raw TCP over as many connections, round by round.
+    pub(crate) conns: Option<Spread>,
 }
 
 pub(crate) fn ratio(a: f64, b: f64) -> f64 {
@@ -243,4 +289,17 @@ pub(crate) fn show_size(size: usize) -> String {
         }
     }
     size.to_string()
+}
+
+#[cfg(test)]
+mod spread_tests {
+    use super::Spread;
+
+    #[test]
+    fn a_spread_is_the_lowest_the_median_and_the_highest() {
+        assert_eq!(Spread::of(vec![]), None);
+        assert_eq!(Spread::of(vec![0.5]), Some(Spread { min: 0.5, median: 0.5, max: 0.5 }));
+        assert_eq!(Spread::of(vec![0.9, 0.1, 0.5]), Some(Spread { min: 0.1, median: 0.5, max: 0.9 }));
+        assert_eq!(Spread::of(vec![0.4, 0.8, 0.2, 0.6]), Some(Spread { min: 0.2, median: 0.5, max: 0.8 }));
+    }
 }
