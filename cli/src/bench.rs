@@ -82,7 +82,8 @@ pub(crate) struct Args {
     /// raw-TCP stream also runs over as many connections, a window's share of messages per
     /// connection in turn, for a like-for-like ratio, and Writes also run over the first
     /// queue pair alone with the whole window, for the aggregate against one queue pair in
-    /// the same run.
+    /// the same run; for Writes the three take turns in five rounds, and the ratios come
+    /// with their spread over the rounds.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4096))]
     qps: u16,
     /// Run both ends on one device (one engine). By default the client and the server have
