@@ -1540,10 +1540,10 @@ impl EngineCore {
     /// did something. Left to the engine thread, the rest of the message cost a wake-up of that
     /// thread, and of the waiting one again once the engine had placed it (the last of a
     /// 256 KiB message's nine FPDUs reached its waiter about 40 us after the rest, on two
-    /// cores). A connection left ready only with
-    /// more to send does not keep the thread: the engine thread, woken as the core is let go,
-    /// sends the rest, while the application thread goes back to its own work (posting the
-    /// next window of a stream), as before there was any reading on.
+    /// cores). A connection left ready only with more to send does not keep the thread: the
+    /// engine thread, woken as the core is let go, sends the rest, while the application
+    /// thread goes back to its own work (posting the next window of a stream), as before there
+    /// was any reading on.
     fn read_on(&mut self, due: impl Fn() -> bool) -> bool {
         let mut work = false;
         for _ in 1..WAITER_ROUNDS {

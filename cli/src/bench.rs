@@ -522,10 +522,14 @@ fn measure(
     let per_window = stacks.is_none() && veth.is_none();
     // With several queue pairs, the stream over as many connections too (per size).
     let conn_count = (per_window && args.qps > 1).then_some(usize::from(args.qps));
+    // Writes measure it in their rounds (`write_rounds`), unless busy engine threads would
+    // spin beside it: the baseline phase measures it for the other operations and for those.
+    let rounds_conns = conn_count.filter(|_| args.poll != Poll::Busy);
+    let apart_conns = conn_count.filter(|_| rounds_conns.is_none() || ops.iter().any(|&o| o != Op::Write));
     let total = sizes.len()
         + usize::from(!sizes.contains(&RATE_SIZE))
         + usize::from(per_window)
-        + conn_count.map_or(0, |_| sizes.len())
+        + apart_conns.map_or(0, |_| sizes.len())
         + ops.len() * sizes.len()
         + one_qp_writes(args) * sizes.len();
     let done = std::cell::Cell::new(0usize);
@@ -579,13 +583,15 @@ fn measure(
             show_size(size),
             stream.gbyte_s(),
             stream.mmsg_s(),
-            if interleave(args) {
+            if !sizes.contains(&size) {
+                String::new()
+            } else if interleave(args) {
                 "ping-pong: in turns with each operation's".to_string()
             } else {
                 format!("ping-pong p50 {:.1} us", ping_pong.p50_us)
             }
         ));
-        let conns = match conn_count {
+        let conns = match apart_conns {
             Some(n) if sizes.contains(&size) => {
                 let per_pair = rdma::per_pair(usize::from(args.window), n);
                 let t = raw::streams(size, &budget, n, per_pair)?;
@@ -645,15 +651,9 @@ fn measure(
                 .copied()
                 .ok_or_else(|| BenchError(format!("no raw-TCP row for {size} B")))?;
             let (bw, one_qp, rounds) = if op == Op::Write && args.qps > 1 {
-                // Raw TCP over as many connections takes its turns too, unless busy engine
-                // threads would spin beside it (the baseline apart then, measured before they
-                // started).
-                let conns = conn_count.filter(|_| args.poll != Poll::Busy);
                 let (bw, one, raw_conns, rounds) =
-                    write_rounds(&mut bench, size, &budget, conns, args.window)?;
-                if raw_conns.is_some() {
-                    raw.conns = raw_conns;
-                }
+                    write_rounds(&mut bench, size, &budget, rounds_conns, args.window)?;
+                raw.conns = raw_conns.or(raw.conns);
                 (bw, Some(one), Some(rounds))
             } else {
                 (bench.throughput(op, size, &budget).map_err(|e| bench.explain(e))?, None, None)
@@ -728,7 +728,7 @@ const WRITE_ROUNDS: u32 = 5;
 
 /// Writes over every queue pair, over the first alone with the whole window, and (with
 /// `conns`, the number of connections) raw TCP over as many connections, taking turns for
-/// [`WRITE_ROUNDS`] rounds of a fifth of the budget each, the order rotating from one round to
+/// [`WRITE_ROUNDS`] rounds of that share of the budget each, the order rotating from one round to
 /// the next: each round's ratios compare measurements made within about a second of each
 /// other. Measured one after the other, each for the whole budget, the aggregate over 1,000
 /// pairs against one pair came out at 0.56-0.90 and against raw TCP at 0.61-1.01 in eight
