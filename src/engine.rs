@@ -474,11 +474,17 @@ impl Engine {
         // (see `visit_direct`).
         if self.posts_visit()
             && let Ok(mut core) = self.core.try_lock()
-            && core.visit_direct(qp)
         {
-            self.let_go(core);
-            bump(&self.counters.direct_passes, 1);
-            return;
+            if core.visit_direct(qp) {
+                self.let_go(core);
+                bump(&self.counters.direct_passes, 1);
+                return;
+            }
+            // Nothing visited: events left meanwhile go to a pass (this poster's below, or
+            // the engine thread's, which the queued work or a ring wakes).
+            if self.let_go_quietly(core) {
+                self.doorbell.wake();
+            }
         }
         if !qp.schedule(&self.doorbell) {
             return;
@@ -878,7 +884,31 @@ impl Engine {
         self.nap_until.store(at, Ordering::Release);
         // Stacks and links without readiness events need the engine's own polling, and a
         // full link its writable event.
-        (nap, core.stacks.is_empty() && core.polled.is_empty() && core.waiting_writable == 0)
+        let quiet_ok = core.stacks.is_empty() && core.polled.is_empty() && core.waiting_writable == 0;
+        // Events left after the look above, while this guard still held the core, are work too.
+        if self.let_go_quietly(core) {
+            return (Some(Duration::ZERO), false);
+        }
+        (nap, quiet_ok)
+    }
+
+    /// Lets go of the core held outside a pass (the engine thread's look in [`Engine::nap`],
+    /// a poster's that visited nothing) and says whether another thread left readiness
+    /// events meanwhile: such a holder runs no pass as it lets go, so the caller must.
+    ///
+    /// A thread woken in its queue's poll that finds the core held leaves its events and
+    /// tries the core once more (`Engine::pass_or_hand_off`). When the holder was `nap`, past
+    /// its look at the hand-off queue, both tries failed, the engine thread went to sleep,
+    /// and the waiter (whose poll had taken the readiness edge, so the engine's never saw
+    /// it) slept too, with the input unread: a 64 B Send ping-pong between two devices
+    /// stalled for good, about one run in 70 of `iwarp bench --ops send --qps 3 --window 1`
+    /// in a debug build with three such runs at once on two cores.
+    fn let_go_quietly(&self, core: MutexGuard<'_, EngineCore>) -> bool {
+        drop(core);
+        // Pairs with the fence in `pass_or_hand_off`: either that thread's second try finds
+        // the core free (and runs the pass with what it left), or this sees what it left.
+        fence(Ordering::SeqCst);
+        self.doorbell.handed_off()
     }
 
     /// An application thread was woken for input at `now` (see [`APP_BUSY`]).
@@ -2327,6 +2357,35 @@ mod tests {
         assert!(t.sdev.stats().rx_bytes > before, "the holder read the input as it let go");
         // The rest of the message: the connection is queued (the link has no new readiness).
         t.received(&t.next_completion(), 0);
+    }
+
+    /// The same while the engine thread holds the core outside a pass, looking at how long
+    /// to sleep (`Engine::nap`): that holder hands nothing on as it lets go, so letting go
+    /// tells the engine thread that events were left, and its next pass (not a sleep) reads
+    /// the input. Without that the waiter, whose poll took the readiness edge, and the engine
+    /// thread both slept with the message unread.
+    #[test]
+    fn events_left_while_the_engine_looks_at_its_nap_reach_a_pass() {
+        let t = Linked::new(1);
+        t.send(1);
+        let events = t.readable();
+        let engine = &t.sdev.engine;
+        // Read before the core is held (the stats' guard lets go through `let_go`, which would
+        // take the events itself).
+        let before = t.sdev.stats().rx_bytes;
+        // Held as `nap` holds it: the plain lock, no guard that lets go through `let_go`.
+        let core = engine.try_core().expect("nothing else runs the inline engine");
+        let waiter = std::thread::scope(|s| s.spawn(|| engine.pass_events(&events, || t.due())).join());
+        assert_eq!(waiter.unwrap(), None, "the events were left to the holder");
+        assert!(engine.let_go_quietly(core), "letting go reports the events left");
+        assert!(engine.doorbell.handed_off(), "nothing took them yet");
+        // What the engine thread does then: a pass, which takes them and reads the input.
+        assert_eq!(engine.engine_pass(None), Some(true));
+        assert!(t.sdev.stats().rx_bytes > before, "the pass read the input");
+        assert!(!engine.doorbell.handed_off());
+        t.received(&t.next_completion(), 0);
+        // With nothing left, letting go reports nothing.
+        assert!(!engine.let_go_quietly(engine.try_core().unwrap()));
     }
 
     /// The write's buffer list keeps its allocation from one write to the next.

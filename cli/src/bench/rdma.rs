@@ -536,13 +536,24 @@ impl Bench {
         }
     }
 
-    /// The next completion, failing on a timeout or an unsuccessful status.
+    /// The next completion, failing on a timeout or an unsuccessful status. A server thread
+    /// that failed meanwhile stopped answering: its error is the one reported.
     fn next(&self, what: &str) -> Result<WorkCompletion, BenchError> {
-        let wc = next_completion(&self.cq, self.cfg.busy(), self.patience);
-        let wc =
-            wc.ok_or_else(|| BenchError(format!("{what}: no completion within {} s", STALL.as_secs())))?;
+        let Some(wc) = next_completion(&self.cq, self.cfg.busy(), self.patience) else {
+            return Err(self.server_failure(what).unwrap_or_else(|| {
+                BenchError(format!("{what}: no completion within {} s", STALL.as_secs()))
+            }));
+        };
         check(&wc, what)?;
         Ok(wc)
+    }
+
+    /// The error of a server thread that failed (and stopped answering), if it did.
+    fn server_failure(&self, what: &str) -> Option<BenchError> {
+        match self.acks.try_recv() {
+            Ok(Err(e)) => Some(BenchError(format!("{what}: the server failed: {e}"))),
+            _ => None,
+        }
     }
 
     /// Tops the client's receive queues up to the target.
@@ -754,10 +765,9 @@ impl Bench {
             }
             if start.elapsed() > budget.duration + STALL && budget.iters.is_none() {
                 // A server that failed says why (and then stops receiving).
-                if let Ok(Err(e)) = self.acks.try_recv() {
-                    return Err(BenchError(format!("{what}: the server failed: {e}")));
-                }
-                return Err(BenchError(format!("{what}: the peer stopped receiving")));
+                return Err(self
+                    .server_failure(&what)
+                    .unwrap_or_else(|| BenchError(format!("{what}: the peer stopped receiving"))));
             }
         }
         if op == Op::Write {
