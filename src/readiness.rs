@@ -43,6 +43,9 @@ pub(crate) struct Ready {
 
 /// Events taken from the kernel per `epoll_wait` call.
 const BATCH: usize = 256;
+/// The most `epoll_wait` calls one [`Poll::wait`] makes to take everything ready (a bound
+/// for a flood of new edges; a million descriptors' worth).
+const MAX_ROUNDS: usize = 4096;
 
 /// An event buffer, one per waiting thread.
 #[derive(Debug, Default)]
@@ -109,8 +112,11 @@ impl Poll {
     ///
     /// Exclusively: when several polls watch one socket (the engine's, and the poll of a
     /// completion queue whose waiter sleeps there), an event wakes one sleeping thread, in
-    /// the order of registration among the polls that have a sleeper; a poll without one
-    /// still records the event for its next wait.
+    /// the order of registration among the polls that have a sleeper. The kernel offers the
+    /// event to the polls in that order and stops at the first that has a sleeper: the polls
+    /// before it record the event for their next wait, the ones after it never see it. So
+    /// the thread woken must take every event it was given (see [`Poll::wait`]) and have a
+    /// pass handle them, itself or through the thread that holds the engine's core.
     pub(crate) fn add(&self, fd: BorrowedFd<'_>, token: Token, writable: bool) -> io::Result<()> {
         // A peer's close makes the socket readable too (EPOLLRDHUP may not be combined with
         // EPOLLEXCLUSIVE; `add_link` watches closes on their own).
@@ -195,29 +201,45 @@ impl Poll {
 
     /// Waits up to `timeout` (`None`: without limit; zero: only collects what is ready) and
     /// fills `events` with what happened (the doorbell included, as [`DOORBELL`]).
+    ///
+    /// Everything ready is taken, in as many calls as it needs: a thread woken in a
+    /// completion queue's poll may be the only one an edge was reported to (see
+    /// [`Poll::add`]), and events left behind there would wait for that queue's next wait,
+    /// which may never come (1,000 connections completing on one queue, more than a call's
+    /// [`BATCH`] of them ready at once).
     pub(crate) fn wait(&self, events: &mut Events, timeout: Option<Duration>) {
         events.ready.clear();
-        let timespec = timeout.map(timespec);
+        let mut timespec = timeout.map(timespec);
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
         let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; BATCH];
-        // EINTR and the like: report nothing; the caller passes and comes back.
-        let Ok((got, _)) = epoll::wait(self.epoll.as_fd(), &mut raw[..], timespec.as_ref()) else { return };
         let mut closes = false;
-        for e in got.iter() {
-            match e.data.u64() {
-                CLOSES => {
-                    closes = true;
-                    continue;
+        let mut rounds = 0;
+        // EINTR and the like end it: report what there is; the caller passes and comes back.
+        while let Ok((got, _)) = epoll::wait(self.epoll.as_fd(), &mut raw[..], timespec.as_ref()) {
+            let full = got.len() == BATCH;
+            for e in got.iter() {
+                match e.data.u64() {
+                    CLOSES => {
+                        closes = true;
+                        continue;
+                    }
+                    // It only ended the sleep.
+                    ALARM => continue,
+                    _ => {}
                 }
-                // It only ended the sleep.
-                ALARM => continue,
-                _ => {}
+                events.ready.push(ready(e));
             }
-            events.ready.push(ready(e));
+            rounds += 1;
+            if !full || rounds == MAX_ROUNDS {
+                break;
+            }
+            // Edge-triggered: the next call reports only what this one left, each descriptor
+            // at most once, until a new edge.
+            timespec = Some(zero);
         }
         if let (true, Some(inner)) = (closes, self.closes.get()) {
             // Edge-triggered in the outer instance: take all it has, or the rest would wait
             // for the next close.
-            let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
             while let Ok((got, _)) = epoll::wait(inner.as_fd(), &mut raw[..], Some(&zero)) {
                 let n = got.len();
                 events.ready.extend(got.iter().map(|e| Ready { closed: true, ..ready(e) }));
@@ -483,6 +505,27 @@ mod tests {
             assert!(closes.iter().all(|e| e.readable), "{watching}: {events:?}");
             poll.delete(server.as_fd()).unwrap();
         }
+    }
+
+    /// More descriptors ready than one `epoll_wait` call takes: one wait reports them all.
+    #[test]
+    fn a_wait_takes_every_ready_descriptor_beyond_one_calls_batch() {
+        let poll = Poll::new().unwrap();
+        let n = BATCH + 8;
+        let fds: Vec<OwnedFd> =
+            (0..n).map(|_| eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).unwrap()).collect();
+        for (token, fd) in (100..).zip(&fds) {
+            poll.add(fd.as_fd(), token, false).unwrap();
+            rustix::io::write(fd, &1u64.to_ne_bytes()).unwrap();
+        }
+        let mut events = Events::with_capacity(8);
+        poll.wait(&mut events, Some(Duration::from_secs(5)));
+        let mut tokens: Vec<Token> = events.iter().filter(|e| e.readable).map(|e| e.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (100..).take(n).collect::<Vec<Token>>());
+        // Edge-triggered: all of them were taken.
+        poll.wait(&mut events, Some(Duration::ZERO));
+        assert!(events.is_empty(), "{events:?}");
     }
 
     #[test]
