@@ -475,15 +475,12 @@ impl Engine {
         if self.posts_visit()
             && let Ok(mut core) = self.core.try_lock()
         {
-            if core.visit_direct(qp) {
-                self.let_go(core);
+            let visited = core.visit_direct(qp);
+            // Like every holder, through `let_go`: events left meanwhile get their pass.
+            self.let_go(core);
+            if visited {
                 bump(&self.counters.direct_passes, 1);
                 return;
-            }
-            // Nothing visited: events left meanwhile go to a pass (this poster's below, or
-            // the engine thread's, which the queued work or a ring wakes).
-            if self.let_go_quietly(core) {
-                self.doorbell.wake();
             }
         }
         if !qp.schedule(&self.doorbell) {
@@ -892,9 +889,10 @@ impl Engine {
         (nap, quiet_ok)
     }
 
-    /// Lets go of the core held outside a pass (the engine thread's look in [`Engine::nap`],
-    /// a poster's that visited nothing) and says whether another thread left readiness
-    /// events meanwhile: such a holder runs no pass as it lets go, so the caller must.
+    /// Lets go of the core held outside a pass by the engine thread (its look in
+    /// [`Engine::nap`]) and says whether another thread left readiness events meanwhile:
+    /// this runs no pass, so the engine thread must. (`let_go` would run it, but would also
+    /// ring the doorbell for the engine's own announced sleep and wake it at once.)
     ///
     /// A thread woken in its queue's poll that finds the core held leaves its events and
     /// tries the core once more (`Engine::pass_or_hand_off`). When the holder was `nap`, past
