@@ -25,23 +25,28 @@ use std::time::{Duration, Instant};
 use iwarp::mpa::{CrcPolicy, Policy};
 use iwarp::{
     Access, CompletionQueue, ConnectOptions, Device, DeviceConfig, MemoryRegion, PollMode, QueuePair, RecvWr,
-    SendOp, SendWr, WcStatus,
+    SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 const WINDOW: usize = 64;
 const SIZE: u32 = 64;
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Completions taken per poll (perftest's batch).
+const POLL_BATCH: usize = 16;
 
-/// Takes `n` successful completions from `cq`, driving its device's passes as it polls.
+/// Takes `n` successful completions from `cq`, up to `POLL_BATCH` per call as perftest
+/// polls, driving its device's passes as it polls.
 fn reap(cq: &CompletionQueue, n: usize, started: Instant) {
+    let mut batch = [WorkCompletion::default(); POLL_BATCH];
     let mut got = 0;
     while got < n {
-        match cq.poll() {
-            Some(wc) => {
-                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-                got += 1;
-            }
-            None => assert!(started.elapsed() < TIMEOUT, "{got} of {n} completions"),
+        let k = cq.poll_many(&mut batch[..(n - got).min(POLL_BATCH)]);
+        for wc in &batch[..k] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        }
+        got += k;
+        if k == 0 {
+            assert!(started.elapsed() < TIMEOUT, "{got} of {n} completions");
         }
     }
 }

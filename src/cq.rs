@@ -70,17 +70,27 @@ impl CompletionQueue {
         None
     }
 
-    /// Fills `out` with ready completions; returns how many.
+    /// Fills `out` with ready completions, oldest first; returns how many (0 when none is
+    /// ready, or `out` is empty). As `ibv_poll_cq` with `num_entries`: one call takes the
+    /// queue's lock once for the whole batch, where a loop of [`CompletionQueue::poll`] takes
+    /// it per completion. In inline mode an empty queue first lets the engine make progress on
+    /// this thread, as `poll` does.
+    ///
+    /// ```
+    /// # use iwarp::{Device, DeviceConfig, WorkCompletion};
+    /// let device = Device::open(DeviceConfig::default());
+    /// let cq = device.create_cq(64);
+    /// let mut batch = [WorkCompletion::default(); 16];
+    /// let n = cq.poll_many(&mut batch);
+    /// for wc in &batch[..n] {
+    ///     println!("{} finished: {:?}", wc.wr_id, wc.status);
+    /// }
+    /// ```
     pub fn poll_many(&self, out: &mut [WorkCompletion]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            match self.poll() {
-                Some(wc) => {
-                    out[n] = wc;
-                    n += 1;
-                }
-                None => break,
-            }
+        let n = self.shared.pop_into(out);
+        if n == 0 && !out.is_empty() && self.dev.inline() {
+            self.dev.progress();
+            return self.shared.pop_into(out);
         }
         n
     }
@@ -421,5 +431,28 @@ mod tests {
             assert_eq!(cq.wait(Duration::from_secs(5)).map(|wc| wc.wr_id), Some(i));
         }
         assert_eq!(cq.shared.choices.load(Ordering::Relaxed), 0);
+    }
+
+    /// `poll_many` takes the oldest completions first, no more than fit, and leaves the rest
+    /// for the next call, in order.
+    #[test]
+    fn poll_many_takes_the_oldest_that_fit_and_leaves_the_rest() {
+        let device = Device::open(DeviceConfig::default());
+        let cq = device.create_cq(16);
+        let mut out = [WorkCompletion::flushed(0, u64::MAX, WcOpcode::Recv); 4];
+        assert_eq!(cq.poll_many(&mut out), 0);
+        for i in 0..6 {
+            cq.shared.push(WorkCompletion::flushed(1, i, WcOpcode::Send));
+        }
+        assert_eq!(cq.poll_many(&mut []), 0);
+        assert_eq!(cq.poll_many(&mut out), 4);
+        assert_eq!(out.map(|wc| wc.wr_id), [0, 1, 2, 3]);
+        assert_eq!(cq.poll_many(&mut out), 2);
+        assert_eq!(out[..2].iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(out[2].wr_id, 2, "entries beyond the count are left as they were");
+        assert_eq!(cq.poll_many(&mut out), 0);
+        assert!(cq.poll().is_none());
+        cq.shared.push(WorkCompletion::flushed(1, 6, WcOpcode::Send));
+        assert_eq!(cq.poll().map(|wc| wc.wr_id), Some(6), "an emptied queue takes new pushes");
     }
 }

@@ -47,6 +47,23 @@ pub struct WorkCompletion {
     pub imm_data: Option<[u8; 8]>,
 }
 
+/// A placeholder, as a zeroed `ibv_wc` reads: a successful Send of no bytes on queue pair 0,
+/// with `wr_id` 0. For the array that [`crate::CompletionQueue::poll_many`] fills.
+impl Default for WorkCompletion {
+    fn default() -> WorkCompletion {
+        WorkCompletion {
+            qp_num: 0,
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            solicited: false,
+            invalidated: None,
+            imm_data: None,
+        }
+    }
+}
+
 impl WorkCompletion {
     /// The application's view of a queue pair's completion.
     pub(crate) fn new(qp_num: u32, c: Completion) -> WorkCompletion {
@@ -372,6 +389,21 @@ impl CqShared {
         let wc = ring.pop_front();
         self.any.store(!ring.is_empty(), Ordering::Release);
         wc
+    }
+
+    /// Application side: the oldest completions, as many as fit in `out`, under one lock;
+    /// how many. An empty queue is told by one load, as for [`CqShared::pop`].
+    pub(crate) fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
+        if out.is_empty() || !self.any.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut ring = lock(&self.ring);
+        let n = out.len().min(ring.len());
+        for (slot, wc) in out.iter_mut().zip(ring.drain(..n)) {
+            *slot = wc;
+        }
+        self.any.store(!ring.is_empty(), Ordering::Release);
+        n
     }
 
     /// Engine side: wakes whoever waits for this queue (after one or more pushes).

@@ -384,6 +384,9 @@ std::thread_local! {
 /// sees another queue's completion at most this late after a quiet spell.
 const IDLE_NAP: Duration = Duration::from_micros(200);
 
+/// Completions `poll_cq` takes from the queue per lock (perftest polls 16 at a time).
+const POLL_BATCH: usize = 16;
+
 /// `ops.poll_cq`: up to `num_entries` completions into `wc`; their number, or -1.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     minus1_call("ibv_poll_cq", || {
@@ -393,37 +396,49 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
         }
         let mut n = 0;
         let mut drove = false;
+        // Taken in batches, one lock of the queue each (`CompletionQueue::poll_many`).
+        let mut batch = [WorkCompletion::default(); POLL_BATCH];
         while n < num_entries {
-            let done = match obj.cq.poll() {
-                Some(done) => done,
-                // Nothing yet: a program that polls in a loop spins on a core the engine
-                // needs (perftest's client and server both do). Run the engine's pass here,
-                // unless its thread (or another poller) is in one, and look once more. A pass
-                // that found nothing to do gives the core up for a moment: on a machine with
-                // fewer cores than spinning threads, the engine threads (this process's and
-                // the peer's) then run instead of waiting for the poller's time slice to end.
-                // A thread that has found nothing for `IWARP_POLL_IDLE_US` sleeps in the
-                // queue until a completion comes (or briefly, see IDLE_NAP) instead: a
-                // program waiting out a long transfer in a poll loop (perftest's server)
-                // then leaves its core to the engines.
-                None if n == 0 && !drove => {
-                    drove = true;
-                    let Ok(rt) = runtime::runtime() else { continue };
-                    if let Some(idle) = rt.config.poll_idle
-                        && IDLE_SINCE.get().is_some_and(|since| since.elapsed() >= idle)
-                    {
-                        match obj.cq.wait(IDLE_NAP) {
-                            Some(done) => done,
-                            None => continue,
-                        }
-                    } else {
-                        if !rt.device.try_progress() {
-                            std::thread::yield_now();
-                        }
-                        continue;
-                    }
+            let want = usize::try_from(num_entries - n).unwrap_or(0).min(POLL_BATCH);
+            let got = obj.cq.poll_many(&mut batch[..want]);
+            if got > 0 {
+                for done in &batch[..got] {
+                    // SAFETY: the caller's array has `num_entries` writable entries; n is
+                    // below (got is at most num_entries - n).
+                    unsafe { wc.add(n as usize).write(to_ibv(&obj, done)) };
+                    n += 1;
                 }
-                None => break,
+                if got < want {
+                    break;
+                }
+                continue;
+            }
+            // Nothing yet: a program that polls in a loop spins on a core the engine needs
+            // (perftest's client and server both do). Run the engine's pass here, unless its
+            // thread (or another poller) is in one, and look once more. A pass that found
+            // nothing to do gives the core up for a moment: on a machine with fewer cores than
+            // spinning threads, the engine threads (this process's and the peer's) then run
+            // instead of waiting for the poller's time slice to end. A thread that has found
+            // nothing for `IWARP_POLL_IDLE_US` sleeps in the queue until a completion comes
+            // (or briefly, see IDLE_NAP) instead: a program waiting out a long transfer in a
+            // poll loop (perftest's server) then leaves its core to the engines.
+            if n > 0 || drove {
+                break;
+            }
+            drove = true;
+            let Ok(rt) = runtime::runtime() else { continue };
+            let done = if let Some(idle) = rt.config.poll_idle
+                && IDLE_SINCE.get().is_some_and(|since| since.elapsed() >= idle)
+            {
+                match obj.cq.wait(IDLE_NAP) {
+                    Some(done) => done,
+                    None => continue,
+                }
+            } else {
+                if !rt.device.try_progress() {
+                    std::thread::yield_now();
+                }
+                continue;
             };
             // SAFETY: the caller's array has `num_entries` writable entries; n is below.
             unsafe { wc.add(n as usize).write(to_ibv(&obj, &done)) };
