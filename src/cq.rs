@@ -60,6 +60,7 @@ impl CompletionQueue {
     /// queue's own lock (never the engine's); in inline mode it first lets the engine make
     /// progress on this thread.
     pub fn poll(&self) -> Option<WorkCompletion> {
+        crate::engine::looked();
         if let Some(wc) = self.shared.pop() {
             return Some(wc);
         }
@@ -87,6 +88,7 @@ impl CompletionQueue {
     /// }
     /// ```
     pub fn poll_many(&self, out: &mut [WorkCompletion]) -> usize {
+        crate::engine::looked();
         let n = self.shared.pop_into(out);
         if n == 0 && !out.is_empty() && self.dev.inline() {
             self.dev.progress();
@@ -305,6 +307,7 @@ impl CompletionQueue {
     /// Waits up to `timeout` for the notification armed by [`CompletionQueue::req_notify`];
     /// returns whether it fired (and disarms it).
     pub fn wait_notification(&self, timeout: Duration) -> bool {
+        crate::engine::looked();
         let deadline = crate::deadline::saturating(timeout);
         loop {
             if self.shared.take_notification() {

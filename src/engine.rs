@@ -180,6 +180,33 @@ fn bump(c: &AtomicU64, n: u64) {
 }
 
 /// Bytes read from a link per call.
+/// Posts a thread makes in a row, with no look at a completion queue in between, that each
+/// go out in a pass of the posting thread's own while the engine sleeps; later ones go to the
+/// engine thread (see [`Engine::posted_in_burst`]). A ping-pong, or a Write then a Send per
+/// message, stays below it.
+pub(crate) const DIRECT_POSTS_IN_A_ROW: u32 = 8;
+
+std::thread_local! {
+    /// This thread's posts since it last looked at a completion queue (or waited for input).
+    static POSTS_IN_A_ROW: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a post of this thread; whether it is beyond [`DIRECT_POSTS_IN_A_ROW`].
+#[inline]
+pub(crate) fn post_in_a_row() -> bool {
+    POSTS_IN_A_ROW.with(|n| {
+        let posts = n.get().saturating_add(1);
+        n.set(posts);
+        posts > DIRECT_POSTS_IN_A_ROW
+    })
+}
+
+/// This thread looks at a completion queue or waits for input: its posts start a new row.
+#[inline]
+pub(crate) fn looked() {
+    POSTS_IN_A_ROW.with(|n| n.set(0));
+}
+
 const RX_CHUNK: usize = 256 * 1024;
 /// Bytes framed before writing them out.
 const TX_BATCH: usize = 256 * 1024;
@@ -502,6 +529,23 @@ impl Engine {
             }
             // The engine (or another poster) is in a pass: it finds the work, or was woken.
             Err(_) => self.doorbell.wake(),
+        }
+    }
+
+    /// Called after posting to `qp` when the posting thread has posted more than
+    /// [`DIRECT_POSTS_IN_A_ROW`] times without looking at a completion queue in between (a
+    /// loop of single posts, as perftest's without `-l`): rather than a pass and a `sendmsg` of
+    /// its own per post, the rest of the burst goes to the engine thread, which writes what has
+    /// piled up by the time it runs in one. The engine is woken once per queuing of the queue
+    /// pair (later posts find it queued: whoever queued it woke the engine if it slept, and the
+    /// engine looks for queued work after it announces its park). Inline and busy, this is
+    /// [`Engine::posted`].
+    pub(crate) fn posted_in_burst(&self, qp: &QpShared) {
+        if matches!(self.config.poll_mode, PollMode::Inline | PollMode::Busy) {
+            return self.posted(qp);
+        }
+        if qp.schedule_once(&self.doorbell) == Some(true) && self.doorbell.parked() {
+            self.doorbell.wake();
         }
     }
 

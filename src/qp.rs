@@ -241,7 +241,11 @@ impl QueuePair {
             &SEND_CHUNK,
         );
         if posted > 0 {
-            self.handle.dev.posted(shared);
+            if crate::engine::post_in_a_row() {
+                self.handle.dev.posted_in_burst(shared);
+            } else {
+                self.handle.dev.posted(shared);
+            }
         }
         result
     }
@@ -342,6 +346,7 @@ impl QueuePair {
     /// As with [`crate::CompletionQueue::wait`], a `timeout` too long to be added to the
     /// current time ([`Duration::MAX`]) waits with no deadline and sleeps without a timer.
     pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
+        crate::engine::looked();
         // One clock read serves the deadline, the spin's end and the first look.
         let start = Instant::now();
         let deadline = crate::deadline::after(start, timeout);

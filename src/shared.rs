@@ -962,15 +962,22 @@ impl QpShared {
     /// the engine looks). Flushes instead, and returns false, if the engine has already let
     /// go of the queue pair. The caller then makes sure a sleeping engine learns of it.
     pub(crate) fn schedule(&self, doorbell: &Doorbell) -> bool {
+        self.schedule_once(doorbell).is_some()
+    }
+
+    /// As [`QpShared::schedule`], saying whether this call queued the queue pair (`Some(true)`)
+    /// or found it queued since the engine last looked (`Some(false)`); `None` when it flushed.
+    pub(crate) fn schedule_once(&self, doorbell: &Doorbell) -> Option<bool> {
         fence(Ordering::SeqCst);
         if self.retired.load(Ordering::SeqCst) {
             self.flush_rings();
-            return false;
+            return None;
         }
-        if !self.scheduled.swap(true, Ordering::AcqRel) {
+        let queued = !self.scheduled.swap(true, Ordering::AcqRel);
+        if queued {
             doorbell.pending.push(self.key);
         }
-        true
+        Some(queued)
     }
 
     /// Engine side: about to drain the rings; posts from now on schedule the queue pair again.

@@ -487,6 +487,44 @@ fn busy_posters_send_themselves_when_the_engine_is_between_passes() {
     assert!(direct > 0, "no post of 200 went out on the posting thread");
 }
 
+/// A thread that posts Sends one at a time without looking at its completion queue in
+/// between (perftest's loop without `-l`) runs a pass of its own for the first eight
+/// (`DIRECT_POSTS_IN_A_ROW` in src/engine.rs) and hands the rest to the engine thread, which
+/// writes what has piled up by the time it runs: every Send arrives, in order, and completes
+/// once. With a pass per post, each of the 48 would be a direct pass.
+fn bursts_of_single_posts_go_to_the_engine(mode: PollMode) {
+    const N: u64 = 48;
+    let (client_dev, server_dev) = (open(mode), open(mode));
+    let (client, server) = connect_many(&client_dev, &server_dev, 1, N as usize).pop().unwrap();
+    first_round_trip(&client, &server);
+    for i in 0..N {
+        server.post_recv(i);
+    }
+    let before = client_dev.stats().direct_passes;
+    for i in 0..N {
+        client.send(1000 + i, 8);
+    }
+    let direct = client_dev.stats().direct_passes - before;
+    for i in 0..N {
+        server.wait_recv(i, "a Send of the burst");
+    }
+    for i in 0..N {
+        assert_eq!(client.wait("the burst's completions").wr_id, 1000 + i);
+    }
+    assert!(client.cq.poll().is_none(), "each Send completes once");
+    assert!(direct <= 8, "{direct} of {N} posts in a row ran passes of their own");
+}
+
+#[test]
+fn event_mode_bursts_of_single_posts_go_to_the_engine() {
+    bursts_of_single_posts_go_to_the_engine(PollMode::Event);
+}
+
+#[test]
+fn adaptive_bursts_of_single_posts_go_to_the_engine() {
+    bursts_of_single_posts_go_to_the_engine(PollMode::Adaptive);
+}
+
 /// With many idle connections, traffic on one costs visits of that one only.
 #[test]
 fn idle_connections_are_not_visited() {
