@@ -179,7 +179,6 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Bytes read from a link per call.
 /// Posts a thread makes in a row, with no look at a completion queue in between, that each
 /// go out in a pass of the posting thread's own while the engine sleeps; later ones go to the
 /// engine thread (see [`Engine::posted_in_burst`]). A ping-pong, or a Write then a Send per
@@ -207,6 +206,7 @@ pub(crate) fn looked() {
     POSTS_IN_A_ROW.with(|n| n.set(0));
 }
 
+/// Bytes read from a link per call.
 const RX_CHUNK: usize = 256 * 1024;
 /// Bytes framed before writing them out.
 const TX_BATCH: usize = 256 * 1024;
