@@ -183,7 +183,7 @@ fn bump(c: &AtomicU64, n: u64) {
 /// go out in a pass of the posting thread's own while the engine sleeps; later ones go to the
 /// engine thread (see [`Engine::posted_in_burst`]). A ping-pong, or a Write then a Send per
 /// message, stays below it.
-pub(crate) const DIRECT_POSTS_IN_A_ROW: u32 = 8;
+const DIRECT_POSTS_IN_A_ROW: u32 = 8;
 
 std::thread_local! {
     /// This thread's posts since it last looked at a completion queue (or waited for input).

@@ -400,49 +400,48 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc:
         let mut batch = [WorkCompletion::default(); POLL_BATCH];
         while n < num_entries {
             let want = usize::try_from(num_entries - n).unwrap_or(0).min(POLL_BATCH);
-            let got = obj.cq.poll_many(&mut batch[..want]);
-            if got > 0 {
-                for done in &batch[..got] {
-                    // SAFETY: the caller's array has `num_entries` writable entries; n is
-                    // below (got is at most num_entries - n).
-                    unsafe { wc.add(n as usize).write(to_ibv(&obj, done)) };
-                    n += 1;
-                }
-                if got < want {
+            let mut got = obj.cq.poll_many(&mut batch[..want]);
+            // Whether this turn's completion came from a wait (after which the queue is looked
+            // at once more rather than taken for empty).
+            let mut waited = false;
+            if got == 0 {
+                // Nothing yet: a program that polls in a loop spins on a core the engine needs
+                // (perftest's client and server both do). Run the engine's pass here, unless
+                // its thread (or another poller) is in one, and look once more. A pass that
+                // found nothing to do gives the core up for a moment: on a machine with fewer
+                // cores than spinning threads, the engine threads (this process's and the
+                // peer's) then run instead of waiting for the poller's time slice to end. A
+                // thread that has found nothing for `IWARP_POLL_IDLE_US` sleeps in the queue
+                // until a completion comes (or briefly, see IDLE_NAP) instead: a program
+                // waiting out a long transfer in a poll loop (perftest's server) then leaves
+                // its core to the engines.
+                if n > 0 || drove {
                     break;
                 }
-                continue;
+                drove = true;
+                let Ok(rt) = runtime::runtime() else { continue };
+                if let Some(idle) = rt.config.poll_idle
+                    && IDLE_SINCE.get().is_some_and(|since| since.elapsed() >= idle)
+                {
+                    let Some(done) = obj.cq.wait(IDLE_NAP) else { continue };
+                    batch[0] = done;
+                    (got, waited) = (1, true);
+                } else {
+                    if !rt.device.try_progress() {
+                        std::thread::yield_now();
+                    }
+                    continue;
+                }
             }
-            // Nothing yet: a program that polls in a loop spins on a core the engine needs
-            // (perftest's client and server both do). Run the engine's pass here, unless its
-            // thread (or another poller) is in one, and look once more. A pass that found
-            // nothing to do gives the core up for a moment: on a machine with fewer cores than
-            // spinning threads, the engine threads (this process's and the peer's) then run
-            // instead of waiting for the poller's time slice to end. A thread that has found
-            // nothing for `IWARP_POLL_IDLE_US` sleeps in the queue until a completion comes
-            // (or briefly, see IDLE_NAP) instead: a program waiting out a long transfer in a
-            // poll loop (perftest's server) then leaves its core to the engines.
-            if n > 0 || drove {
+            for done in &batch[..got] {
+                // SAFETY: the caller's array has `num_entries` writable entries; n is below
+                // (got is at most num_entries - n).
+                unsafe { wc.add(n as usize).write(to_ibv(&obj, done)) };
+                n += 1;
+            }
+            if got < want && !waited {
                 break;
             }
-            drove = true;
-            let Ok(rt) = runtime::runtime() else { continue };
-            let done = if let Some(idle) = rt.config.poll_idle
-                && IDLE_SINCE.get().is_some_and(|since| since.elapsed() >= idle)
-            {
-                match obj.cq.wait(IDLE_NAP) {
-                    Some(done) => done,
-                    None => continue,
-                }
-            } else {
-                if !rt.device.try_progress() {
-                    std::thread::yield_now();
-                }
-                continue;
-            };
-            // SAFETY: the caller's array has `num_entries` writable entries; n is below.
-            unsafe { wc.add(n as usize).write(to_ibv(&obj, &done)) };
-            n += 1;
         }
         if n > 0 {
             IDLE_SINCE.set(None);
