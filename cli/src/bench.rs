@@ -10,6 +10,7 @@ use iwarp::PollMode;
 use serde_json::{Value, json};
 
 mod device;
+mod pin;
 mod plot;
 mod raw;
 mod rdma;
@@ -95,6 +96,14 @@ pub(crate) struct Args {
     /// written from where they are); off: copied through the engine's buffers, for comparison.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     zero_copy: OnOff,
+    /// Each end's threads on one CPU, the raw-TCP baseline's too, as on two hosts: the
+    /// client's (this thread and its device's engine) on CLIENT, the server's (its engine,
+    /// its application thread, the raw echo and stream servers) on SERVER. Neither end can
+    /// then preempt the other, and a message wakes its receiver on the receiver's own CPU;
+    /// without it the scheduler may run both ends on one CPU, the woken ahead of the waker.
+    /// The header lists every thread and its CPUs. Kernel TCP, separate devices only.
+    #[arg(long, value_name = "CLIENT,SERVER", value_parser = pin::parse)]
+    pin: Option<pin::Pin>,
     /// A pause before each round trip of the latency measurements (raw TCP's too), e.g.
     /// 10ms: sparse messages, which find the engines asleep [default: 0].
     #[arg(long, value_parser = parse_gap)]
@@ -281,6 +290,8 @@ struct Report {
     engines: Vec<(&'static str, iwarp::EngineStats)>,
     /// smoltcp runs: the offloads of the client's and the server's devices.
     offloads: Option<(iwarp::netdev::Offloads, iwarp::netdev::Offloads)>,
+    /// `--pin`: every thread of the process by name, with the CPUs it may run on.
+    threads: Option<Vec<(String, String)>>,
 }
 
 /// The client's and the server's smoltcp stacks of `--transport smoltcp`.
@@ -344,6 +355,25 @@ fn open_stacks(args: &Args) -> Result<Option<Opened>, (String, bool)> {
 
 /// Runs the subcommand and returns the exit status.
 pub(crate) fn run(args: &Args) -> ExitCode {
+    if let Some(p) = args.pin {
+        let conflict = if args.device.is_some() {
+            Some("--device")
+        } else if args.shared_device {
+            Some("--shared-device (one engine serves both ends)")
+        } else if args.transport.smoltcp() {
+            Some("--transport smoltcp")
+        } else {
+            None
+        };
+        if let Some(c) = conflict {
+            eprintln!("error: bench: --pin puts each end on its own CPU; it cannot be used with {c}");
+            return ExitCode::from(2);
+        }
+        if let Err(m) = pin::set(p) {
+            eprintln!("error: bench: {m}");
+            return ExitCode::from(2);
+        }
+    }
     if let Some(name) = &args.device {
         return run_device(args, name);
     }
@@ -643,6 +673,10 @@ fn measure(
     let mut bench = rdma::Bench::open(cfg)?;
     let negotiated = bench.negotiated();
     let idle_bytes_per_qp = bench.idle_bytes_per_qp();
+    // Pinned: every thread and its CPUs, taken once the first ping-pong is over, when every
+    // thread has pinned itself (the server's, and the raw echo's where it takes turns with
+    // this stack's ping-pongs).
+    let mut threads = None;
     let mut rows = Vec::new();
     for &op in &ops {
         for &size in &sizes {
@@ -664,12 +698,20 @@ fn measure(
                 let mut echo = raw::Echo::open(size, false)?;
                 let (lat, raw_lat, turns) =
                     bench.latency(op, size, &both, Some(&mut echo)).map_err(|e| bench.explain(e))?;
+                // The echo's thread has answered by now, so it runs where it pinned itself.
+                if pin::pinned().is_some() && threads.is_none() {
+                    threads = Some(pin::threads());
+                }
                 echo.close()?;
                 raw.ping_pong = raw_lat;
                 raw.ping_pong_turns = Some(turns);
                 lat
             } else {
-                bench.latency(op, size, &budget, None).map_err(|e| bench.explain(e))?.0
+                let lat = bench.latency(op, size, &budget, None).map_err(|e| bench.explain(e))?.0;
+                if pin::pinned().is_some() && threads.is_none() {
+                    threads = Some(pin::threads());
+                }
+                lat
             };
             let row = Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied(), one_qp, rounds };
             progress(format!(
@@ -720,6 +762,7 @@ fn measure(
         sent,
         engines,
         offloads: stacks.map(|(c, s)| (c.offloads(), s.offloads())),
+        threads,
     })
 }
 
@@ -838,6 +881,18 @@ fn config_line(args: &Args, report: &Report) -> String {
     } else {
         String::new()
     };
+    let pinned = match (args.pin, &report.threads) {
+        (Some(p), Some(threads)) => {
+            let list: Vec<String> = threads.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            format!(
+                "pinned (--pin): client CPU {}, server CPU {}; threads and their CPUs: {}\n",
+                p.client,
+                p.server,
+                list.join(", ")
+            )
+        }
+        _ => String::new(),
+    };
     let memory = match report.idle_bytes_per_qp {
         Some(b) => {
             format!("memory per idle connection end: {:.1} KiB ({} QPs)\n", b as f64 / 1024.0, args.qps)
@@ -846,7 +901,7 @@ fn config_line(args: &Args, report: &Report) -> String {
     };
     format!(
         "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, {per} per measurement{neg}\n\
-         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}{}. Latency is the round trip.\n{crowded}{offloads}{memory}",
+         {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}{}. Latency is the round trip.\n{crowded}{pinned}{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
         args.poll.name(),
@@ -1052,6 +1107,14 @@ fn text_report(args: &Args, report: &Report) -> String {
     out
 }
 
+/// `--pin` in the JSON document: the two CPUs and every thread with the CPUs it may run on.
+fn pin_json(args: &Args, report: &Report) -> Value {
+    let Some(p) = args.pin else { return Value::Null };
+    let threads: Vec<Value> =
+        report.threads.iter().flatten().map(|(n, c)| json!({ "name": n, "cpus": c })).collect();
+    json!({ "client": p.client, "server": p.server, "threads": threads })
+}
+
 fn json_report(args: &Args, report: &Report) -> String {
     let b = budget(args);
     let rows: Vec<Value> = report
@@ -1151,6 +1214,7 @@ fn json_report(args: &Args, report: &Report) -> String {
     });
     // Beside the other byte counts (one more inside the macro passes its recursion limit).
     doc["config"]["tx_moved_bytes"] = json!(report.sent.3);
+    doc["config"]["pin"] = pin_json(args, report);
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s

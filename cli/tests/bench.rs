@@ -33,6 +33,8 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     // Over kernel TCP, also against the raw stream written a window of messages per call.
     assert!(v["msg_rate_64"]["raw_per_window_mmsg_s"].as_f64().unwrap() > 0.0);
     assert!(v["msg_rate_64"]["ratio_per_window"].as_f64().unwrap() > 0.0);
+    // Unpinned (no --pin), no record of threads.
+    assert!(v["config"]["pin"].is_null());
     v
 }
 
@@ -333,6 +335,11 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         (&["--interleave", "sometimes"], "--interleave"),
         (&["--poll", "busy", "--interleave", "on"], "--interleave on"),
         (&["--poll", "inline", "--interleave", "on"], "--interleave on"),
+        (&["--pin", "0"], "CLIENT,SERVER"),
+        (&["--pin", "0,x"], "CLIENT,SERVER"),
+        (&["--pin", "0,0", "--shared-device"], "--shared-device"),
+        (&["--pin", "0,0", "--device", "siw0"], "--device"),
+        (&["--pin", "0,100000"], "may not run on CPU 100000"),
     ] {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
@@ -531,11 +538,61 @@ fn bench_smoltcp_flag_errors() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-/// The first CPU this process may run on (`Cpus_allowed_list` in /proc/self/status).
-fn first_allowed_cpu() -> String {
+/// The CPUs this process may run on (`Cpus_allowed_list` in /proc/self/status: `0-3,6`).
+fn allowed_cpus() -> Vec<usize> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
-    list.trim().split([',', '-']).next().unwrap().to_string()
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// The first CPU this process may run on.
+fn first_allowed_cpu() -> String {
+    allowed_cpus()[0].to_string()
+}
+
+/// `--pin CLIENT,SERVER`: the bench's own thread and the client's engine on one CPU; the
+/// server's engine, its application thread and the raw echo it takes turns with on the other
+/// (the first and last CPUs this process may use: one CPU for both where it has only one),
+/// as the JSON's thread list shows. Refused with one device, over smoltcp, through a verbs
+/// device, or on a CPU the process may not use (in `bench_bad_flags_exit_nonzero_with_a_clear_message`).
+#[test]
+fn bench_pin_puts_each_end_on_a_cpu_of_its_own() {
+    let cpus = allowed_cpus();
+    let (client, server) = (cpus[0], cpus[cpus.len() - 1]);
+    let pin = format!("{client},{server}");
+    let o = iwarp(
+        &["bench", "--ops", "send", "--sizes", "8", "--iters", "200", "--crc", "off", "--pin", pin.as_str()]
+            .into_iter()
+            .chain(["--json", "--quiet"])
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["config"]["pin"];
+    assert_eq!((p["client"].as_u64(), p["server"].as_u64()), (Some(client as u64), Some(server as u64)));
+    let threads: Vec<(&str, &str)> = p["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["cpus"].as_str().unwrap()))
+        .collect();
+    let cpus_of =
+        |name: &str| threads.iter().filter(|t| t.0 == name).map(|t| t.1.to_string()).collect::<Vec<_>>();
+    let (c, s) = (client.to_string(), server.to_string());
+    // The first thread is the bench's own, the client.
+    assert_eq!(threads[0].1, c, "{threads:?}");
+    let mut engines = cpus_of("iwarp-engine");
+    engines.sort();
+    let mut want = vec![c.clone(), s.clone()];
+    want.sort();
+    assert_eq!(engines, want, "one engine per end: {threads:?}");
+    assert_eq!(cpus_of("bench-server"), [s.as_str()], "{threads:?}");
+    assert_eq!(cpus_of("raw-tcp-server"), [s.as_str()], "the raw echo with the server: {threads:?}");
 }
 
 /// Two adaptive devices on one core (`taskset`), 8 B Send ping-pong: the server's engine

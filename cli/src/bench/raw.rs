@@ -48,6 +48,7 @@ fn servers<T: Send + 'static>(
     let handle = std::thread::Builder::new()
         .name("raw-tcp-server".into())
         .spawn(move || {
+            super::pin::server_side();
             let deadline = Instant::now() + STALL;
             let mut streams = Vec::with_capacity(n);
             while streams.len() < n {

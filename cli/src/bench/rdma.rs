@@ -325,7 +325,8 @@ impl Bench {
             DeviceConfig { poll_mode: cfg.poll, zero_copy: cfg.zero_copy, ..DeviceConfig::default() };
         let mut devices = vec![Device::open(dev_config)];
         if !cfg.shared_device {
-            devices.push(Device::open(dev_config));
+            // Pinned (`--pin`), its engine thread on the server's CPU.
+            devices.push(super::pin::on_server_cpu(|| Device::open(dev_config)));
         }
         let (client_dev, server_dev) = (&devices[0], &devices[devices.len() - 1]);
         let (pd, server_pd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
@@ -434,7 +435,10 @@ impl Bench {
         let (ack_tx, acks) = mpsc::channel();
         let server = std::thread::Builder::new()
             .name("bench-server".into())
-            .spawn(move || server.run(&command_rx, &ack_tx))
+            .spawn(move || {
+                super::pin::server_side();
+                server.run(&command_rx, &ack_tx)
+            })
             .map_err(|e| BenchError(format!("cannot start the server thread: {e}")))?;
         Ok(Bench {
             posted: vec![0; qps.len()],
