@@ -732,6 +732,14 @@ impl Bench {
                 }
                 waits = waits.wrapping_add(1);
                 let since = *waiting_since.get_or_insert_with(Instant::now);
+                // Only a sender out of credits can find the peer stalled (a completion that
+                // does not come fails `next`): no clock read per turn where messages flow.
+                if budget.iters.is_none() && start.elapsed() > budget.duration + STALL {
+                    // A server that failed says why (and then stops receiving).
+                    return Err(self
+                        .server_failure(&what)
+                        .unwrap_or_else(|| BenchError(format!("{what}: the peer stopped receiving"))));
+                }
                 if self.cfg.busy() || waits < 64 {
                     relax(waits, self.patience);
                 } else if since.elapsed() < CREDIT_SPIN {
@@ -766,12 +774,6 @@ impl Bench {
                 if let Some(c) = &wc {
                     check(c, &what)?;
                 }
-            }
-            if start.elapsed() > budget.duration + STALL && budget.iters.is_none() {
-                // A server that failed says why (and then stops receiving).
-                return Err(self
-                    .server_failure(&what)
-                    .unwrap_or_else(|| BenchError(format!("{what}: the peer stopped receiving"))));
             }
         }
         if op == Op::Write {
