@@ -73,6 +73,9 @@ const TAG_RQ: u64 = 2;
 /// The final Read that proves earlier Writes were placed.
 const TAG_FLUSH: u64 = 4;
 
+/// Completions the sink takes per poll (as perftest's receiver polls).
+const SINK_BATCH: usize = 16;
+
 fn wr_id(pair: usize, tag: u64) -> u64 {
     ((pair as u64) << 8) | tag
 }
@@ -1141,11 +1144,19 @@ impl Server {
                 Ok(())
             }
             Serve::Sink => {
-                // Everything that is in, then the buffers back in one list.
-                let mut next = self.wait();
-                while let Some(c) = next {
-                    self.completed(&c, "server receive")?;
-                    next = self.cq.poll();
+                // Everything that is in, then the buffers back in one list. What follows the
+                // first is taken SINK_BATCH at a time (one lock of the queue per batch).
+                let Some(first) = self.wait() else { return self.repost() };
+                self.completed(&first, "server receive")?;
+                let mut batch = [WorkCompletion::default(); SINK_BATCH];
+                loop {
+                    let n = self.cq.poll_many(&mut batch);
+                    for c in &batch[..n] {
+                        self.completed(c, "server receive")?;
+                    }
+                    if n < SINK_BATCH {
+                        break;
+                    }
                 }
                 self.repost()
             }
