@@ -673,9 +673,7 @@ fn measure(
     let mut bench = rdma::Bench::open(cfg)?;
     let negotiated = bench.negotiated();
     let idle_bytes_per_qp = bench.idle_bytes_per_qp();
-    // Pinned: every thread and its CPUs, taken once the first ping-pong is over, when every
-    // thread has pinned itself (the server's, and the raw echo's where it takes turns with
-    // this stack's ping-pongs).
+    // Pinned: every thread and its CPUs, taken once the first ping-pong is over (below).
     let mut threads = None;
     let mut rows = Vec::new();
     for &op in &ops {
@@ -692,27 +690,28 @@ fn measure(
             } else {
                 (bench.throughput(op, size, &budget).map_err(|e| bench.explain(e))?, None, None)
             };
+            // The raw echo this stack's ping-pong takes turns with, open until the threads
+            // are listed below.
+            let mut echo = None;
             let lat = if interleave(args) {
                 // The time of both ping-pongs measured apart.
                 let both = Budget { duration: budget.duration * 2, ..budget };
-                let mut echo = raw::Echo::open(size, false)?;
+                let e = echo.insert(raw::Echo::open(size, false)?);
                 let (lat, raw_lat, turns) =
-                    bench.latency(op, size, &both, Some(&mut echo)).map_err(|e| bench.explain(e))?;
-                // The echo's thread has answered by now, so it runs where it pinned itself.
-                if pin::pinned().is_some() && threads.is_none() {
-                    threads = Some(pin::threads());
-                }
-                echo.close()?;
+                    bench.latency(op, size, &both, Some(e)).map_err(|e| bench.explain(e))?;
                 raw.ping_pong = raw_lat;
                 raw.ping_pong_turns = Some(turns);
                 lat
             } else {
-                let lat = bench.latency(op, size, &budget, None).map_err(|e| bench.explain(e))?.0;
-                if pin::pinned().is_some() && threads.is_none() {
-                    threads = Some(pin::threads());
-                }
-                lat
+                bench.latency(op, size, &budget, None).map_err(|e| bench.explain(e))?.0
             };
+            // Every thread has answered a ping by now, so it runs where it pinned itself.
+            if pin::pinned().is_some() && threads.is_none() {
+                threads = Some(pin::threads());
+            }
+            if let Some(e) = echo {
+                e.close()?;
+            }
             let row = Row { op, size, bw, lat, raw, kernel: kernel_rows.get(&size).copied(), one_qp, rounds };
             progress(format!(
                 "{:<5} {:>5}: {:8.3} GB/s ({:.2}x raw) {:8.3} Mmsg/s  ping-pong p50 {:.1} us ({:.2}x raw{})",

@@ -22,8 +22,9 @@
 # Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
 # libraries; default: scripts/verbs-abi.sh --release), IW_IMG (guest image; built if unset),
 # IWARP_ISER_MIB (default 8), IWARP_ISER_ROUNDS (default 3), IWARP_INTEROP_OUT (default
-# target/interop-iser), IWARP_ISER_FREEZE_ROUND (a test of the reboot below). Traffic stays inside the namespace lib.sh creates
-# (docs/interop.md#network-rule); guest and processes are bounded.
+# target/interop-iser), IWARP_ISER_FREEZE_ROUND (a test of the reboot below). Traffic stays
+# inside the namespace lib.sh creates (docs/interop.md#network-rule); guest and processes are
+# bounded.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -78,9 +79,10 @@ boot_target() { # DIR
 boot_target "$OUT"
 
 # The TCG guest has been seen to stop taking its NIC's input in the middle of an iSER READ, for
-# good (docs/interop.md#booting-and-running): after a failed step, a guest that no longer accepts a TCP
-# connection on the iSCSI/TCP portal is rebooted, once per run, and the step done again; the
-# case's line says so. A failure with a guest that still answers is this stack's and stands.
+# good (docs/interop.md#booting-and-running): after a failed step, a guest that no longer
+# accepts a TCP connection on the iSCSI/TCP portal is rebooted, once per run, and the step done
+# again; the case's line says so. A failure with a guest that still answers is this stack's
+# and stands.
 REBOOTED=""
 guest_answers() {
   local i

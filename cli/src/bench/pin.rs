@@ -68,31 +68,19 @@ pub(super) fn server_side() {
 
 /// Runs `f` on the server's CPU (on a thread of its own when the run is pinned), so that the
 /// threads `f` starts, such as a device's engine, inherit that CPU.
-pub(super) fn on_server_cpu<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+pub(super) fn on_server_cpu<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, String> {
     if pinned().is_none() {
-        return f();
+        return Ok(f());
     }
-    // Taken by the thread, or back by the caller when no thread could start.
-    let job = std::sync::Mutex::new(Some(f));
-    let take = || job.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     std::thread::scope(|s| {
         let opener = std::thread::Builder::new().name("bench-open".into()).spawn_scoped(s, || {
             server_side();
-            take().map(|f| f())
+            f()
         });
-        let done = match opener {
-            Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            Err(e) => {
-                eprintln!(
-                    "bench: --pin: cannot start a thread on the server's CPU ({e}); the server's engine runs unpinned"
-                );
-                None
-            }
-        };
-        match done {
-            Some(v) => v,
-            None => take().map_or_else(|| unreachable!("the job ran or is here"), |f| f()),
-        }
+        opener
+            .map_err(|e| format!("--pin: cannot start a thread on the server's CPU: {e}"))?
+            .join()
+            .map_err(|_| "--pin: the thread opening the server's device panicked".to_owned())
     })
 }
 

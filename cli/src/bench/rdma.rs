@@ -329,7 +329,7 @@ impl Bench {
         let mut devices = vec![Device::open(dev_config)];
         if !cfg.shared_device {
             // Pinned (`--pin`), its engine thread on the server's CPU.
-            devices.push(super::pin::on_server_cpu(|| Device::open(dev_config)));
+            devices.push(super::pin::on_server_cpu(|| Device::open(dev_config)).map_err(BenchError)?);
         }
         let (client_dev, server_dev) = (&devices[0], &devices[devices.len() - 1]);
         let (pd, server_pd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
