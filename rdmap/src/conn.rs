@@ -819,12 +819,20 @@ impl Connection {
                 continue;
             };
             let at = batch.meta_len;
-            let room = TxBatch::meta_room(&mut batch.meta, at, LENGTH_LEN + self.mulpdu);
+            let room = TxBatch::meta_room(&mut batch.meta, at, self.max_fpdu_len());
             let first = batch.pieces.len();
             let Some(e) = self.qp.poll_transmit_by_ref(mem, &mut room[LENGTH_LEN..], &mut batch.pieces, min)
             else {
                 break;
             };
+            if e.by_ref == 0 {
+                // The whole segment was copied into the batch: framed where it lies, its pad
+                // and CRC after it (no trailer to copy, one part).
+                let Ok(n) = self.framer.frame_in_place(&mut batch.meta[at..], e.written) else { break };
+                batch.meta_len = at + n;
+                batch.push_meta(at);
+                continue;
+            }
             let head = &mut batch.meta[at..at + LENGTH_LEN + e.written];
             let pieces = &batch.pieces[first..];
             // The pieces were checked in this call, under the same borrow of the table: they

@@ -1988,3 +1988,97 @@ fn a_batch_finishes_a_message_whose_rest_fits_in_one_more_fpdu() {
         assert!(p.b.bytes(&dst) == pattern(len, 9), "{what}");
     }
 }
+
+/// Messages that fit one segment go out without the segmenter (`QueuePair::transmit_whole`),
+/// longer ones through it: posted in turns on one queue pair, every segment on the wire is the
+/// one RFC 5041 describes (independently built here), the untagged ones numbered by one MSN
+/// sequence, whether the connection frames into one buffer or into batches with payloads by
+/// reference, with CRC on and off.
+#[test]
+fn messages_of_one_segment_and_of_several_share_one_msn_sequence() {
+    for crc in [false, true] {
+        for batched in [false, true] {
+            let what = format!("crc {crc} batched {batched}");
+            let mut p = Pair::new(crc, false);
+            let src = p.a.buf(3 * MULPDU, Access::NONE, 0);
+            p.a.write(&src, 0, &pattern(3 * MULPDU, 7)).unwrap();
+            let sink = p.b.buf(4096, Access::REMOTE_WRITE, 0);
+            let invalidated = STag(0x1234_5600);
+            // (op, length): a Send of one segment, of three, of none, an RDMA Write of one
+            // segment, a solicited Send with Invalidate filling a segment exactly, a Send of one
+            // byte.
+            let posts = [
+                (SendOp::Send { solicited: false, invalidate: None }, 64),
+                (SendOp::Send { solicited: false, invalidate: None }, 2 * UNTAGGED_ROOM + 100),
+                (SendOp::Send { solicited: false, invalidate: None }, 0),
+                (SendOp::Write { remote_stag: sink.stag, remote_to: sink.va + 8 }, 100),
+                (SendOp::Send { solicited: true, invalidate: Some(invalidated) }, UNTAGGED_ROOM),
+                (SendOp::Send { solicited: false, invalidate: None }, 1),
+            ];
+            for (i, &(op, len)) in posts.iter().enumerate() {
+                p.a.post_send(SendWr {
+                    wr_id: i as u64,
+                    op,
+                    sgl: src.sge_at(0, len as u32).into(),
+                    signaled: true,
+                });
+            }
+            let wire = if batched { frame_all(&mut p.a) } else { p.a.transmit() };
+            p.a.collect();
+            let data = pattern(3 * MULPDU, 7);
+            let send = |opcode, msn, mo, last, word, range: std::ops::Range<usize>| {
+                common::untagged(opcode, 0, msn, mo as u32, last, word, &data[range])
+            };
+            let expected = vec![
+                send(Opcode::Send, 1, 0, true, 0, 0..64),
+                send(Opcode::Send, 2, 0, false, 0, 0..UNTAGGED_ROOM),
+                send(Opcode::Send, 2, UNTAGGED_ROOM, false, 0, UNTAGGED_ROOM..2 * UNTAGGED_ROOM),
+                send(Opcode::Send, 2, 2 * UNTAGGED_ROOM, true, 0, 2 * UNTAGGED_ROOM..2 * UNTAGGED_ROOM + 100),
+                send(Opcode::Send, 3, 0, true, 0, 0..0),
+                common::tagged(Opcode::Write, sink.stag, sink.va + 8, &data[..100]),
+                send(Opcode::SendSeInvalidate, 4, 0, true, invalidated.0, 0..UNTAGGED_ROOM),
+                send(Opcode::Send, 5, 0, true, 0, 0..1),
+            ];
+            assert_eq!(common::deframe_all(&wire, crc, false), expected, "{what}");
+            let done: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+            let want: Vec<_> = (0..posts.len() as u64).map(|i| (i, WcStatus::Success)).collect();
+            assert_eq!(done, want, "{what}");
+        }
+    }
+}
+
+/// A message of one segment whose local buffer cannot be read fails as a segmented one does:
+/// its work request completes with a local protection error, the queue pair terminates
+/// (nothing of the message on the wire), and the requests behind it are flushed.
+#[test]
+fn a_message_of_one_segment_from_an_unreadable_buffer_fails_its_request() {
+    for batched in [false, true] {
+        let mut p = Pair::new(false, false);
+        let src = p.a.buf(64, Access::NONE, 0);
+        let bad = Sge { lkey: STag(src.stag.0 ^ 0x100), addr: src.va, len: 64 };
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: bad.into(),
+            signaled: true,
+        });
+        p.a.post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Send { solicited: false, invalidate: None },
+            sgl: src.sge_at(0, 64).into(),
+            signaled: true,
+        });
+        let wire = if batched { frame_all(&mut p.a) } else { p.a.transmit() };
+        p.a.collect();
+        let ulpdus = common::deframe_all(&wire, false, false);
+        assert_eq!(ulpdus.len(), 1, "batched {batched}: {} segments, not the Terminate alone", ulpdus.len());
+        common::parse_terminate(&ulpdus[0]);
+        assert_eq!(p.a.state(), QpState::Error, "batched {batched}");
+        let done: Vec<_> = p.a.completions.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            done,
+            [(1, WcStatus::LocalProtectionError), (2, WcStatus::WrFlushError)],
+            "batched {batched}"
+        );
+    }
+}

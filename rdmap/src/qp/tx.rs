@@ -4,6 +4,7 @@
 //! Responses and the send queue take turns. The memory work requests (local invalidate,
 //! fast-register, bind) run here too, in send-queue order, when they reach its head.
 
+use iwarp_ddp::header::{HeaderRepr, SegmentKind};
 use iwarp_ddp::stag_table::{Access, AccessError, Addressing, RegionSpec, TableError};
 use iwarp_ddp::{MessageTarget, Msn, QueueNumber, STag, Segmenter, TableMemory, TaggedOffset};
 use iwarp_mpa::RtrType;
@@ -234,6 +235,10 @@ impl QueuePair {
                 if self.memory_operation_at_head() {
                     self.run_memory_operations(mem);
                 }
+                let copy_below = refs.as_ref().map_or(usize::MAX, |(_, min)| *min);
+                if let Some(emitted) = self.transmit_whole(mem, buf, copy_below) {
+                    return emitted;
+                }
                 let seq = self.sq_front_seq();
                 let uses_ord = self.sq.front()?.wr().op.uses_ord();
                 if uses_ord && self.outbound.len() >= usize::from(self.config.ord) {
@@ -279,6 +284,66 @@ impl QueuePair {
                 None
             }
         }
+    }
+
+    /// Sends the send queue's head in one go when it is a Send or an RDMA Write whose payload
+    /// fits one segment and is copied (under `copy_below` bytes): its header and the bytes
+    /// gathered from its local buffer are written into `buf`, and it completes, as
+    /// [`QueuePair::transmit_sq`] would do it through a segmented message, whose setup and
+    /// bookkeeping cost about as much as the rest of a 64-byte Send's segment. `None`, having
+    /// done nothing, for any other head (the segmented path takes it, and reports its
+    /// errors); `Some(None)` when the local buffer could not be read: the request failed and
+    /// the queue pair is going to error, as there.
+    fn transmit_whole(
+        &mut self,
+        mem: &TableMemory<'_>,
+        buf: &mut [u8],
+        copy_below: usize,
+    ) -> Option<Option<Emitted>> {
+        let head = self.sq.front()?;
+        let len = usize::try_from(head.len()).ok().filter(|&len| len < copy_below)?;
+        let (opcode, kind) = match head.wr().op {
+            SendOp::Send { solicited, invalidate } => {
+                let kind = SegmentKind::Untagged {
+                    rdmap_word: invalidate.map_or(0, |s| s.0),
+                    qn: QN_SEND,
+                    // Taken below, once the segment is written.
+                    msn: self.tx_msn[QN_SEND.index().unwrap_or(0)],
+                    mo: 0,
+                };
+                (send_opcode(solicited, invalidate.is_some()), kind)
+            }
+            SendOp::Write { remote_stag, remote_to } => {
+                // A message whose end would pass TO 2^64 - 1 fails in the segmenter.
+                remote_to.checked_add(u64::try_from(len).ok()?)?;
+                (Opcode::Write, SegmentKind::Tagged { stag: remote_stag, to: TaggedOffset(remote_to) })
+            }
+            _ => return None,
+        };
+        let header = HeaderRepr { last: true, rdmap_control: Control::new(opcode).to_byte(), kind };
+        let hlen = header.header_len();
+        // One segment, at least a byte of room past the header (the segmenter's own limit).
+        if hlen + len.max(1) > self.config.mulpdu {
+            return None;
+        }
+        let (hdr, payload) = buf.get_mut(..hlen + len)?.split_at_mut(hlen);
+        header.emit(hdr).ok()?;
+        let gathered = mem.gather_sgl(&head.wr().sgl, 0, payload);
+        let seq = self.sq_front_seq();
+        self.sq.pop_front();
+        if matches!(kind, SegmentKind::Untagged { .. }) {
+            self.next_msn(QN_SEND);
+        }
+        if gathered.is_err() {
+            self.finish(seq, WcStatus::LocalProtectionError);
+            self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+            return Some(None);
+        }
+        self.stats.tx_segments += 1;
+        // Send completion means "handed to the transport" (a Send or Write is never waiting
+        // for a response).
+        self.finish(seq, WcStatus::Success);
+        Some(Some(Emitted { written: hlen + len, by_ref: 0 }))
     }
 
     /// Runs the memory work requests at the head of the send queue, in order; each completes
@@ -362,12 +427,7 @@ impl QueuePair {
         let wr = wr.into_wr();
         match wr.op {
             SendOp::Send { solicited, invalidate } => {
-                let opcode = match (solicited, invalidate.is_some()) {
-                    (false, false) => Opcode::Send,
-                    (true, false) => Opcode::SendSe,
-                    (false, true) => Opcode::SendInvalidate,
-                    (true, true) => Opcode::SendSeInvalidate,
-                };
+                let opcode = send_opcode(solicited, invalidate.is_some());
                 let target = self.untagged(QN_SEND, invalidate.map_or(0, |s| s.0));
                 self.message(Some(seq), target, opcode, len, Source::Local(wr.sgl))
             }
@@ -446,6 +506,16 @@ impl QueuePair {
         let msn = self.tx_msn[i];
         self.tx_msn[i] = msn.next();
         msn
+    }
+}
+
+/// The opcode of a Send: solicited or not, with an STag to invalidate or not.
+fn send_opcode(solicited: bool, invalidate: bool) -> Opcode {
+    match (solicited, invalidate) {
+        (false, false) => Opcode::Send,
+        (true, false) => Opcode::SendSe,
+        (false, true) => Opcode::SendInvalidate,
+        (true, true) => Opcode::SendSeInvalidate,
     }
 }
 
