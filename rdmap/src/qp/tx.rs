@@ -248,9 +248,7 @@ impl QueuePair {
                 match self.start_message(seq, wr) {
                     Ok(m) => self.tx_cur = Some(m),
                     Err(status) => {
-                        // As any failed work request does, it takes the queue pair to error.
-                        self.finish(seq, status);
-                        self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                        self.fail_request(Some(seq), status);
                         return None;
                     }
                 }
@@ -277,10 +275,7 @@ impl QueuePair {
                 // A local buffer could not be read: the request fails, the QP goes to error.
                 self.tx_cur = None;
                 let seq = seq.or_else(|| self.tx_next.as_ref().and_then(|m| m.seq));
-                if let Some(seq) = seq {
-                    self.finish(seq, WcStatus::LocalProtectionError);
-                }
-                self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                self.fail_request(seq, WcStatus::LocalProtectionError);
                 None
             }
         }
@@ -335,8 +330,7 @@ impl QueuePair {
             self.next_msn(QN_SEND);
         }
         if gathered.is_err() {
-            self.finish(seq, WcStatus::LocalProtectionError);
-            self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+            self.fail_request(Some(seq), WcStatus::LocalProtectionError);
             return Some(None);
         }
         self.stats.tx_segments += 1;
@@ -344,6 +338,16 @@ impl QueuePair {
         // for a response).
         self.finish(seq, WcStatus::Success);
         Some(Some(Emitted { written: hlen + len, by_ref: 0 }))
+    }
+
+    /// Completes the send-queue request `seq` (if any) with `status` and, as any failed work
+    /// request does in verbs, takes the queue pair to error: the stream ends with a
+    /// Terminate (local catastrophic error).
+    fn fail_request(&mut self, seq: Option<u64>, status: WcStatus) {
+        if let Some(seq) = seq {
+            self.finish(seq, status);
+        }
+        self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
     }
 
     /// Runs the memory work requests at the head of the send queue, in order; each completes
@@ -361,8 +365,7 @@ impl QueuePair {
             match Self::memory_operation(mem, wr.into_wr().op) {
                 Ok(()) => self.finish(seq, WcStatus::Success),
                 Err(_) => {
-                    self.finish(seq, WcStatus::LocalProtectionError);
-                    self.fail(RdmapError::LocalCatastrophic.terminate_code(), None);
+                    self.fail_request(Some(seq), WcStatus::LocalProtectionError);
                     return;
                 }
             }
