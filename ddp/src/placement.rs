@@ -25,8 +25,7 @@ use std::collections::VecDeque;
 use crate::dma::RegionMemory;
 use crate::header::{Msn, QueueNumber, STag, SegmentKind, TaggedOffset};
 use crate::stag_table::{
-    Access, AccessError, InvalidateError, Placement, ProtectionDomainId, RegionSpec, TableError,
-    TaggedBufferTable,
+    Access, AccessError, InvalidateError, ProtectionDomainId, RegionSpec, TableError, TaggedBufferTable,
 };
 use crate::untagged::{PostError, QUEUE_COUNT, UntaggedError, UntaggedPlacement, UntaggedQueues};
 
@@ -107,11 +106,12 @@ pub fn place_tagged(
     needed: Access,
 ) -> Result<(), AccessError> {
     let len = u64::try_from(payload.len()).map_err(|_| AccessError::ToWrap)?;
-    let placement = table.check(stag, pd, needed, to, len)?;
     if !(needed.remote_write || needed.local_write) {
+        // The table's checks come first, so that their errors keep their order.
+        table.check(stag, pd, needed, to, len)?;
         return Err(AccessError::AccessRights);
     }
-    let (memory, offset) = memory_at_mut(table, placement)?;
+    let (memory, offset) = table.checked_memory_mut(stag, pd, needed, to, len)?;
     // check() keeps the access inside the region and register / fast_register keep every
     // region inside its memory, so this cannot fail.
     memory.write(offset, payload).map_err(|_| AccessError::BaseOrBounds)
@@ -130,28 +130,8 @@ pub fn fetch_tagged(
     needed: Access,
 ) -> Result<(), AccessError> {
     let len = u64::try_from(out.len()).map_err(|_| AccessError::ToWrap)?;
-    let placement = table.check(stag, pd, needed, to, len)?;
-    let (memory, offset) = memory_at(table, placement)?;
+    let (memory, offset) = table.checked_memory(stag, pd, needed, to, len)?;
     memory.read(offset, out).map_err(|_| AccessError::BaseOrBounds)
-}
-
-/// The memory a checked access lands in, and the byte offset in it.
-#[inline]
-fn memory_at(table: &TaggedBufferTable, p: Placement) -> Result<(&RegionMemory, usize), AccessError> {
-    let offset = usize::try_from(p.offset_in_region).map_err(|_| AccessError::BaseOrBounds)?;
-    // A region with no memory cannot pass a check of a non-empty range (its length is 0).
-    let memory = table.region_memory(p.region_index).ok_or(AccessError::InvalidStag)?;
-    Ok((memory, offset))
-}
-
-#[inline]
-fn memory_at_mut(
-    table: &mut TaggedBufferTable,
-    p: Placement,
-) -> Result<(&mut RegionMemory, usize), AccessError> {
-    let offset = usize::try_from(p.offset_in_region).map_err(|_| AccessError::BaseOrBounds)?;
-    let memory = table.region_memory_mut(p.region_index).ok_or(AccessError::InvalidStag)?;
-    Ok((memory, offset))
 }
 
 /// Calls `f(element, tagged offset, range of the message bytes)` for each piece of message
@@ -167,6 +147,14 @@ fn walk(
     match offset.checked_add(len64) {
         Some(end) if end <= sgl_len(sgl) => {}
         _ => return Err(AccessError::BaseOrBounds),
+    }
+    if let [s] = sgl {
+        // Nearly every list: the bytes lie in the one element (checked above), as one piece.
+        if len == 0 {
+            return Ok(());
+        }
+        let to = s.addr.checked_add(offset).ok_or(AccessError::ToWrap)?;
+        return f(s, to, 0..len);
     }
     let mut skip = offset;
     let mut done = 0;
@@ -251,11 +239,11 @@ impl TableMemory<'_> {
         needed: Access,
     ) -> Result<&mut [u8], AccessError> {
         let len64 = u64::try_from(len).map_err(|_| AccessError::ToWrap)?;
-        let placement = self.table.check(stag, self.pd, needed, TaggedOffset(to), len64)?;
+        let (memory, offset) =
+            self.table.checked_memory_mut(stag, self.pd, needed, TaggedOffset(to), len64)?;
         if !(needed.remote_write || needed.local_write) {
             return Err(AccessError::AccessRights);
         }
-        let (memory, offset) = memory_at_mut(self.table, placement)?;
         memory.slice_mut(offset, len).ok_or(AccessError::BaseOrBounds)
     }
 
@@ -328,8 +316,7 @@ impl TableMemory<'_> {
     /// [`fetch_tagged`] (for a transmit path that sends them from where they are).
     pub fn source(&self, stag: STag, to: u64, len: usize, needed: Access) -> Result<&[u8], AccessError> {
         let len64 = u64::try_from(len).map_err(|_| AccessError::ToWrap)?;
-        let placement = self.table.check(stag, self.pd, needed, TaggedOffset(to), len64)?;
-        let (memory, offset) = memory_at(self.table, placement)?;
+        let (memory, offset) = self.table.checked_memory(stag, self.pd, needed, TaggedOffset(to), len64)?;
         memory.slice(offset, len).ok_or(AccessError::BaseOrBounds)
     }
 
@@ -354,8 +341,8 @@ impl TableMemory<'_> {
     /// 8-byte aligned in its region): stores `f(original)` and returns `original`, as one
     /// read-modify-write no other access through the stack can interleave with.
     pub fn atomic(&mut self, stag: STag, to: u64, f: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
-        let placement = self.table.check(stag, self.pd, Access::REMOTE_ATOMIC, TaggedOffset(to), 8)?;
-        let (memory, offset) = memory_at_mut(self.table, placement)?;
+        let (memory, offset) =
+            self.table.checked_memory_mut(stag, self.pd, Access::REMOTE_ATOMIC, TaggedOffset(to), 8)?;
         // Unaligned targets are refused (RFC 7306 requires 8-byte alignment).
         memory.fetch_update_u64(offset, f).ok_or(AccessError::BaseOrBounds)
     }

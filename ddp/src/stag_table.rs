@@ -1011,16 +1011,66 @@ impl TaggedBufferTable {
         to: TaggedOffset,
         len: u64,
     ) -> Result<Placement, AccessError> {
-        let entry = match self.slot(stag.index()) {
+        self.check_in_slot(stag, pd, needed, to, len).map(|(_, p)| p)
+    }
+
+    /// [`TaggedBufferTable::check`], and the memory the access lands in with the byte offset
+    /// of its first byte there: the entry is looked up once for both (the data path's reads
+    /// from local buffers and Read sources).
+    #[inline]
+    pub fn checked_memory(
+        &self,
+        stag: STag,
+        pd: ProtectionDomainId,
+        needed: Access,
+        to: TaggedOffset,
+        len: u64,
+    ) -> Result<(&RegionMemory, usize), AccessError> {
+        let (n, p) = self.check_in_slot(stag, pd, needed, to, len)?;
+        let offset = usize::try_from(p.offset_in_region).map_err(|_| AccessError::BaseOrBounds)?;
+        // A region with no memory cannot pass a check of a non-empty range (its length is 0).
+        let memory = self.memories.get(n).and_then(Option::as_ref).ok_or(AccessError::InvalidStag)?;
+        Ok((memory, offset))
+    }
+
+    /// [`TaggedBufferTable::checked_memory`], mutably (placement writes into it).
+    #[inline]
+    pub fn checked_memory_mut(
+        &mut self,
+        stag: STag,
+        pd: ProtectionDomainId,
+        needed: Access,
+        to: TaggedOffset,
+        len: u64,
+    ) -> Result<(&mut RegionMemory, usize), AccessError> {
+        let (n, p) = self.check_in_slot(stag, pd, needed, to, len)?;
+        let offset = usize::try_from(p.offset_in_region).map_err(|_| AccessError::BaseOrBounds)?;
+        let memory = self.memories.get_mut(n).and_then(Option::as_mut).ok_or(AccessError::InvalidStag)?;
+        Ok((memory, offset))
+    }
+
+    /// The checks of [`TaggedBufferTable::check`]; with the placement, the slot number of
+    /// the region that owns the memory (for a window: its parent's), where its memory is.
+    #[inline(always)]
+    fn check_in_slot(
+        &self,
+        stag: STag,
+        pd: ProtectionDomainId,
+        needed: Access,
+        to: TaggedOffset,
+        len: u64,
+    ) -> Result<(usize, Placement), AccessError> {
+        let n = self.slot_number(stag.index()).ok_or(AccessError::InvalidStag)?;
+        let entry = match self.slots.get(n) {
             Some(Slot::Used(e)) if e.valid && e.key == stag.key() => e,
             _ => return Err(AccessError::InvalidStag),
         };
         // A window is only as good as its region: the region must still be there and valid.
         let parent = match entry.kind {
             EntryKind::Region { .. } => None,
-            EntryKind::Window { parent } => match self.slot(parent) {
-                Some(Slot::Used(r)) if r.valid && matches!(r.kind, EntryKind::Region { .. }) => {
-                    Some((parent, r))
+            EntryKind::Window { parent } => match self.slot_number(parent).map(|m| (m, self.slots.get(m))) {
+                Some((m, Some(Slot::Used(r)))) if r.valid && matches!(r.kind, EntryKind::Region { .. }) => {
+                    Some((parent, m, r))
                 }
                 _ => return Err(AccessError::InvalidStag),
             },
@@ -1030,7 +1080,7 @@ impl TaggedBufferTable {
         }
         // A window's rights are within its region's (bind checks it, and the region keeps its
         // registration while the window is bound); checked again all the same.
-        if !entry.access.contains(needed) || parent.is_some_and(|(_, r)| !r.access.contains(needed)) {
+        if !entry.access.contains(needed) || parent.is_some_and(|(_, _, r)| !r.access.contains(needed)) {
             return Err(AccessError::AccessRights);
         }
         let end = to.0.checked_add(len).ok_or(AccessError::ToWrap)?;
@@ -1042,10 +1092,10 @@ impl TaggedBufferTable {
             return Err(AccessError::BaseOrBounds);
         }
         let offset_in_entry = to.0 - first;
-        let Some((region_index, region)) = parent else {
+        let Some((region_index, m, region)) = parent else {
             // A region is its own parent: the access lies inside it (the data path's case,
             // without a window's steps).
-            return Ok(Placement { region_index: stag.index(), offset_in_region: offset_in_entry });
+            return Ok((n, Placement { region_index: stag.index(), offset_in_region: offset_in_entry }));
         };
         // Bind put the window inside its region; the region may have been fast-registered anew
         // since, so check again that the access lies inside the region's memory.
@@ -1058,7 +1108,7 @@ impl TaggedBufferTable {
             Some(region_end) if region_end <= region.len => {}
             _ => return Err(AccessError::BaseOrBounds),
         }
-        Ok(Placement { region_index, offset_in_region })
+        Ok((m, Placement { region_index, offset_in_region }))
     }
 }
 
