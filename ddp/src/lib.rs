@@ -80,4 +80,4 @@ pub use stag_table::{
     RegionSpec, TableError, TaggedBufferTable,
 };
 pub use terminate::{TerminateCode, TerminateLayer};
-pub use untagged::{PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};
+pub use untagged::{Capacity, PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};

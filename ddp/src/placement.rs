@@ -27,7 +27,7 @@ use crate::header::{Msn, QueueNumber, STag, SegmentKind, TaggedOffset};
 use crate::stag_table::{
     Access, AccessError, InvalidateError, ProtectionDomainId, RegionSpec, TableError, TaggedBufferTable,
 };
-use crate::untagged::{PostError, QUEUE_COUNT, UntaggedError, UntaggedPlacement, UntaggedQueues};
+use crate::untagged::{Capacity, PostError, UntaggedError, UntaggedPlacement, UntaggedQueues};
 
 /// A scatter/gather element of a local buffer: `len` bytes at tagged offset `addr` of the
 /// region `lkey` (verbs' `ibv_sge`).
@@ -382,11 +382,9 @@ impl TableMemory<'_> {
     }
 }
 
-/// A receive buffer posted on an untagged queue.
-pub trait PostedBuffer {
-    /// The buffer's length as DDP sees it: the most bytes a message on it may bring.
-    fn capacity(&self) -> u64;
-
+/// A receive buffer posted on an untagged queue; its [`Capacity`] is its length as DDP sees
+/// it.
+pub trait PostedBuffer: Capacity {
     /// Where DDP places the payload: the local scatter list, or `None` when the upper layer
     /// reads the payload from the segment itself (RDMAP's own buffers for Read Requests,
     /// Terminates and Atomic Responses, whose messages are one segment each).
@@ -402,58 +400,45 @@ pub struct Received<B> {
     pub completed: Option<B>,
 }
 
-/// The untagged receive side of one stream: [`UntaggedQueues`] and, in step with them, the
-/// buffers posted on each queue. [`UntaggedReceiver::handle_segment`] checks a segment, places
-/// its payload and reports the message's completion.
+/// The untagged receive side of one stream: [`UntaggedQueues`] holding the buffers posted on
+/// each queue. [`UntaggedReceiver::handle_segment`] checks a segment, places its payload and
+/// reports the message's completion.
 #[derive(Debug)]
 pub struct UntaggedReceiver<B> {
-    queues: UntaggedQueues,
-    /// `posted[qn]` holds the buffers, front first, in step with the queue's lengths.
-    posted: [VecDeque<B>; QUEUE_COUNT],
+    queues: UntaggedQueues<B>,
 }
 
 impl<B: PostedBuffer> UntaggedReceiver<B> {
     /// Empty queues, each holding at most `max_posted` buffers.
     pub fn new(max_posted: usize) -> UntaggedReceiver<B> {
-        UntaggedReceiver { queues: UntaggedQueues::new(max_posted), posted: Default::default() }
+        UntaggedReceiver { queues: UntaggedQueues::new(max_posted) }
     }
 
-    /// The queues' state (expected MSNs, posted counts, next MOs).
-    pub fn queues(&self) -> &UntaggedQueues {
+    /// The queues' state (expected MSNs, posted buffers, next MOs).
+    pub fn queues(&self) -> &UntaggedQueues<B> {
         &self.queues
     }
 
     /// Posts `buffer` on queue `qn`; returns the MSN of the message it receives, or the
     /// buffer back with the reason.
     pub fn post(&mut self, qn: QueueNumber, buffer: B) -> Result<Msn, (PostError, B)> {
-        let Some(queue) = qn.index().and_then(|i| self.posted.get_mut(i)) else {
-            return Err((PostError::InvalidQn(qn), buffer));
-        };
-        match self.queues.post(qn, buffer.capacity()) {
-            Ok(msn) => {
-                queue.push_back(buffer);
-                Ok(msn)
-            }
-            Err(e) => Err((e, buffer)),
-        }
+        self.queues.post_buffer(qn, buffer)
     }
 
     /// Buffers posted on `qn` and not yet consumed (0 for an invalid QN).
     pub fn posted(&self, qn: QueueNumber) -> usize {
-        qn.index().and_then(|i| self.posted.get(i)).map_or(0, VecDeque::len)
+        self.queues.posted(qn).unwrap_or(0)
     }
 
     /// The buffer the next message on `qn` goes into.
     pub fn front(&self, qn: QueueNumber) -> Option<&B> {
-        self.posted.get(qn.index()?)?.front()
+        self.queues.front(qn)
     }
 
     /// Takes the front buffer of `qn` off the queue without a message (the message for it
     /// failed and the stream ends).
     pub fn discard_front(&mut self, qn: QueueNumber) -> Option<B> {
-        let b = self.posted.get_mut(qn.index()?)?.pop_front()?;
-        self.queues.discard_front(qn);
-        Some(b)
+        self.queues.discard_front(qn)
     }
 
     /// Takes every buffer posted on `qn` off the queue (the stream is flushed).
@@ -497,20 +482,15 @@ impl<B: PostedBuffer> UntaggedReceiver<B> {
         last: bool,
         payload: Payload<'_>,
     ) -> Result<Received<B>, UntaggedError> {
-        let qn = match kind {
-            SegmentKind::Untagged { qn, .. } => qn,
+        let (qn, mo) = match kind {
+            SegmentKind::Untagged { qn, mo, .. } => (qn, u64::from(mo)),
             SegmentKind::Tagged { .. } => return Err(UntaggedError::NotUntagged),
         };
-        let queue = qn.index().and_then(|i| self.posted.get_mut(i)).ok_or(UntaggedError::InvalidQn(qn))?;
-        let mo = match kind {
-            SegmentKind::Untagged { mo, .. } => u64::from(mo),
-            SegmentKind::Tagged { .. } => 0,
-        };
         // Place before recording, so that a refused segment changes nothing. The check covers
-        // MO + length against the front buffer's capacity; placing into the scatter list
-        // checks its elements.
+        // the queue, the MSN, and MO + length against the front buffer's capacity; placing into
+        // the scatter list checks its elements.
         let placement = self.queues.check(kind, last, payload.len())?;
-        let buffer = queue.front().ok_or(UntaggedError::NoBuffer { qn, msn: placement.msn })?;
+        let buffer = self.queues.front(qn).ok_or(UntaggedError::NoBuffer { qn, msn: placement.msn })?;
         match buffer.scatter_list() {
             Some(sgl) => mem.place_in_sgl(sgl, mo, payload).map_err(UntaggedError::LocalBuffer)?,
             // Nothing placed; a payload read into place had nowhere to go.
@@ -519,8 +499,7 @@ impl<B: PostedBuffer> UntaggedReceiver<B> {
             }
             None => {}
         }
-        self.queues.record(placement, payload.len());
-        let completed = if placement.completed_len.is_some() { queue.pop_front() } else { None };
+        let completed = self.queues.record(placement, payload.len());
         Ok(Received { placement, completed })
     }
 }
@@ -581,11 +560,13 @@ mod model {
     #[derive(Debug)]
     struct Recv(Vec<Sge>, u64);
 
-    impl PostedBuffer for Recv {
+    impl Capacity for Recv {
         fn capacity(&self) -> u64 {
             self.1
         }
+    }
 
+    impl PostedBuffer for Recv {
         fn scatter_list(&self) -> Option<&[Sge]> {
             Some(&self.0)
         }
@@ -1110,11 +1091,13 @@ mod tests {
     #[derive(Debug)]
     struct Buf(Vec<Sge>);
 
-    impl PostedBuffer for Buf {
+    impl Capacity for Buf {
         fn capacity(&self) -> u64 {
             sgl_len(&self.0)
         }
+    }
 
+    impl PostedBuffer for Buf {
         fn scatter_list(&self) -> Option<&[Sge]> {
             Some(&self.0)
         }
@@ -1123,11 +1106,13 @@ mod tests {
     #[derive(Debug)]
     struct Inline(u64);
 
-    impl PostedBuffer for Inline {
+    impl Capacity for Inline {
         fn capacity(&self) -> u64 {
             self.0
         }
+    }
 
+    impl PostedBuffer for Inline {
         fn scatter_list(&self) -> Option<&[Sge]> {
             None
         }

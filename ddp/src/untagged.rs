@@ -1,8 +1,9 @@
 //! Untagged receive queues (RFC 5041 section 5.3): per queue number 0..=3, the buffers the
 //! ULP posted, the expected MSN, and the next MO of the message being received.
 //!
-//! The caller posts buffers ([`UntaggedQueues::post`]) by length only; buffer `k` posted on a
-//! queue receives message `expected MSN + k`. [`UntaggedQueues::accept`] checks one incoming
+//! The caller posts buffers ([`UntaggedQueues::post`]): lengths alone, or buffers that know
+//! their length ([`Capacity`]); buffer `k` posted on a queue receives message `expected MSN +
+//! k`. [`UntaggedQueues::accept`] checks one incoming
 //! untagged segment and says where its payload goes, or which Terminate the peer earned.
 //!
 //! The LLP (TCP + MPA) delivers in order and two untagged messages of the same queue do not
@@ -138,6 +139,19 @@ impl fmt::Display for PostError {
 
 impl std::error::Error for PostError {}
 
+/// A buffer posted on an untagged queue, as the queues see it: how many bytes a message on
+/// it may bring. A length alone (`u64`) is one.
+pub trait Capacity {
+    /// The most bytes a message on the buffer may bring.
+    fn capacity(&self) -> u64;
+}
+
+impl Capacity for u64 {
+    fn capacity(&self) -> u64 {
+        *self
+    }
+}
+
 /// Where an accepted untagged segment's payload goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UntaggedPlacement {
@@ -153,53 +167,64 @@ pub struct UntaggedPlacement {
 }
 
 #[derive(Debug, Clone)]
-struct Queue {
-    /// Lengths of posted buffers; the front one takes MSN `expected`.
-    posted: VecDeque<u64>,
+struct Queue<B> {
+    /// The posted buffers; the front one takes MSN `expected`.
+    posted: VecDeque<B>,
     expected: Msn,
     /// Bytes of message `expected` received so far (its next MO).
     next_mo: u64,
 }
 
-impl Default for Queue {
-    fn default() -> Queue {
+impl<B> Default for Queue<B> {
+    fn default() -> Queue<B> {
         Queue { posted: VecDeque::new(), expected: Msn::INITIAL, next_mo: 0 }
     }
 }
 
-/// The untagged receive state of one stream: queues 0..=3. Sans-IO; the caller posts buffer
-/// lengths and asks where each segment goes.
+/// The untagged receive state of one stream: queues 0..=3 and the buffers posted on them
+/// (lengths, by default). Sans-IO; the caller posts buffers and asks where each segment goes.
 #[derive(Debug, Clone)]
-pub struct UntaggedQueues {
-    queues: [Queue; QUEUE_COUNT],
+pub struct UntaggedQueues<B = u64> {
+    queues: [Queue<B>; QUEUE_COUNT],
     max_posted: usize,
 }
 
-impl UntaggedQueues {
+impl<B: Capacity> UntaggedQueues<B> {
     /// New queues, each expecting MSN 1, each holding at most `max_posted` posted buffers.
-    pub fn new(max_posted: usize) -> UntaggedQueues {
+    pub fn new(max_posted: usize) -> UntaggedQueues<B> {
         UntaggedQueues { queues: Default::default(), max_posted }
     }
 
-    fn queue(&self, qn: QueueNumber) -> Option<&Queue> {
+    fn queue(&self, qn: QueueNumber) -> Option<&Queue<B>> {
         self.queues.get(qn.index()?)
     }
 
-    fn queue_mut(&mut self, qn: QueueNumber) -> Option<&mut Queue> {
+    fn queue_mut(&mut self, qn: QueueNumber) -> Option<&mut Queue<B>> {
         self.queues.get_mut(qn.index()?)
     }
 
-    /// Posts a buffer of `len` bytes on queue `qn`; returns the MSN of the message it will
-    /// receive.
-    pub fn post(&mut self, qn: QueueNumber, len: u64) -> Result<Msn, PostError> {
+    /// Posts `buffer` on queue `qn`; returns the MSN of the message it will receive, or the
+    /// buffer back with the reason.
+    pub fn post_buffer(&mut self, qn: QueueNumber, buffer: B) -> Result<Msn, (PostError, B)> {
         let limit = self.max_posted;
-        let q = self.queue_mut(qn).ok_or(PostError::InvalidQn(qn))?;
-        if q.posted.len() >= limit {
-            return Err(PostError::QueueFull { qn, limit });
-        }
-        let k = u32::try_from(q.posted.len()).map_err(|_| PostError::QueueFull { qn, limit })?;
-        q.posted.push_back(len);
+        let Some(q) = self.queue_mut(qn) else { return Err((PostError::InvalidQn(qn), buffer)) };
+        let k = match u32::try_from(q.posted.len()) {
+            Ok(k) if q.posted.len() < limit => k,
+            _ => return Err((PostError::QueueFull { qn, limit }, buffer)),
+        };
+        q.posted.push_back(buffer);
         Ok(q.expected.wrapping_add(k))
+    }
+
+    /// Posts a buffer on queue `qn` ([`UntaggedQueues::post_buffer`], dropping a refused one);
+    /// returns the MSN of the message it will receive.
+    pub fn post(&mut self, qn: QueueNumber, buffer: B) -> Result<Msn, PostError> {
+        self.post_buffer(qn, buffer).map_err(|(e, _)| e)
+    }
+
+    /// The buffer the next message on `qn` goes into.
+    pub fn front(&self, qn: QueueNumber) -> Option<&B> {
+        self.queue(qn)?.posted.front()
     }
 
     /// The MSN queue `qn` expects next (`None` for an invalid QN).
@@ -217,16 +242,18 @@ impl UntaggedQueues {
         self.queue(qn).map(|q| q.next_mo)
     }
 
-    /// Drops the front buffer posted on `qn` (its message failed, the stream ends): the
-    /// message in progress is forgotten, the expected MSN stays. Whether there was one.
-    pub fn discard_front(&mut self, qn: QueueNumber) -> bool {
-        let Some(q) = self.queue_mut(qn) else { return false };
+    /// Takes the front buffer posted on `qn` off the queue (its message failed, the stream
+    /// ends): the message in progress is forgotten, the expected MSN stays.
+    pub fn discard_front(&mut self, qn: QueueNumber) -> Option<B> {
+        let q = self.queue_mut(qn)?;
         q.next_mo = 0;
-        q.posted.pop_front().is_some()
+        q.posted.pop_front()
     }
 
-    /// Checks one untagged segment (its header fields, L, and payload length) and records it.
-    /// On error nothing changes; the stream must be terminated with the error's code.
+    /// Checks one untagged segment (its header fields, L, and payload length) and records it;
+    /// on the message's last segment its buffer is consumed (dropped: see
+    /// [`UntaggedQueues::record`] for a caller that keeps it). On error nothing changes; the
+    /// stream must be terminated with the error's code.
     pub fn accept(
         &mut self,
         kind: SegmentKind,
@@ -260,7 +287,7 @@ impl UntaggedQueues {
             }
             return Err(UntaggedError::MsnOutOfRange { qn, msn, expected: q.expected });
         }
-        let Some(&buffer_len) = q.posted.front() else {
+        let Some(buffer_len) = q.posted.front().map(Capacity::capacity) else {
             return Err(UntaggedError::NoBuffer { qn, msn });
         };
         if u64::from(mo) != q.next_mo {
@@ -274,16 +301,17 @@ impl UntaggedQueues {
     }
 
     /// Records a segment [`UntaggedQueues::check`] accepted (`p`, for `payload_len` bytes): the
-    /// message's next MO advances, or on the last segment its buffer is consumed and the
-    /// queue expects the next MSN.
-    pub fn record(&mut self, p: UntaggedPlacement, payload_len: usize) {
-        let Some(q) = self.queue_mut(p.qn) else { return };
+    /// message's next MO advances, or on the last segment its buffer is consumed (and
+    /// returned) and the queue expects the next MSN.
+    pub fn record(&mut self, p: UntaggedPlacement, payload_len: usize) -> Option<B> {
+        let q = self.queue_mut(p.qn)?;
         if p.completed_len.is_some() {
-            q.posted.pop_front();
             q.expected = q.expected.next();
             q.next_mo = 0;
+            q.posted.pop_front()
         } else {
             q.next_mo = u64::from(p.offset).saturating_add(u64::try_from(payload_len).unwrap_or(u64::MAX));
+            None
         }
     }
 }
@@ -382,9 +410,9 @@ mod tests {
         }
         assert!(UntaggedError::LocalBuffer(AccessError::BaseOrBounds).to_string().contains("not writable"));
         // Discarding the front buffer leaves the expected MSN.
-        assert!(q.discard_front(QueueNumber::Send));
-        assert!(!q.discard_front(QueueNumber::Send));
-        assert!(!q.discard_front(QueueNumber::Unknown(7)));
+        assert_eq!(q.discard_front(QueueNumber::Send), Some(100));
+        assert_eq!(q.discard_front(QueueNumber::Send), None);
+        assert_eq!(q.discard_front(QueueNumber::Unknown(7)), None);
         assert_eq!(q.expected_msn(QueueNumber::Send), Some(Msn(2)));
     }
 

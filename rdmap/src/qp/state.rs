@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 
 use iwarp_ddp::header::UNTAGGED_HEADER_LEN;
 use iwarp_ddp::placement::{PostedBuffer, Sge, sgl_len};
+use iwarp_ddp::untagged::Capacity;
 use iwarp_ddp::{Msn, QueueNumber, STag, Segmenter, TerminateCode, UntaggedReceiver};
 
 use super::srq::SharedReceiveQueue;
@@ -161,7 +162,7 @@ impl RxBuffer {
     }
 }
 
-impl PostedBuffer for RxBuffer {
+impl Capacity for RxBuffer {
     fn capacity(&self) -> u64 {
         match self {
             RxBuffer::Recv(wr) => sgl_len(&wr.sgl),
@@ -170,7 +171,9 @@ impl PostedBuffer for RxBuffer {
             RxBuffer::AtomicResponse => ATOMIC_RESPONSE_LEN as u64,
         }
     }
+}
 
+impl PostedBuffer for RxBuffer {
     fn scatter_list(&self) -> Option<&[Sge]> {
         match self {
             RxBuffer::Recv(wr) => Some(&wr.sgl),
