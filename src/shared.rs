@@ -347,12 +347,10 @@ impl CqShared {
     ) -> bool {
         let mut ring = lock(&self.ring);
         let before = ring.len();
-        let mut solicited = false;
-        for wc in wcs {
-            solicited |= wc.solicited;
-            ring.push_back(wc);
-        }
+        // One reservation for a batch of known length, rather than a check per push.
+        ring.extend(wcs);
         let pushed = ring.len() > before;
+        let solicited = pushed && ring.range(before..).any(|wc| wc.solicited);
         before_visible();
         self.any.store(!ring.is_empty(), Ordering::Release);
         drop(ring);
@@ -399,9 +397,12 @@ impl CqShared {
         }
         let mut ring = lock(&self.ring);
         let n = out.len().min(ring.len());
-        for (slot, wc) in out.iter_mut().zip(ring.drain(..n)) {
-            *slot = wc;
-        }
+        // Copied where they lie (the ring's two runs), then let go of at once.
+        let (first, second) = ring.as_slices();
+        let k = n.min(first.len());
+        out[..k].copy_from_slice(&first[..k]);
+        out[k..n].copy_from_slice(&second[..n - k]);
+        ring.drain(..n);
         self.any.store(!ring.is_empty(), Ordering::Release);
         n
     }

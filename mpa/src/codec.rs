@@ -164,7 +164,10 @@ impl Framer {
         let fpdu = buf.get_mut(..needed).ok_or(FramerError::BufferTooSmall { needed, got })?;
         fpdu[..LENGTH_LEN].copy_from_slice(&len16.to_be_bytes());
         let crc_at = needed - CRC_LEN;
-        fpdu[LENGTH_LEN + ulpdu_len..crc_at].fill(0);
+        // The pad is 0-3 bytes: a loop, not a call to `memset` (most FPDUs have none).
+        for b in &mut fpdu[LENGTH_LEN + ulpdu_len..crc_at] {
+            *b = 0;
+        }
         let crc = if self.crc { fpdu::crc_update(0, &fpdu[..crc_at]) } else { 0 };
         fpdu[crc_at..].copy_from_slice(&crc_to_wire(crc));
         self.pos = self.pos.wrapping_add(needed as u64);
