@@ -267,6 +267,7 @@ impl<B: Capacity> UntaggedQueues<B> {
 
     /// The checks of [`UntaggedQueues::accept`], recording nothing: where the segment would
     /// go. [`UntaggedQueues::record`] then records it (once the payload is placed).
+    #[inline]
     pub fn check(
         &self,
         kind: SegmentKind,

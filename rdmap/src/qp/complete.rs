@@ -4,7 +4,7 @@
 use iwarp_ddp::STag;
 
 use super::state::{QN_SEND, QueuePair, RxBuffer, SqSlot};
-use super::wr::{Completion, RecvWr, WcOpcode, WcStatus};
+use super::wr::{Completion, WcOpcode, WcStatus};
 use crate::atomic::IMMEDIATE_DATA_LEN;
 
 impl QueuePair {
@@ -58,10 +58,10 @@ impl QueuePair {
         self.sq_retired += 1;
     }
 
-    /// Completes a receive whose message arrived whole.
+    /// Completes the receive `wr_id`, whose message arrived whole.
     pub(super) fn complete_recv(
         &mut self,
-        wr: RecvWr,
+        wr_id: u64,
         opcode: WcOpcode,
         byte_len: u64,
         solicited: bool,
@@ -69,7 +69,7 @@ impl QueuePair {
         imm_data: Option<[u8; IMMEDIATE_DATA_LEN]>,
     ) {
         self.completions.push_back(Completion {
-            wr_id: wr.wr_id,
+            wr_id,
             status: WcStatus::Success,
             opcode,
             byte_len,

@@ -344,7 +344,7 @@ impl QueuePair {
                         })?;
                     }
                     if let Some(wr) = completed.take().and_then(RxBuffer::into_recv) {
-                        self.complete_recv(wr, WcOpcode::Recv, len, solicited, invalidate, None);
+                        self.complete_recv(wr.wr_id, WcOpcode::Recv, len, solicited, invalidate, None);
                     }
                 }
                 Ok(())
@@ -353,7 +353,7 @@ impl QueuePair {
                 let data = fixed_body(op, seg, mo, IMMEDIATE_DATA_LEN, ImmediateData::parse)?;
                 let solicited = op == Opcode::ImmediateDataSe;
                 if let Some(wr) = completed.take().and_then(RxBuffer::into_recv) {
-                    self.complete_recv(wr, WcOpcode::RecvImmediate, 0, solicited, None, Some(data.0));
+                    self.complete_recv(wr.wr_id, WcOpcode::RecvImmediate, 0, solicited, None, Some(data.0));
                 }
                 Ok(())
             }
