@@ -59,6 +59,7 @@ impl QueuePair {
     }
 
     /// Completes the receive `wr_id`, whose message arrived whole.
+    #[inline(always)]
     pub(super) fn complete_recv(
         &mut self,
         wr_id: u64,
