@@ -458,4 +458,26 @@ mod tests {
         cq.shared.push(WorkCompletion::flushed(1, 6, WcOpcode::Send));
         assert_eq!(cq.poll().map(|wc| wc.wr_id), Some(6), "an emptied queue takes new pushes");
     }
+
+    /// Completions pushed as one batch and taken across the point where the queue's storage
+    /// wraps around come out whole and in order.
+    #[test]
+    fn poll_many_takes_a_batch_across_the_queues_wrap() {
+        let device = Device::open(DeviceConfig::default());
+        let cq = device.create_cq(32);
+        let wc = |i| WorkCompletion::flushed(1, i, WcOpcode::Send);
+        cq.shared.push_all_quiet((0..12).map(wc), || {});
+        let mut out = [WorkCompletion::default(); 16];
+        assert_eq!(cq.poll_many(&mut out[..10]), 10);
+        // Two left near the end of the storage (16 entries to begin with): the next twelve
+        // wrap around to its start.
+        cq.shared.push_all_quiet((12..24).map(wc), || {});
+        let mut got = Vec::new();
+        for take in [5, 16] {
+            let n = cq.poll_many(&mut out[..take]);
+            got.extend(out[..n].iter().map(|wc| wc.wr_id));
+        }
+        assert_eq!(got, (10..24).collect::<Vec<_>>());
+        assert_eq!(cq.poll_many(&mut out), 0);
+    }
 }
