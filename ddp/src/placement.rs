@@ -106,12 +106,10 @@ pub fn place_tagged(
     needed: Access,
 ) -> Result<(), AccessError> {
     let len = u64::try_from(payload.len()).map_err(|_| AccessError::ToWrap)?;
+    let (memory, offset) = table.checked_memory_mut(stag, pd, needed, to, len)?;
     if !(needed.remote_write || needed.local_write) {
-        // The table's checks come first, so that their errors keep their order.
-        table.check(stag, pd, needed, to, len)?;
         return Err(AccessError::AccessRights);
     }
-    let (memory, offset) = table.checked_memory_mut(stag, pd, needed, to, len)?;
     // check() keeps the access inside the region and register / fast_register keep every
     // region inside its memory, so this cannot fail.
     memory.write(offset, payload).map_err(|_| AccessError::BaseOrBounds)
