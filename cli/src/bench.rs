@@ -121,11 +121,17 @@ pub(crate) struct Args {
     /// transmit depth, spread over the queue pairs (at least one each: with more pairs than
     /// the window, one per pair). Reads too: the connections take the window per queue pair as
     /// their IRD and ORD, at least 16, as perftest's reads go as deep as the device allows. For
-    /// Sends the receiver keeps 512 receives posted over all queue pairs (at least a window's
-    /// worth per pair), like perftest's receive depth, and the sender never has more Sends in
-    /// flight than that.
+    /// Sends the receiver keeps `--rx-depth` receives posted (at least a window's worth per
+    /// pair), and the sender never has more Sends in flight than that.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     window: u16,
+    /// Receives the server keeps posted for the Send measurements, over all queue pairs, like
+    /// perftest's receive depth (-r, 512 by default there too); at least a window's worth per
+    /// pair is posted whatever this says. An iWARP Send that finds no receive posted ends the
+    /// connection, so the sender sends only as many as the receiver has posted and not yet
+    /// reposted: with small messages this depth, not the window, bounds what is in flight.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..=16384))]
+    rx_depth: u16,
     /// CQ moderation of the bandwidth measurements, like perftest's -Q: only every N-th work
     /// request of a queue pair asks for a completion, and the last of each list posted (a
     /// completion retires the unsignaled ones before it); 1 signals every one. At most the
@@ -656,6 +662,7 @@ fn measure(
         qps: usize::from(args.qps),
         window: usize::from(args.window),
         cq_mod: usize::from(args.cq_mod),
+        rx_depth: usize::from(args.rx_depth),
         shared_device: args.shared_device,
         zero_copy: args.zero_copy == OnOff::On,
         gap: gap(args),
@@ -899,7 +906,7 @@ fn config_line(args: &Args, report: &Report) -> String {
         None => String::new(),
     };
     format!(
-        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, {per} per measurement{neg}\n\
+        "iwarp bench: {path}, CRC {}, MPA rev {}, poll {}, {} QP(s), window {}, CQ moderation {}, receive depth {}, {per} per measurement{neg}\n\
          {layout}; {raw_kind}: length-prefixed stream; {} ping-pong{gap}{}. Latency is the round trip.\n{crowded}{pinned}{offloads}{memory}",
         on_off(args.crc == OnOff::On),
         args.mpa_rev,
@@ -907,6 +914,7 @@ fn config_line(args: &Args, report: &Report) -> String {
         args.qps,
         args.window,
         args.cq_mod,
+        args.rx_depth,
         if raw_busy(args) { "busy-polling" } else { "blocking" },
         if interleave(args) { ", in turns with each operation's" } else { "" },
     )
@@ -1151,6 +1159,8 @@ fn json_report(args: &Args, report: &Report) -> String {
             })
         })
         .collect();
+    let credits =
+        rdma::send_credits(usize::from(args.window), usize::from(args.qps), usize::from(args.rx_depth));
     let mut doc = json!({
         "config": {
             "ops": ops(args).iter().map(|o| o.name()).collect::<Vec<_>>(),
@@ -1166,7 +1176,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "qps": args.qps,
             "window": args.window,
             "cq_mod": args.cq_mod,
-            "send_credits_per_qp": rdma::send_credits(usize::from(args.window), usize::from(args.qps)),
+            "send_credits_per_qp": credits,
             "raw_ping_pong": match (raw_busy(args), interleave(args)) {
                 (true, _) => "busy-poll",
                 (false, true) => "blocking, in turns",
@@ -1214,6 +1224,7 @@ fn json_report(args: &Args, report: &Report) -> String {
     // Beside the other byte counts (one more inside the macro passes its recursion limit).
     doc["config"]["tx_moved_bytes"] = json!(report.sent.3);
     doc["config"]["pin"] = pin_json(args, report);
+    doc["config"]["rx_depth"] = json!(args.rx_depth);
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s

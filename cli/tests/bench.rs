@@ -167,6 +167,15 @@ fn bench_sends_beyond_the_window_up_to_the_posted_receives() {
     let engines = v["config"]["engines"].as_array().unwrap();
     assert_eq!(engines.len(), 1, "{engines:?}");
     assert_eq!(engines[0]["device"], "shared");
+    // A deeper receive queue (perftest's -r) gives the sender as many more credits, spread
+    // over the pairs; one shallower than the window still leaves a window's worth per pair.
+    let v = run("64", "2", &["--rx-depth", "4096"]);
+    assert_eq!(v["config"]["rx_depth"], 4096);
+    assert_eq!(v["config"]["send_credits_per_qp"], 2048);
+    assert_eq!(v["rows"][0]["iwarp"]["msgs"], 3000);
+    let v = run("64", "1", &["--rx-depth", "8"]);
+    assert_eq!(v["config"]["send_credits_per_qp"], 64);
+    assert_eq!(v["rows"][0]["iwarp"]["msgs"], 3000);
 }
 
 /// CQ moderation: whatever share of the work requests signal, every message of every op is
@@ -326,6 +335,8 @@ fn bench_bad_flags_exit_nonzero_with_a_clear_message() {
         (&["--qps", "0"], "--qps"),
         (&["--window", "0"], "--window"),
         (&["--cq-mod", "0"], "--cq-mod"),
+        (&["--rx-depth", "0"], "--rx-depth"),
+        (&["--rx-depth", "20000"], "--rx-depth"),
         (&["--crc", "maybe"], "--crc"),
         (&["--mpa-rev", "3"], "--mpa-rev"),
         (&["--poll", "sometimes"], "--poll"),

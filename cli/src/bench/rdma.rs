@@ -48,10 +48,6 @@ const INLINE_SPINS_BEFORE_YIELD: u32 = 4;
 /// about to hand some back) before it sleeps: a sleeping thread takes tens of microseconds to
 /// wake on a virtual machine, more than the server takes to turn a window around.
 const CREDIT_SPIN: Duration = Duration::from_micros(100);
-/// Receives the server keeps posted for Sends, over all pairs (at least a window's worth per
-/// pair), as `ib_send_bw`'s default receive depth: `--window` bounds the sender's outstanding
-/// work requests, as perftest's transmit depth does, not the receiver's buffers.
-const RX_DEPTH: usize = 512;
 /// Queue pairs a failed measurement's error describes at most (see [`Bench::explain`]).
 const EXPLAINED: usize = 4;
 /// Receives posted per pair beyond the client's credits.
@@ -95,6 +91,11 @@ pub(super) struct Config {
     /// Bandwidth runs: every this many work requests of a pair (and the last of each list)
     /// ask for a completion.
     pub(super) cq_mod: usize,
+    /// Receives the server keeps posted for Sends, over all pairs (at least a window's worth
+    /// per pair; `--rx-depth`, 512 by default as `ib_send_bw`'s receive depth): `window`
+    /// bounds the sender's outstanding work requests, as perftest's transmit depth does, not
+    /// the receiver's buffers.
+    pub(super) rx_depth: usize,
     /// The largest message size of the run (buffers are registered once, this big).
     pub(super) max_size: usize,
     /// Both ends on one device.
@@ -291,10 +292,11 @@ pub(super) fn per_pair(window: usize, qps: usize) -> usize {
 }
 
 /// Sends a client may have in flight per queue pair (received or not): the receives the
-/// server keeps posted for them, beyond its slack.
-pub(super) fn send_credits(window: usize, qps: usize) -> usize {
+/// server keeps posted for them, beyond its slack; `rx_depth` over all pairs, at least a
+/// window's share per pair.
+pub(super) fn send_credits(window: usize, qps: usize, rx_depth: usize) -> usize {
     let qps = qps.max(1);
-    window.div_ceil(qps).max(1).max(RX_DEPTH / qps)
+    window.div_ceil(qps).max(1).max(rx_depth / qps)
 }
 
 fn cm_err(what: &'static str) -> impl Fn(iwarp::CmError) -> BenchError {
@@ -333,11 +335,12 @@ impl Bench {
         }
         let (client_dev, server_dev) = (&devices[0], &devices[devices.len() - 1]);
         let (pd, server_pd) = (client_dev.alloc_pd(), server_dev.alloc_pd());
-        // Room for every completion a measurement can have outstanding.
-        let cq_depth = cfg.qps * (cfg.window + 8) * 4 + 64;
-        let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         let per_pair = per_pair(cfg.window, cfg.qps);
-        let rq_target = send_credits(cfg.window, cfg.qps) + RQ_SLACK;
+        let rq_target = send_credits(cfg.window, cfg.qps, cfg.rx_depth) + RQ_SLACK;
+        // Room for every completion a measurement can have outstanding: a window's, and on
+        // the server every posted receive's.
+        let cq_depth = (cfg.qps * (cfg.window + 8) * 4).max(cfg.qps * rq_target) + 64;
+        let (cq, server_cq) = (client_dev.create_cq(cq_depth), server_dev.create_cq(cq_depth));
         // Reads as deep as the window, as perftest's are (its outstanding reads are the
         // device's maximum, 128 on siw, then at most its transmit depth), and never under
         // the stack's default of 16.
@@ -1301,6 +1304,7 @@ mod tests {
             qps: 1,
             window: 4,
             cq_mod: 1,
+            rx_depth: 512,
             shared_device: false,
             zero_copy: true,
             gap: Duration::ZERO,
