@@ -88,11 +88,15 @@ for n in $VCPUS; do
       # round that gave no table (its bench failed) is left out of the median and counted
       # as a failure, and the rounds after it still count (grep finding nothing fails the
       # pipeline, under errexit and pipefail).
-      vals="$(for r in $(seq "$ROUNDS"); do
+      rows="$(for r in $(seq "$ROUNDS"); do
         grep -aE "^\[iwarp-$poll-r$r\] +[0-9]+[KMG]? \|" "$IW_SERIAL" |
-          awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000 }' ||
+          awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000, a[2] * 1000 }' ||
           true
       done)"
+      vals="$(printf '%s\n' "$rows" | awk 'NF { print $1 }')"
+      # The bench's own raw-TCP stream over the guest's loopback, in the same rounds: what
+      # the guest's TCP moves at all, the ceiling of a stack that copies in and out of it.
+      raw="$(printf '%s\n' "$rows" | awk 'NF { print $2 }' | median | awk '{ print $1 }')"
       got="$(printf '%s' "$vals" | grep -c . || true)"
       short=""
       if [ "$got" -lt "$ROUNDS" ]; then
@@ -106,8 +110,8 @@ for n in $VCPUS; do
         results+="$(printf '%s vCPU  %-5s %-8s siw %8s MB/s  iwarp %8s MB/s  ratio ?' "$n" "$op" "$poll" "${siw:-?}" "${iw:-?}")"$'\n'
         continue
       fi
-      results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" -v r="$siw_lo-$siw_hi / $iw_lo-$iw_hi" 'BEGIN {
-        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f  (ranges %s)", n, o, p, s, i, (s > 0) ? i / s : 0, r }')$short"$'\n'
+      results+="$(awk -v n="$n" -v o="$op" -v p="$poll" -v s="$siw" -v i="$iw" -v r="$siw_lo-$siw_hi / $iw_lo-$iw_hi" -v t="${raw:-0}" 'BEGIN {
+        printf "%s vCPU  %-5s %-8s siw %8.2f MB/s  iwarp %8.2f MB/s  ratio %.2f  (ranges %s; raw TCP %.0f MB/s)", n, o, p, s, i, (s > 0) ? i / s : 0, r, t }')$short"$'\n'
     done
   done
 done
