@@ -125,11 +125,13 @@ pub(crate) struct Args {
     /// pair), and the sender never has more Sends in flight than that.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     window: u16,
-    /// Receives the server keeps posted for the Send measurements, over all queue pairs, like
-    /// perftest's receive depth (-r, 512 by default there too); at least a window's worth per
-    /// pair is posted whatever this says. An iWARP Send that finds no receive posted ends the
-    /// connection, so the sender sends only as many as the receiver has posted and not yet
-    /// reposted: with small messages this depth, not the window, bounds what is in flight.
+    /// Receives the server keeps posted for the Send measurements, spread over the queue pairs,
+    /// like perftest's receive depth (-r, 512 by default there too; perftest posts that many
+    /// per queue pair, or over all of them with a shared receive queue); at least a window's
+    /// share per pair is posted whatever this says. An iWARP Send that finds no receive posted
+    /// ends the connection, so the sender sends only as many as the receiver has posted and
+    /// not yet reposted: with small messages this depth, not the window, bounds what is in
+    /// flight.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..=16384))]
     rx_depth: u16,
     /// CQ moderation of the bandwidth measurements, like perftest's -Q: only every N-th work
