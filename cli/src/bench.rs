@@ -1099,7 +1099,7 @@ fn text_report(args: &Args, report: &Report) -> String {
     ));
     for (name, e) in &report.engines {
         out.push_str(&format!(
-            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll (arming its timer {} times) and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times\n",
+            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll (arming its timer {} times) and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times, and it offered the core to a waiting application thread after {} passes\n",
             e.sleeps,
             e.quiet_sleeps,
             e.event_wakeups,
@@ -1111,9 +1111,32 @@ fn text_report(args: &Args, report: &Report) -> String {
             e.waiting_passes,
             e.handoffs,
             e.contended_yields,
+            e.waiter_yields,
         ));
     }
     out
+}
+
+/// Each engine's counters (`EngineStats`) in `--json`.
+fn engines_json(report: &Report) -> Value {
+    let engines = report.engines.iter().map(|(name, e)| {
+        json!({
+            "device": name,
+            "passes": e.passes,
+            "direct_passes": e.direct_passes,
+            "sleeps": e.sleeps,
+            "event_wakeups": e.event_wakeups,
+            "timer_wakeups": e.timer_wakeups,
+            "app_polls": e.app_polls,
+            "waiting_passes": e.waiting_passes,
+            "handoffs": e.handoffs,
+            "quiet_sleeps": e.quiet_sleeps,
+            "contended_yields": e.contended_yields,
+            "waiter_yields": e.waiter_yields,
+            "alarms": e.alarms,
+        })
+    });
+    Value::Array(engines.collect())
 }
 
 /// `--pin` in the JSON document: the two CPUs and every thread with the CPUs it may run on.
@@ -1195,20 +1218,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "tx_bytes": report.sent.0,
             "tx_by_ref_bytes": report.sent.1,
             "tx_staged_bytes": report.sent.2,
-            "engines": report.engines.iter().map(|(name, e)| json!({
-                "device": name,
-                "passes": e.passes,
-                "direct_passes": e.direct_passes,
-                "sleeps": e.sleeps,
-                "event_wakeups": e.event_wakeups,
-                "timer_wakeups": e.timer_wakeups,
-                "app_polls": e.app_polls,
-                "waiting_passes": e.waiting_passes,
-                "handoffs": e.handoffs,
-                "quiet_sleeps": e.quiet_sleeps,
-                "contended_yields": e.contended_yields,
-                "alarms": e.alarms,
-            })).collect::<Vec<_>>(),
+            "engines": engines_json(report),
             "latency": "round trip",
             "negotiated": report.negotiated.map(|n| json!({
                 "crc": n.crc, "mpa_revision": n.revision, "ord": n.ord,
