@@ -124,7 +124,7 @@ pub struct EngineStats {
     /// another thread had run on the core meanwhile, so the spin competed with it.
     pub contended_yields: u64,
     /// Times the adaptive engine offered the core after a pass that did work while an
-    /// application thread waited for a completion (see `engine_loop`).
+    /// application thread waited for a completion (see `Engine::offer_core_to_waiters`).
     pub waiter_yields: u64,
     /// Times the alarm that ends application threads' timed sleeps in a queue's poll was
     /// armed: about once per second of waiting in a steady exchange, not once per sleep (a
@@ -1097,7 +1097,7 @@ impl Engine {
     /// until the link was empty, and only then left the core to the thread that reposts the
     /// receives and answers: a sender out of credits by then waited for that thread, and the
     /// receiver then waited for the sender (64 B Sends with perftest's 512 receives, both ends
-    /// pinned: 6.9-7.6 -> 8.6-9.5 Mmsg/s; docs/architecture.md, "What a message costs on the
+    /// pinned: 6.9-7.9 -> 8.6-9.6 Mmsg/s; docs/architecture.md, "What a message costs on the
     /// way"). Where the waiting thread has a CPU of its own the yield is a system call that
     /// returns at once. A busy engine spins for latency on a core of its own and keeps it;
     /// in event mode the engine sleeps as soon as it is idle, which gives the core up anyway.
