@@ -1201,6 +1201,7 @@ fn json_report(args: &Args, report: &Report) -> String {
             "qps": args.qps,
             "window": args.window,
             "cq_mod": args.cq_mod,
+            "rx_depth": args.rx_depth,
             "send_credits_per_qp": credits,
             "raw_ping_pong": match (raw_busy(args), interleave(args)) {
                 (true, _) => "busy-poll",
@@ -1236,7 +1237,6 @@ fn json_report(args: &Args, report: &Report) -> String {
     // Beside the other byte counts (one more inside the macro passes its recursion limit).
     doc["config"]["tx_moved_bytes"] = json!(report.sent.3);
     doc["config"]["pin"] = pin_json(args, report);
-    doc["config"]["rx_depth"] = json!(args.rx_depth);
     let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s

@@ -94,8 +94,9 @@ for n in $VCPUS; do
           true
       done)"
       vals="$(printf '%s\n' "$rows" | awk 'NF { print $1 }')"
-      # The bench's own raw-TCP stream over the guest's loopback, in the same rounds: what
-      # the guest's TCP moves at all, the ceiling of a stack that copies in and out of it.
+      # The bench's own raw-TCP stream over the guest's loopback, in the same rounds: how
+      # fast the guest is in this run (it is a length-prefixed stream with its own reader's
+      # cost, not a ceiling: this stack's figures have come out above it).
       raw="$(printf '%s\n' "$rows" | awk 'NF { print $2 }' | median | awk '{ print $1 }')"
       got="$(printf '%s' "$vals" | grep -c . || true)"
       short=""
