@@ -88,15 +88,17 @@ bash tests/interop/run-smol.sh
 
 step "verbs drop-in against siw in the guest: Debian's rping and ib_*_bw -R, both directions (tests/interop/run-verbs-abi.sh)"
 # Status 3: only siw's perftest failed, calibrating its clock or answering a connection in time
-# under TCG; one more boot decides.
+# under TCG; up to two more boots decide. (Its clock calibration, after the data phase, failed
+# in two boots in a row once: one retry was not enough.)
 verbs_rc=0
 bash tests/interop/run-verbs-abi.sh || verbs_rc=$?
-if [ "$verbs_rc" = 3 ]; then
-  echo "siw's perftest was too slow under TCG (clock calibration or accept): the drop-in against siw once more"
-  IWARP_INTEROP_OUT="$PWD/target/interop-verbs-abi-again" bash tests/interop/run-verbs-abi.sh
-elif [ "$verbs_rc" != 0 ]; then
-  exit "$verbs_rc"
-fi
+for again in 1 2; do
+  [ "$verbs_rc" = 3 ] || break
+  echo "siw's perftest was too slow under TCG (clock calibration or accept): the drop-in against siw once more ($again of 2)"
+  verbs_rc=0
+  IWARP_INTEROP_OUT="$PWD/target/interop-verbs-abi-again$again" bash tests/interop/run-verbs-abi.sh || verbs_rc=$?
+done
+[ "$verbs_rc" = 0 ] || exit "$verbs_rc"
 
 step "iSER: libiscsi on the drop-in against LIO's ib_isert on siw in the guest: inquiry, capacity, 8 MiB written and read back, against iSCSI/TCP (tests/interop/run-iser.sh)"
 bash tests/interop/run-iser.sh

@@ -24,7 +24,8 @@
 # PASS/FAIL per case; exits non-zero when one failed or the harness could not run: 3 when
 # every failed case was a perftest run whose siw side gave up calibrating its cycle counter
 # under TCG ("Correlation coefficient r^2 ... < 0.9", no report), which says nothing about
-# either stack (scripts/test.sh then boots the guest once more).
+# either stack (scripts/test.sh then boots the guest up to twice more). The calibration runs
+# when perftest prints its report, after the data phase.
 #
 # Environment: IWARP_BIN (default target/release/iwarp), IWARP_VERBS_ABI_DIR (the staged
 # libraries; default: scripts/verbs-abi.sh --release), IW_IMG (guest image; built if unset),
@@ -225,7 +226,7 @@ for side in a b; do
       # perftest's client connected while siw's new data listener was not ready to take the
       # connection (docs/siw-quirks.md, "A new listener takes connections a little after
       # listen()"): the MPA Request stays unanswered. perftest's timing, not the drop-in's;
-      # one more boot decides.
+      # another boot decides.
       why+="(siw's new data listener did not take perftest's connection)"
       TCG_SLOW=$((TCG_SLOW + 1))
     fi
