@@ -14,6 +14,8 @@
 #
 #   compare.sh [SIZE] [SECONDS] [VCPUS] [POLL_MODES]
 #   defaults:   65536   3         "1 2"   "inline adaptive"
+#   environment: IWARP_BIN, IWARP_BENCH_FLAGS (above), IWARP_COMPARE_ROUNDS (3),
+#   IWARP_COMPARE_BOOTS (1; below)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -41,9 +43,13 @@ iw_setup_ns
 # The guest: ROUNDS rounds of, for each operation, perftest's server then client over siw (its
 # default CRC setting: off), then this stack's bench in each poll mode with CRC off too. siw's
 # figures move by a third from one run to the next (Write 103 then 140 MB/s in two boots of
-# one image), so one run of each says little: the ratios are of the medians over the rounds,
-# which alternate the two stacks.
+# one image, 81-132 MB/s over several), so one run of each says little: the ratios are of the
+# medians over the rounds, which alternate the two stacks, and over the boots: with
+# IWARP_COMPARE_BOOTS=N (default 1) each vCPU count boots N guests one after the other and the
+# medians take every round of every boot, so that one boot's luck weighs 1/N.
 ROUNDS="${IWARP_COMPARE_ROUNDS:-3}"
+BOOTS="${IWARP_COMPARE_BOOTS:-1}"
+case "$BOOTS" in ''|*[!0-9]*|0) iw_die "IWARP_COMPARE_BOOTS must be a positive number, not '$BOOTS'" ;; esac
 cmd="[ -x /opt/iwarp ] || { echo 'IWARP-COMPARE: /opt/iwarp missing'; exit 3; }; "
 # The rounds loop in the guest's shell: the command goes to the guest on the kernel command
 # line, which holds 2 KiB.
@@ -70,29 +76,33 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%s %s %s", (NR % 
 failed=0
 results=""
 for n in $VCPUS; do
-  out="$work/smp$n"
-  iw_boot "$out" --smp "$n" --max "$max" --cmd "$cmd"
-  iw_wait_exit "$max" || true
-  iw_stop_guest
-  if grep -q 'IWARP-COMPARE:' "$IW_SERIAL"; then
-    cat "$IW_SERIAL"
-    iw_die "the guest could not run the binary (log $IW_SERIAL)"
-  fi
+  logs=()
+  for b in $(seq "$BOOTS"); do
+    out="$work/smp$n-boot$b"
+    iw_boot "$out" --smp "$n" --max "$max" --cmd "$cmd"
+    iw_wait_exit "$max" || true
+    iw_stop_guest
+    if grep -q 'IWARP-COMPARE:' "$IW_SERIAL"; then
+      cat "$IW_SERIAL"
+      iw_die "the guest could not run the binary (log $IW_SERIAL)"
+    fi
+    logs+=("$IW_SERIAL")
+  done
   for op in write read send; do
     # perftest: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]"
     # A round without its result line leaves the value out (and none at all is reported
     # below), not the script.
-    read -r siw siw_lo siw_hi < <(grep -aE "^\[siw-$op-r[0-9]+\] +$SIZE " "$IW_SERIAL" | awk '{ print $5 }' | median) || true
+    read -r siw siw_lo siw_hi < <(cat "${logs[@]}" | grep -aE "^\[siw-$op-r[0-9]+\] +$SIZE " | awk '{ print $5 }' | median) || true
     for poll in $POLLS; do
       # bench: per operation a section whose first row is "  64K |  GB/s ..."; MB/s. A
       # round that gave no table (its bench failed) is left out of the median and counted
       # as a failure, and the rounds after it still count (grep finding nothing fails the
       # pipeline, under errexit and pipefail).
-      rows="$(for r in $(seq "$ROUNDS"); do
-        grep -aE "^\[iwarp-$poll-r$r\] +[0-9]+[KMG]? \|" "$IW_SERIAL" |
+      rows="$(for log in "${logs[@]}"; do for r in $(seq "$ROUNDS"); do
+        grep -aE "^\[iwarp-$poll-r$r\] +[0-9]+[KMG]? \|" "$log" |
           awk -F'|' -v k="$op" 'BEGIN { n = (k == "write") ? 1 : (k == "read") ? 2 : 3 } NR == n { split($2, a, " "); print a[1] * 1000, a[2] * 1000 }' ||
           true
-      done)"
+      done; done)"
       vals="$(printf '%s\n' "$rows" | awk 'NF { print $1 }')"
       # The bench's own raw-TCP stream over the guest's loopback, in the same rounds: how
       # fast the guest is in this run (it is a length-prefixed stream with its own reader's
@@ -100,9 +110,9 @@ for n in $VCPUS; do
       raw="$(printf '%s\n' "$rows" | awk 'NF { print $2 }' | median | awk '{ print $1 }')"
       got="$(printf '%s' "$vals" | grep -c . || true)"
       short=""
-      if [ "$got" -lt "$ROUNDS" ]; then
+      if [ "$got" -lt $((ROUNDS * BOOTS)) ]; then
         failed=1
-        short="  ($got of $ROUNDS rounds)"
+        short="  ($got of $((ROUNDS * BOOTS)) rounds)"
       fi
       iw=""
       read -r iw iw_lo iw_hi < <(printf '%s\n' "$vals" | grep . | median) || true
@@ -116,8 +126,8 @@ for n in $VCPUS; do
     done
   done
 done
-echo "same emulated machine (TCG), $SIZE B, CRC off on both, iwarp client and server on separate devices, iwarp bench ${FLAGS:-(default flags)}; medians of $ROUNDS rounds:"
+echo "same emulated machine (TCG), $SIZE B, CRC off on both, iwarp client and server on separate devices, iwarp bench ${FLAGS:-(default flags)}; medians of $ROUNDS rounds in each of $BOOTS boot(s):"
 printf '%s' "$results"
-[ "$failed" = 0 ] || { grep -aE '^\[(siw|iwarp)' "$work"/smp*/serial.log | tail -40; iw_die "some runs gave no result"; }
+[ "$failed" = 0 ] || { grep -aE '^\[(siw|iwarp)' "$work"/smp*-boot*/serial.log | tail -40; iw_die "some runs gave no result"; }
 # The guests' logs stay only when a run gave no result.
 rm -rf "$work"
