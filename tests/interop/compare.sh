@@ -25,6 +25,9 @@ SIZE="${1:-65536}" SECS="${2:-3}" VCPUS="${3:-1 2}" POLLS="${4:-inline adaptive}
 BIN="${IWARP_BIN:-$ROOT/target/release/iwarp}"
 FLAGS="${IWARP_BENCH_FLAGS---window 128 --cq-mod 100}"
 [ -x "$BIN" ] || iw_die "$BIN is not built (cargo build --release --bin iwarp)"
+# Checked before the guest image is built or a namespace made (see the boots below).
+BOOTS="${IWARP_COMPARE_BOOTS:-1}"
+case "$BOOTS" in ''|*[!0-9]*|0) iw_die "IWARP_COMPARE_BOOTS must be a positive number, not '$BOOTS'" ;; esac
 base="$(bash "$HERE/build-guest.sh" | tail -1)"
 work="$(mktemp -d /tmp/iwarp-compare.XXXXXX)"
 # A second archive appended to the image's initramfs brings the binary in (the kernel unpacks
@@ -48,8 +51,6 @@ iw_setup_ns
 # IWARP_COMPARE_BOOTS=N (default 1) each vCPU count boots N guests one after the other and the
 # medians take every round of every boot, so that one boot's luck weighs 1/N.
 ROUNDS="${IWARP_COMPARE_ROUNDS:-3}"
-BOOTS="${IWARP_COMPARE_BOOTS:-1}"
-case "$BOOTS" in ''|*[!0-9]*|0) iw_die "IWARP_COMPARE_BOOTS must be a positive number, not '$BOOTS'" ;; esac
 cmd="[ -x /opt/iwarp ] || { echo 'IWARP-COMPARE: /opt/iwarp missing'; exit 3; }; "
 # The rounds loop in the guest's shell: the command goes to the guest on the kernel command
 # line, which holds 2 KiB.
@@ -92,7 +93,7 @@ for n in $VCPUS; do
     # perftest: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]"
     # A round without its result line leaves the value out (and none at all is reported
     # below), not the script.
-    read -r siw siw_lo siw_hi < <(cat "${logs[@]}" | grep -aE "^\[siw-$op-r[0-9]+\] +$SIZE " | awk '{ print $5 }' | median) || true
+    read -r siw siw_lo siw_hi < <(grep -ahE "^\[siw-$op-r[0-9]+\] +$SIZE " "${logs[@]}" | awk '{ print $5 }' | median) || true
     for poll in $POLLS; do
       # bench: per operation a section whose first row is "  64K |  GB/s ..."; MB/s. A
       # round that gave no table (its bench failed) is left out of the median and counted
