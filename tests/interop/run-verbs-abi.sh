@@ -164,7 +164,7 @@ fi
 tshark_port() {
   [ -n "$TSHARK" ] || return 0
   local mal lost
-  mal="$(tshark -r "$OUT/guest-nic.pcap" --disable-protocol rpcordma -Y "tcp.port == $1 && _ws.malformed" \
+  mal="$(tshark -r "$OUT/guest-nic.pcap" "${IW_TSHARK_OPTS[@]}" -Y "tcp.port == $1 && _ws.malformed" \
     -T fields -e frame.number 2> /dev/null)"
   [ -n "$mal" ] || return 0
   lost="$(iw_tshark_lost "$OUT/guest-nic.pcap" "$1")"

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Where tshark lost the FPDU boundaries of one TCP port's connections, if it did.
 
-Usage: tshark-sync.py PCAP PORT DISSECT_JSONL
+Usage: tshark-sync.py PCAP PORT DISSECT_JSONL [TSHARK_OPTION...]
+
+The options (lib.sh's IW_TSHARK_OPTS) go to tshark, so that it decodes as the checks that call
+this did.
 
 tshark's MPA dissector (Wireshark 4.0) finds FPDUs without markers segment by segment, and on a
 stream whose TCP segments stop starting at FPDU boundaries (kernel TCP sends what the receive
@@ -22,7 +25,7 @@ import sys
 
 
 def main() -> int:
-    pcap, port, dissect = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    pcap, port, dissect, opts = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     conns = set()
     ours: dict[int, set[int]] = {}
     with open(dissect, encoding="utf-8") as f:
@@ -35,7 +38,7 @@ def main() -> int:
             elif rec.get("record") == "fpdu" and rec.get("conn") in conns:
                 ours.setdefault(rec["frame"], set()).add(rec["ulpdu_len"])
     out = subprocess.run(
-        ["tshark", "-r", pcap, "--disable-protocol", "rpcordma", "-Y", f"tcp.port == {port} && iwarp_mpa",
+        ["tshark", "-r", pcap, *opts, "-Y", f"tcp.port == {port} && iwarp_mpa",
          "-T", "fields", "-e", "frame.number", "-e", "iwarp_mpa.ulpdulength"],
         capture_output=True, text=True, check=False,
     ).stdout
