@@ -103,6 +103,14 @@ iw_guest_image() {
 #   malformed frames, none of its 32 FPDUs decoded; with this option all 32 and none malformed).
 IW_TSHARK_OPTS=(--disable-protocol rpcordma -o tcp.try_heuristic_first:TRUE)
 
+# Whether siw's perftest, whose output lines SERIAL carries prefixed "[TAG]", gave up on its
+# cycle counter's calibration: it calibrates when it prints its report, after the data phase,
+# and under TCG a noisy calibration ends it ("Correlation coefficient r^2: ... < 0.9", "Can't
+# produce a report", exit 1). Such a run says nothing about either stack.
+iw_siw_clock_failed() { # SERIAL TAG
+  grep -aqF "[$2] Correlation coefficient" "$1"
+}
+
 # Where tshark lost the FPDU boundaries of PORT's connections in PCAP (tshark-sync.py: the frame
 # and both views), or nothing. `iwarp dissect --json` of PCAP is written beside it once.
 iw_tshark_lost() { # PCAP PORT

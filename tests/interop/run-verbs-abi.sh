@@ -219,7 +219,7 @@ for side in a b; do
     gbw="$(bw "$SERIAL" "\[$tag\] *" || true)"
     [ -n "$gbw" ] && positive "$gbw" || why+="siw printed no result line; "
     why+="$(tshark_port "$port")"
-    if [ -n "$why" ] && grep -aq "^\[$tag\] Correlation coefficient" "$SERIAL"; then
+    if [ -n "$why" ] && iw_siw_clock_failed "$SERIAL" "$tag"; then
       why+="(siw's perftest could not calibrate its clock under TCG)"
       TCG_SLOW=$((TCG_SLOW + 1))
     elif [ -n "$why" ] && [ $side = a ] && grep -aq "timed out waiting for the MPA handshake" "$OUT/$id.host.log"; then
