@@ -68,6 +68,7 @@ impl CompletionQueue {
             self.dev.progress();
             return self.shared.pop();
         }
+        crate::engine::found_nothing();
         None
     }
 
@@ -93,6 +94,9 @@ impl CompletionQueue {
         if n == 0 && !out.is_empty() && self.dev.inline() {
             self.dev.progress();
             return self.shared.pop_into(out);
+        }
+        if n == 0 {
+            crate::engine::found_nothing();
         }
         n
     }

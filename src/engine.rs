@@ -120,6 +120,11 @@ pub struct EngineStats {
     /// that thread, not the engine, which looks at the links when the sleep ends (neither an
     /// event nor a timer wake-up unless the doorbell or a timer ended it).
     pub quiet_sleeps: u64,
+    /// Times a thread that posted while the engine slept hearing the links made that sleep
+    /// deaf to them, without waking the engine, before its own pass sent the work: the answer
+    /// then wakes that thread in its queue's poll, or waits there for it, rather than waking
+    /// the engine (see `Engine::deafen`).
+    pub deafened: u64,
     /// Times the adaptive engine's spin ended in a sleep because a yield came back late:
     /// another thread had run on the core meanwhile, so the spin competed with it.
     pub contended_yields: u64,
@@ -174,6 +179,7 @@ struct Counters {
     waiting_passes: AtomicU64,
     handoffs: AtomicU64,
     quiet_sleeps: AtomicU64,
+    deafened: AtomicU64,
     contended_yields: AtomicU64,
     waiter_yields: AtomicU64,
     alarms: AtomicU64,
@@ -208,6 +214,29 @@ pub(crate) fn post_in_a_row() -> bool {
 #[inline]
 pub(crate) fn looked() {
     POSTS_IN_A_ROW.with(|n| n.set(0));
+}
+
+/// Looks at a completion queue that find nothing, in a row, after which a thread that slept
+/// in a queue's poll is taken to poll for its completions instead (see [`Engine::deafen`]).
+const EMPTY_LOOKS_TO_FORGET: u8 = 64;
+
+std::thread_local! {
+    /// Looks that may still find nothing before this thread is no longer taken to sleep in its
+    /// queues' polls: [`EMPTY_LOOKS_TO_FORGET`] after each such sleep, one less per look at a
+    /// queue that finds nothing.
+    static SLEEPS_IN_POLLS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// This thread looked at a completion queue and found nothing (a thread that polls for its
+/// completions does so thousands of times a second).
+#[inline]
+pub(crate) fn found_nothing() {
+    SLEEPS_IN_POLLS.with(|n| n.set(n.get().saturating_sub(1)));
+}
+
+/// Whether this thread waits for its completions asleep in its queues' polls (it did lately).
+fn sleeps_in_polls() -> bool {
+    SLEEPS_IN_POLLS.with(|n| n.get() > 0)
 }
 
 /// Bytes read from a link per call.
@@ -247,6 +276,13 @@ const POLLED_NAP: Duration = Duration::from_millis(1);
 /// woke it and come back to wait, even when the peer it answered preempted it; and the
 /// longest that input no application thread waits for can wait for the engine meanwhile.
 const APP_BUSY: Duration = Duration::from_micros(200);
+/// The longest a sleep of the engine thread that a poster may make deaf to the links lasts
+/// ([`Engine::deafen`]): the bound on how long input that no thread waits for waits then.
+const DEAF_BOUND: Duration = Duration::from_millis(1);
+/// For how long after a post that would have made the engine's sleep deaf its sleeps hearing
+/// the links end within [`DEAF_BOUND`], so that the next posts can (longer sparse gaps than
+/// this and idle devices sleep without limit).
+const DEAF_WINDOW: Duration = Duration::from_millis(50);
 
 /// The engine as the handles see it: its state behind a lock for the slow path, the
 /// doorbell, and the thread (or the application's calls, inline) that runs it.
@@ -288,8 +324,25 @@ pub(crate) struct Engine {
     app_busy_until: AtomicU64,
     /// The engine thread sleeps (or is about to) on the doorbell alone.
     quiet_sleeping: AtomicBool,
+    /// How the engine thread sleeps in `quiet`, under a lock a poster takes to make it deaf to
+    /// the links without waking it ([`Engine::deafen`]).
+    sleep_ctl: Mutex<SleepCtl>,
     epoch: Instant,
     counters: Counters,
+}
+
+/// The engine thread's sleep in its doorbell poll (`Engine::quiet`).
+#[derive(Debug, Default)]
+struct SleepCtl {
+    /// It sleeps there, or is about to.
+    asleep: bool,
+    /// The poll hears the links (they are off in a new one).
+    hearing: bool,
+    /// When that sleep ends at the latest (`None`: no limit).
+    until: Option<Instant>,
+    /// Until when its sleeps hearing the links end within [`DEAF_BOUND`] ([`DEAF_WINDOW`]
+    /// after a post that would have made one deaf).
+    bounded_until: Option<Instant>,
 }
 
 /// The core, locked on the slow path ([`Engine::core`]). Letting go of it hands events the
@@ -357,6 +410,7 @@ impl Engine {
             quiet: OnceLock::new(),
             app_busy_until: AtomicU64::new(0),
             quiet_sleeping: AtomicBool::new(false),
+            sleep_ctl: Mutex::new(SleepCtl::default()),
             epoch: Instant::now(),
             counters: Counters::default(),
         });
@@ -506,6 +560,9 @@ impl Engine {
         if self.posts_visit()
             && let Ok(mut core) = self.core.try_lock()
         {
+            if core.quiet_ok() && sleeps_in_polls() {
+                self.deafen();
+            }
             let visited = core.visit_direct(qp);
             // Like every holder, through `let_go`: events left meanwhile get their pass.
             self.let_go(core);
@@ -533,6 +590,47 @@ impl Engine {
             }
             // The engine (or another poster) is in a pass: it finds the work, or was woken.
             Err(_) => self.doorbell.wake(),
+        }
+    }
+
+    /// Called by a thread that posts while the engine thread sleeps, before its direct pass
+    /// sends the work (under the core, with no stack, link without readiness events or full
+    /// link for the engine to watch), when the thread waits for its completions asleep in its
+    /// queues' polls: the engine's sleep is made deaf to the links, without waking it, as
+    /// after an application thread's wake-up (see `Engine::sleep`), if it ends within
+    /// [`DEAF_BOUND`]; and for [`DEAF_WINDOW`] the engine's sleeps end so, where it sleeps
+    /// hearing the links.
+    ///
+    /// The answer to what this thread sends may come before the thread is back asleep in its
+    /// queue's poll: on one machine the peer it wakes often preempts it, answers at once,
+    /// and the answer finds no thread in the queue's poll. A hearing engine was then woken for
+    /// it, on a virtual machine an interrupt to another core raised from inside the peer's
+    /// `sendmsg` (tens of microseconds there), and raced the poster for the input; deaf, it
+    /// sleeps on, the queue's poll records the input and the poster takes it when it waits.
+    /// Input nobody waits for is the engine's when the sleep ends, [`DEAF_BOUND`] at most.
+    /// Nothing is done when the engine sleeps deaf already, or not in its doorbell poll (made
+    /// here or with the first quiet sleep): its next sleeps are there.
+    fn deafen(&self) {
+        let Some(poll) = &self.poll else { return };
+        // Made here if no quiet sleep made it yet: the engine sleeps there from its next sleep.
+        let Some(quiet) = self.quiet.get_or_init(|| poll.doorbell_only().ok()).as_ref() else { return };
+        let Ok(mut ctl) = self.sleep_ctl.try_lock() else { return };
+        let now = Instant::now();
+        ctl.bounded_until = now.checked_add(DEAF_WINDOW);
+        // Only a sleep that ends in time: arming a timer here instead cost this thread 8 us on a
+        // virtual machine (programming the timer exits to the hypervisor), more than the
+        // wake-up it saves. A sleep without limit has the engine's next sleeps bounded.
+        let in_time = ctl.until.is_some_and(|until| until <= now + DEAF_BOUND);
+        if !(ctl.asleep && ctl.hearing && in_time && self.doorbell.parked()) {
+            return;
+        }
+        // Before the links go off: a pass that fills a link from here on rings the doorbell
+        // (`let_go`), as the engine would not hear the link's writable event.
+        self.quiet_sleeping.store(true, Ordering::SeqCst);
+        if quiet.hear_links(poll, false) {
+            ctl.hearing = false;
+            self.app_busy(now);
+            bump(&self.counters.deafened, 1);
         }
     }
 
@@ -726,6 +824,7 @@ impl Engine {
             }
             poll.wait(events, timeout);
             unregister(&poll);
+            SLEEPS_IN_POLLS.with(|n| n.set(EMPTY_LOOKS_TO_FORGET));
             self.app_busy(Instant::now());
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) && self.pass_events(events, due).is_none() {
@@ -927,9 +1026,7 @@ impl Engine {
         let at =
             nap.map_or(u64::MAX, |n| u64::try_from((now - self.epoch + n).as_nanos()).unwrap_or(u64::MAX));
         self.nap_until.store(at, Ordering::Release);
-        // Stacks and links without readiness events need the engine's own polling, and a
-        // full link its writable event.
-        let quiet_ok = core.stacks.is_empty() && core.polled.is_empty() && core.waiting_writable == 0;
+        let quiet_ok = core.quiet_ok();
         // Events left after the look above, while this guard still held the core, are work too.
         if self.let_go_quietly(core) {
             return (Some(Duration::ZERO), false);
@@ -987,6 +1084,7 @@ impl Engine {
             waiting_passes: c.waiting_passes.load(Ordering::Relaxed),
             handoffs: c.handoffs.load(Ordering::Relaxed),
             quiet_sleeps: c.quiet_sleeps.load(Ordering::Relaxed),
+            deafened: c.deafened.load(Ordering::Relaxed),
             contended_yields: c.contended_yields.load(Ordering::Relaxed),
             waiter_yields: c.waiter_yields.load(Ordering::Relaxed),
             alarms: c.alarms.load(Ordering::Relaxed),
@@ -1122,6 +1220,61 @@ impl Engine {
         }
     }
 
+    /// The engine thread's sleep in its doorbell poll `quiet`, deaf to the links for `busy`
+    /// (or hearing them without it, within [`DEAF_BOUND`] while posters would make it deaf),
+    /// up to `nap`, and the pass after it; false, having done nothing, when the links could
+    /// not be heard (the engine then sleeps in `poll`).
+    fn sleep_in(
+        &self,
+        quiet: &DoorbellPoll,
+        poll: &Poll,
+        busy: Option<Duration>,
+        nap: Option<Duration>,
+        events: &mut Events,
+    ) -> bool {
+        let hear = busy.is_none();
+        let now = Instant::now();
+        let timeout = {
+            let mut ctl = lock(&self.sleep_ctl);
+            let timeout = match busy {
+                Some(busy) => Some(nap.map_or(busy, |n| n.min(busy))),
+                // While posters would make it deaf, a sleep hearing the links ends in time for
+                // them to (see `Engine::deafen`).
+                None if ctl.bounded_until.is_some_and(|b| b > now) => {
+                    Some(nap.map_or(DEAF_BOUND, |n| n.min(DEAF_BOUND)))
+                }
+                None => nap,
+            };
+            if ctl.hearing != hear {
+                if !quiet.hear_links(poll, hear) && hear {
+                    return false;
+                }
+                ctl.hearing = hear;
+            }
+            // Under the lock: a poster that makes this sleep deaf sets it after this.
+            self.quiet_sleeping.store(!hear, Ordering::SeqCst);
+            ctl.asleep = true;
+            ctl.until = timeout.and_then(|t| now.checked_add(t));
+            timeout
+        };
+        if !hear {
+            bump(&self.counters.quiet_sleeps, 1);
+        }
+        let woke = quiet.wait(timeout);
+        lock(&self.sleep_ctl).asleep = false;
+        self.quiet_sleeping.store(false, Ordering::SeqCst);
+        // What the links did: what woke this sleep, or what they did while it was deaf.
+        poll.wait(events, Some(Duration::ZERO));
+        self.doorbell.set_parked(false);
+        self.engine_pass(Some(events));
+        if woke.rang || woke.links {
+            bump(&self.counters.event_wakeups, 1);
+        } else if nap.is_some_and(|n| timeout.is_some_and(|t| n <= t)) {
+            bump(&self.counters.timer_wakeups, 1);
+        }
+        true
+    }
+
     /// The engine thread has nothing to do: sleeps until a doorbell, a link or a stack's
     /// frame or timer wakes it.
     fn sleep(&self, events: &mut Events) {
@@ -1155,26 +1308,22 @@ impl Engine {
         // interrupt to another core, and a pass racing the application's for the same input.
         // What the links did meanwhile is collected when this sleep ends, at the latest when
         // the application thread is no longer taken to be busy.
-        let quiet = busy.and_then(|_| {
-            self.quiet.get_or_init(|| self.poll.as_ref().and_then(|p| p.doorbell_only().ok())).as_ref()
-        });
-        if quiet.is_none() {
-            self.quiet_sleeping.store(false, Ordering::SeqCst);
-        }
-        if let (Some(busy), Some(quiet), Some(poll)) = (busy, quiet, &self.poll) {
-            bump(&self.counters.quiet_sleeps, 1);
-            let rang = quiet.wait(nap.map_or(busy, |n| n.min(busy)));
-            self.quiet_sleeping.store(false, Ordering::SeqCst);
-            poll.wait(events, Some(Duration::ZERO));
-            self.doorbell.set_parked(false);
-            self.engine_pass(Some(events));
-            if rang {
-                bump(&self.counters.event_wakeups, 1);
-            } else if nap.is_some_and(|n| n <= busy) {
-                bump(&self.counters.timer_wakeups, 1);
+        //
+        // Once that poll is made, the engine sleeps there whenever it may sleep deaf, hearing
+        // the links through it when no application thread is busy: a thread that posts can
+        // then make the sleep deaf without waking the engine (`Engine::deafen`).
+        let quiet = match busy {
+            Some(_) => {
+                self.quiet.get_or_init(|| self.poll.as_ref().and_then(|p| p.doorbell_only().ok())).as_ref()
             }
+            None => self.quiet.get().and_then(Option::as_ref).filter(|_| quiet_ok),
+        };
+        if let (Some(quiet), Some(poll)) = (quiet, &self.poll)
+            && self.sleep_in(quiet, poll, busy, nap, events)
+        {
             return;
         }
+        self.quiet_sleeping.store(false, Ordering::SeqCst);
         let woke_by_event = match &self.poll {
             Some(poll) => {
                 poll.wait(events, nap);
@@ -1571,6 +1720,12 @@ impl EngineCore {
 
     /// One pass: collects what is ready (readiness events, doorbells, links without events)
     /// and visits those connections. Returns whether anything happened.
+    /// Whether the engine thread may sleep deaf to the links: stacks and links without
+    /// readiness events need its own polling, and a full link its writable event.
+    fn quiet_ok(&self) -> bool {
+        self.stacks.is_empty() && self.polled.is_empty() && self.waiting_writable == 0
+    }
+
     fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> bool {
         // Frames received reach the sockets before the connections read them...
         let mut work = self.poll_stacks();

@@ -27,6 +27,8 @@ pub(crate) const STACK_BASE: Token = u64::MAX - 1;
 const CLOSES: Token = 1 << 62;
 /// The token of a poll's [`Alarm`]; never reported itself.
 const ALARM: Token = 1 << 61;
+/// The token of the links' poll inside a [`DoorbellPoll`]; never reported itself.
+const LINKS: Token = 1 << 60;
 
 /// What one readiness event says.
 #[derive(Debug, Clone, Copy)]
@@ -181,10 +183,15 @@ impl Poll {
 
     /// A second poll that watches this one's doorbell alone: a thread sleeping there is woken
     /// by a ring but not by the links, whose readiness this poll keeps recording meanwhile.
+    /// This poll itself is inside it, not heard until [`DoorbellPoll::hear_links`] turns it on:
+    /// a thread asleep there can be made deaf to the links, or hear them again, by another
+    /// thread, without being woken (see `Engine::deafen`).
     pub(crate) fn doorbell_only(&self) -> io::Result<DoorbellPoll> {
         let doorbell = self.doorbell.as_ref().ok_or(io::ErrorKind::Unsupported)?;
         let epoll = epoll::create(CreateFlags::CLOEXEC)?;
         epoll::add(&epoll, doorbell, EventData::new_u64(DOORBELL), EventFlags::IN | EventFlags::ET)?;
+        // Registered with no events: it reports nothing until turned on.
+        epoll::add(&epoll, &self.epoll, EventData::new_u64(LINKS), EventFlags::empty())?;
         // Without a timer its sleeps carry their own timeouts, in whole milliseconds.
         let timer = timer_in(&epoll);
         Ok(DoorbellPoll { epoll, timer })
@@ -329,8 +336,17 @@ fn arm(timer: &OwnedFd, t: Duration) -> bool {
     rustix::time::timerfd_settime(timer, TimerfdTimerFlags::empty(), &value).is_ok()
 }
 
-/// A poll of another poll's doorbell alone (see [`Poll::doorbell_only`]), with a timer that
-/// ends its sleeps on time.
+/// What ended a sleep in a [`DoorbellPoll`] besides its timers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Woke {
+    /// The doorbell rang.
+    pub(crate) rang: bool,
+    /// A link was ready while the links were heard.
+    pub(crate) links: bool,
+}
+
+/// A poll of another poll's doorbell, and of its links when they are heard (see
+/// [`Poll::doorbell_only`]), with a timer that ends its sleeps on time.
 #[derive(Debug)]
 pub(crate) struct DoorbellPoll {
     epoll: OwnedFd,
@@ -338,21 +354,43 @@ pub(crate) struct DoorbellPoll {
 }
 
 impl DoorbellPoll {
-    /// Sleeps until the doorbell rings or `timeout` passes; whether it rang. `epoll_wait`
-    /// takes its timeout in milliseconds, rounded up: the engine's 200 us sleep on the
-    /// doorbell alone (`Engine::sleep`) lasted a whole one, and input that no thread watched
-    /// meanwhile waited for it. The sleep is ended by the timer, armed for exactly `timeout`,
-    /// instead (one more system call per sleep).
-    pub(crate) fn wait(&self, timeout: Duration) -> bool {
-        let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; 2];
-        let timed = !timeout.is_zero() && self.timer.as_ref().is_some_and(|timer| arm(timer, timeout));
-        // Re-arming the timer clears an expiry an earlier sleep left unread (it ended on a
-        // ring), so epoll does not report that one in this sleep.
-        let limit = (!timed).then(|| timespec(timeout));
-        matches!(
-            epoll::wait(self.epoll.as_fd(), &mut raw[..], limit.as_ref()),
-            Ok((got, _)) if got.iter().any(|e| e.data.u64() == DOORBELL)
-        )
+    /// Sleeps until the doorbell rings, a link is ready (while they are heard) or `timeout`
+    /// passes (`None`: no limit); whether it rang. `epoll_wait` takes its
+    /// timeout in milliseconds, rounded up: the engine's 200 us sleep on the doorbell alone
+    /// (`Engine::sleep`) lasted a whole one, and input that no thread watched meanwhile
+    /// waited for it. The sleep is ended by the timer, armed for exactly `timeout`, instead
+    /// (one more system call per sleep).
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Woke {
+        let mut raw = [const { MaybeUninit::<epoll::Event>::uninit() }; 4];
+        let limit = match timeout {
+            None => None,
+            Some(t) => {
+                let timed = !t.is_zero() && self.timer.as_ref().is_some_and(|timer| arm(timer, t));
+                // Re-arming the timer clears an expiry an earlier sleep left unread (it ended
+                // on a ring), so epoll does not report that one in this sleep.
+                (!timed).then(|| timespec(t))
+            }
+        };
+        let mut woke = Woke::default();
+        if let Ok((got, _)) = epoll::wait(self.epoll.as_fd(), &mut raw[..], limit.as_ref()) {
+            for e in got.iter() {
+                match e.data.u64() {
+                    DOORBELL => woke.rang = true,
+                    LINKS => woke.links = true,
+                    _ => {}
+                }
+            }
+        }
+        woke
+    }
+
+    /// Turns the links of `poll` (the poll this one was made from) on or off in this poll;
+    /// whether the system took it. Turned on while a link has unread readiness recorded,
+    /// the poll reports it at once. Safe to call while another thread sleeps here: that
+    /// sleep hears the links, or stops hearing them, from then on.
+    pub(crate) fn hear_links(&self, poll: &Poll, on: bool) -> bool {
+        let flags = if on { EventFlags::IN | EventFlags::ET } else { EventFlags::empty() };
+        epoll::modify(&self.epoll, &poll.epoll, EventData::new_u64(LINKS), flags).is_ok()
     }
 }
 
@@ -430,11 +468,11 @@ mod tests {
         let quiet = poll.doorbell_only().unwrap();
         assert!(quiet.timer.is_some(), "no timer on this system");
         poll.wake();
-        assert!(quiet.wait(Duration::from_secs(5)), "the ring ends the sleep");
+        assert!(quiet.wait(Some(Duration::from_secs(5))).rang, "the ring ends the sleep");
         let mut took: Vec<Duration> = (0..20)
             .map(|_| {
                 let start = Instant::now();
-                assert!(!quiet.wait(Duration::from_micros(200)));
+                assert_eq!(quiet.wait(Some(Duration::from_micros(200))), Woke::default());
                 start.elapsed()
             })
             .collect();
@@ -445,10 +483,10 @@ mod tests {
         // while nobody sleeps, and its event waits for the next sleep, which sleeps on to its
         // own end.
         poll.wake();
-        assert!(quiet.wait(Duration::from_millis(1)));
+        assert!(quiet.wait(Some(Duration::from_millis(1))).rang);
         std::thread::sleep(Duration::from_millis(5));
         let start = Instant::now();
-        assert!(!quiet.wait(Duration::from_millis(60)));
+        assert_eq!(quiet.wait(Some(Duration::from_millis(60))), Woke::default());
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(60), "{took:?}");
     }

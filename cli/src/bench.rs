@@ -1099,9 +1099,10 @@ fn text_report(args: &Args, report: &Report) -> String {
     ));
     for (name, e) in &report.engines {
         out.push_str(&format!(
-            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll (arming its timer {} times) and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times, and it offered the core to a waiting application thread after {} passes\n",
+            "engine ({name}): slept {} times ({} of them on the doorbell alone while an application thread handled input; {} sleeps made deaf to the links by a posting thread), woken {} times by events and {} by timeouts; {} passes, {} of them run by a posting thread; waiting application threads slept {} times in a queue's poll (arming its timer {} times) and found input in {} passes of their own; the engine thread left input to a thread holding the engine's lock {} times; its adaptive spin found the core taken by another thread and slept {} times, and it offered the core to a waiting application thread after {} passes\n",
             e.sleeps,
             e.quiet_sleeps,
+            e.deafened,
             e.event_wakeups,
             e.timer_wakeups,
             e.passes,
@@ -1131,6 +1132,7 @@ fn engines_json(report: &Report) -> Value {
             "waiting_passes": e.waiting_passes,
             "handoffs": e.handoffs,
             "quiet_sleeps": e.quiet_sleeps,
+            "deafened": e.deafened,
             "contended_yields": e.contended_yields,
             "waiter_yields": e.waiter_yields,
             "alarms": e.alarms,

@@ -68,6 +68,7 @@ fn bench_json_has_every_row() {
             "app_polls",
             "waiting_passes",
             "handoffs",
+            "deafened",
             "alarms",
         ] {
             assert!(e[key].as_u64().is_some(), "{key}: {e}");

@@ -162,6 +162,50 @@ fn sparse_round_trips(mode: PollMode) {
     }
 }
 
+/// A thread that posts while its engine sleeps, and whose answer comes before it waits again
+/// (on one machine the peer it woke often preempts it and answers at once; here it spins for
+/// 100 us first), does not have its engine woken for the answer: the post made the engine's
+/// sleep deaf to the links (`EngineStats::deafened`), the queue's poll recorded the input, and
+/// the thread takes it when it waits. Wake-ups are counted, not time: before, the engine was
+/// woken for the answers that came during the spin.
+#[test]
+fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
+    const PINGS: u64 = 20;
+    let (client_dev, _server_dev, pair) = one_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
+    first_round_trip(client, server);
+    server.post_recv(100);
+    let before = client_dev.stats();
+    thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..PINGS {
+                server.wait_recv(100 + i, "ping");
+                server.post_recv(101 + i);
+                server.send(1000 + i, 8);
+            }
+        });
+        for i in 0..PINGS {
+            client.post_recv(200 + i);
+            // Sparse: the client's engine goes back to sleep.
+            thread::sleep(Duration::from_millis(3));
+            client.send(i, 8);
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < Duration::from_micros(100) {
+                std::hint::spin_loop();
+            }
+            client.wait_recv(200 + i, "pong");
+        }
+    });
+    let after = client_dev.stats();
+    // Fewer than half: a loaded machine may hold the thread up past the engine's deaf sleep.
+    let woken = after.event_wakeups - before.event_wakeups;
+    assert!(woken < PINGS / 2, "the engine was woken {woken} times: {before:?} -> {after:?}");
+    assert!(
+        after.deafened - before.deafened >= PINGS / 2,
+        "posts did not make the sleep deaf: {before:?} -> {after:?}"
+    );
+}
+
 #[test]
 fn event_mode_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Event);
