@@ -1246,10 +1246,11 @@ impl Engine {
                 None => nap,
             };
             if ctl.hearing != hear {
-                if !quiet.hear_links(poll, hear) && hear {
+                if quiet.hear_links(poll, hear) {
+                    ctl.hearing = hear;
+                } else if hear {
                     return false;
                 }
-                ctl.hearing = hear;
             }
             // Under the lock: a poster that makes this sleep deaf sets it after this.
             self.quiet_sleeping.store(!hear, Ordering::SeqCst);
@@ -1718,14 +1719,14 @@ impl EngineCore {
         self.waiting_writable = 0;
     }
 
-    /// One pass: collects what is ready (readiness events, doorbells, links without events)
-    /// and visits those connections. Returns whether anything happened.
     /// Whether the engine thread may sleep deaf to the links: stacks and links without
     /// readiness events need its own polling, and a full link its writable event.
     fn quiet_ok(&self) -> bool {
         self.stacks.is_empty() && self.polled.is_empty() && self.waiting_writable == 0
     }
 
+    /// One pass: collects what is ready (readiness events, doorbells, links without events)
+    /// and visits those connections. Returns whether anything happened.
     fn progress(&mut self, events: Option<&Events>, doorbell: &Doorbell) -> bool {
         // Frames received reach the sockets before the connections read them...
         let mut work = self.poll_stacks();
