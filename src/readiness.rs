@@ -491,6 +491,55 @@ mod tests {
         assert!(took >= Duration::from_millis(60), "{took:?}");
     }
 
+    /// The links inside the doorbell poll: off in a new one; heard, a link's readiness ends a
+    /// sleep there (and the poll records it for its own waiter); turned off while a thread
+    /// sleeps there, they no longer wake it, while the poll goes on recording; turned on, what
+    /// was recorded ends the next sleep at once.
+    #[test]
+    fn the_doorbell_poll_hears_the_links_only_while_they_are_on() {
+        let poll = Poll::new().unwrap();
+        let quiet = poll.doorbell_only().unwrap();
+        let mut events = Events::with_capacity(8);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        poll.add(server.as_fd(), 7, false).unwrap();
+        let short = Some(Duration::from_millis(20));
+
+        client.write_all(b"a").unwrap();
+        assert_eq!(quiet.wait(short), Woke::default(), "off in a new poll");
+        poll.wait(&mut events, Some(Duration::ZERO));
+        assert!(events.iter().any(|e| e.token == 7), "recorded meanwhile");
+
+        assert!(quiet.hear_links(&poll, true));
+        client.write_all(b"b").unwrap();
+        assert!(quiet.wait(Some(Duration::from_secs(5))).links, "heard");
+        poll.wait(&mut events, Some(Duration::ZERO));
+        assert!(events.iter().any(|e| e.token == 7));
+
+        // Turned off by another thread while this one sleeps: the data that comes next does
+        // not end the sleep, which lasts its time.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                assert!(quiet.hear_links(&poll, false));
+                let mut client = &client;
+                client.write_all(b"c").unwrap();
+            });
+            let start = Instant::now();
+            let woke = quiet.wait(Some(Duration::from_millis(300)));
+            assert_eq!(woke, Woke::default(), "deaf");
+            assert!(start.elapsed() >= Duration::from_millis(300), "{:?}", start.elapsed());
+        });
+        // On again: what was recorded ends the sleep at once, and the poll still has it.
+        assert!(quiet.hear_links(&poll, true));
+        assert!(quiet.wait(Some(Duration::from_secs(5))).links);
+        poll.wait(&mut events, Some(Duration::ZERO));
+        assert!(events.iter().any(|e| e.token == 7 && e.readable));
+        poll.wake();
+        assert!(quiet.wait(Some(Duration::from_secs(5))).rang, "the doorbell is heard either way");
+    }
+
     #[test]
     fn doorbell_and_socket_readiness_are_reported_with_their_tokens() {
         let poll = Poll::new().unwrap();
