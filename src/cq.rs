@@ -130,6 +130,9 @@ impl CompletionQueue {
         if let Some(wc) = self.poll() {
             return Some(wc);
         }
+        if !timeout.is_zero() {
+            crate::engine::waits_in_polls();
+        }
         let _waiting = WaitingApp::new(&self.dev);
         let epoch = self.shared.interrupts();
         let start = Instant::now();

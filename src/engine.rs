@@ -216,14 +216,15 @@ pub(crate) fn looked() {
     POSTS_IN_A_ROW.with(|n| n.set(0));
 }
 
-/// Looks at a completion queue that find nothing, in a row, after which a thread that slept
-/// in a queue's poll is taken to poll for its completions instead (see [`Engine::deafen`]).
+/// Looks at a completion queue that find nothing, in a row, after which a thread that waited
+/// for a completion or input is taken to poll for its completions instead (see
+/// [`Engine::deafen`]).
 const EMPTY_LOOKS_TO_FORGET: u8 = 64;
 
 std::thread_local! {
     /// Looks that may still find nothing before this thread is no longer taken to sleep in its
-    /// queues' polls: [`EMPTY_LOOKS_TO_FORGET`] after each such sleep, one less per look at a
-    /// queue that finds nothing.
+    /// queues' polls: [`EMPTY_LOOKS_TO_FORGET`] after each blocking wait ([`waits_in_polls`]),
+    /// one less per look at a queue that finds nothing.
     static SLEEPS_IN_POLLS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
@@ -232,6 +233,13 @@ std::thread_local! {
 #[inline]
 pub(crate) fn found_nothing() {
     SLEEPS_IN_POLLS.with(|n| n.set(n.get().saturating_sub(1)));
+}
+
+/// This thread waits for a completion or for input without a completion at hand, blocking:
+/// while the engine sleeps, such a wait sleeps in its queue's poll.
+#[inline]
+pub(crate) fn waits_in_polls() {
+    SLEEPS_IN_POLLS.with(|n| n.set(EMPTY_LOOKS_TO_FORGET));
 }
 
 /// Whether this thread waits for its completions asleep in its queues' polls (it did lately).
@@ -824,7 +832,6 @@ impl Engine {
             }
             poll.wait(events, timeout);
             unregister(&poll);
-            SLEEPS_IN_POLLS.with(|n| n.set(EMPTY_LOOKS_TO_FORGET));
             self.app_busy(Instant::now());
             bump(&self.counters.app_polls, 1);
             if events.iter().any(|e| e.token != DOORBELL) && self.pass_events(events, due).is_none() {
@@ -1317,7 +1324,10 @@ impl Engine {
             Some(_) => {
                 self.quiet.get_or_init(|| self.poll.as_ref().and_then(|p| p.doorbell_only().ok())).as_ref()
             }
-            None => self.quiet.get().and_then(Option::as_ref).filter(|_| quiet_ok),
+            // Hearing the links, this sleep is the engine's poll's, stacks and links without
+            // events included (their timers are in `nap`): only a deaf one needs `quiet_ok`,
+            // which a poster checks for itself under the core (`nap` cannot always look).
+            None => self.quiet.get().and_then(Option::as_ref),
         };
         if let (Some(quiet), Some(poll)) = (quiet, &self.poll)
             && self.sleep_in(quiet, poll, busy, nap, events)

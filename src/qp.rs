@@ -347,6 +347,9 @@ impl QueuePair {
     /// current time ([`Duration::MAX`]) waits with no deadline and sleeps without a timer.
     pub fn wait_input(&self, seen: u64, timeout: Duration) -> u64 {
         crate::engine::looked();
+        if !timeout.is_zero() {
+            crate::engine::waits_in_polls();
+        }
         // One clock read serves the deadline, the spin's end and the first look.
         let start = Instant::now();
         let deadline = crate::deadline::after(start, timeout);
