@@ -118,15 +118,21 @@ fn first_round_trip(client: &End, server: &End) {
     thread::sleep(Duration::from_millis(20));
 }
 
+/// [`one_pair`] after its [`first_round_trip`]: both engines asleep, no nudge left.
+fn sleeping_pair(mode: PollMode) -> (Device, Device, (End, End)) {
+    let (client_dev, server_dev, pair) = one_pair(mode);
+    first_round_trip(&pair.0, &pair.1);
+    (client_dev, server_dev, pair)
+}
+
 /// Sparse Send/Send round trips between two sleeping engines: every message must wake the
 /// thread waiting for it (or the receiving engine) through the link's readiness, and every
 /// post must go out without waiting for the sending engine. A timer wake-up would mean some
 /// step waited for a sleep timeout instead.
 fn sparse_round_trips(mode: PollMode) {
     const PINGS: u64 = 20;
-    let (client_dev, server_dev, pair) = one_pair(mode);
+    let (client_dev, server_dev, pair) = sleeping_pair(mode);
     let (client, server) = (&pair.0, &pair.1);
-    first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
     for i in 0..PINGS {
         server.post_recv(100 + i);
@@ -148,15 +154,17 @@ fn sparse_round_trips(mode: PollMode) {
         assert_eq!(a.timer_wakeups, b.timer_wakeups, "{mode:?} {name}: woken by a timer: {b:?} -> {a:?}");
         // The engine slept through the exchange: each message's input woke a sleeping
         // thread (the application thread waiting for it, or the engine) or was picked up by
-        // the waiting thread's own pass (adaptive mode), and each post went out from the
-        // posting thread at once.
+        // the waiting thread's own pass (adaptive mode), and the posts went out from the
+        // posting thread at once. Not every one: after a post that made the engine's sleep
+        // deaf, its sleeps end every millisecond for a while (`EngineStats::deafened`), and a
+        // post made while it looks finds it awake and leaves the work to it.
         let found = |s: &iwarp::EngineStats| s.app_polls + s.event_wakeups + s.waiting_passes;
         assert!(
             found(&a) - found(&b) >= PINGS,
             "{mode:?} {name}: input did not wake a sleeper: {b:?} -> {a:?}"
         );
         assert!(
-            a.direct_passes - b.direct_passes >= PINGS,
+            a.direct_passes - b.direct_passes >= PINGS * 3 / 4,
             "{mode:?} {name}: posts waited for the engine: {b:?} -> {a:?}"
         );
     }
@@ -171,9 +179,8 @@ fn sparse_round_trips(mode: PollMode) {
 #[test]
 fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
     const PINGS: u64 = 20;
-    let (client_dev, _server_dev, pair) = one_pair(PollMode::Event);
+    let (client_dev, _server_dev, pair) = sleeping_pair(PollMode::Event);
     let (client, server) = (&pair.0, &pair.1);
-    first_round_trip(client, server);
     server.post_recv(100);
     let before = client_dev.stats();
     thread::scope(|s| {
@@ -275,9 +282,8 @@ fn timed_waits_share_an_alarm() {
 #[test]
 fn paced_waits_arm_no_alarm_per_round_trip() {
     const ROUNDS: u64 = 15;
-    let (client_dev, server_dev, pair) = one_pair(PollMode::Event);
+    let (client_dev, server_dev, pair) = sleeping_pair(PollMode::Event);
     let (client, server) = (&pair.0, &pair.1);
-    first_round_trip(client, server);
     let before = (client_dev.stats(), server_dev.stats());
     round_trips(client, server, ROUNDS, Duration::from_millis(12));
     let after = (client_dev.stats(), server_dev.stats());
