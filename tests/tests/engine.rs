@@ -184,13 +184,7 @@ fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
     server.post_recv(100);
     let before = client_dev.stats();
     thread::scope(|s| {
-        s.spawn(|| {
-            for i in 0..PINGS {
-                server.wait_recv(100 + i, "ping");
-                server.post_recv(101 + i);
-                server.send(1000 + i, 8);
-            }
-        });
+        s.spawn(|| answer_pings(server, PINGS));
         for i in 0..PINGS {
             client.post_recv(200 + i);
             // Sparse: the client's engine goes back to sleep.
@@ -223,17 +217,21 @@ fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Adaptive);
 }
 
+/// The server's side of the round trips: answers each of `rounds` pings (receives from wr_id
+/// 100, the first posted by the caller) with an 8 B pong, its next receive posted first.
+fn answer_pings(server: &End, rounds: u64) {
+    for i in 0..rounds {
+        server.wait_recv(100 + i, "ping");
+        server.post_recv(101 + i);
+        server.send(1000 + i, 8);
+    }
+}
+
 /// `rounds` 8 B Send/Send round trips after [`first_round_trip`], the client pausing `pace`
 /// before each ping; each end waits for its receive with a deadline.
 fn round_trips(client: &End, server: &End, rounds: u64, pace: Duration) {
     thread::scope(|s| {
-        s.spawn(|| {
-            for i in 0..rounds {
-                server.wait_recv(100 + i, "ping");
-                server.post_recv(101 + i);
-                server.send(1000 + i, 8);
-            }
-        });
+        s.spawn(|| answer_pings(server, rounds));
         server.post_recv(100);
         for i in 0..rounds {
             if !pace.is_zero() {
