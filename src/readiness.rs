@@ -181,9 +181,9 @@ impl Poll {
         Ok(epoll::delete(&self.epoll, fd)?)
     }
 
-    /// A second poll that watches this one's doorbell alone: a thread sleeping there is woken
-    /// by a ring but not by the links, whose readiness this poll keeps recording meanwhile.
-    /// This poll itself is inside it, not heard until [`DoorbellPoll::hear_links`] turns it on:
+    /// A second poll that watches this one's doorbell: a thread sleeping there is woken by a
+    /// ring, and by the links only while they are heard, their readiness recorded by this poll
+    /// meanwhile. This poll itself is inside it, not heard until [`DoorbellPoll::hear_links`] turns it on:
     /// a thread asleep there can be made deaf to the links, or hear them again, by another
     /// thread, without being woken (see `Engine::deafen`).
     pub(crate) fn doorbell_only(&self) -> io::Result<DoorbellPoll> {
@@ -355,7 +355,7 @@ pub(crate) struct DoorbellPoll {
 
 impl DoorbellPoll {
     /// Sleeps until the doorbell rings, a link is ready (while they are heard) or `timeout`
-    /// passes (`None`: no limit); whether it rang. `epoll_wait` takes its
+    /// passes (`None`: no limit); which of the first two woke it. `epoll_wait` takes its
     /// timeout in milliseconds, rounded up: the engine's 200 us sleep on the doorbell alone
     /// (`Engine::sleep`) lasted a whole one, and input that no thread watched meanwhile
     /// waited for it. The sleep is ended by the timer, armed for exactly `timeout`, instead
