@@ -207,6 +207,47 @@ fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
     );
 }
 
+/// Posts a steady 10 ms apart: between them the client's engine sleeps hearing the links until
+/// shortly before the next post is due, then in sleeps that post can make deaf (within 1 ms),
+/// rather than waking every millisecond of the gap; and the answers still do not wake it (its
+/// sleep was made deaf, or the poster was back in its queue's poll first).
+#[test]
+fn posts_at_a_steady_pace_let_the_engine_sleep_until_shortly_before_the_next() {
+    const PINGS: u64 = 14;
+    const FIRST: u64 = 4;
+    let (client_dev, _server_dev, pair) = sleeping_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
+    server.post_recv(100);
+    let mut before = client_dev.stats();
+    thread::scope(|s| {
+        s.spawn(|| answer_pings(server, PINGS));
+        for i in 0..PINGS {
+            // The engine has seen the pace once the first posts are in.
+            if i == FIRST {
+                before = client_dev.stats();
+            }
+            client.post_recv(200 + i);
+            thread::sleep(Duration::from_millis(10));
+            client.send(i, 8);
+            // As if preempted by the peer it woke: the answer comes before this thread waits
+            // in its queue's poll, and would wake a hearing engine.
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < Duration::from_micros(100) {
+                std::hint::spin_loop();
+            }
+            client.wait_recv(200 + i, "pong");
+        }
+    });
+    let after = client_dev.stats();
+    let rounds = PINGS - FIRST;
+    // Waking every millisecond, the engine slept ten times a round trip (100-101 here); now
+    // four or five.
+    let sleeps = after.sleeps - before.sleeps;
+    assert!(sleeps < 7 * rounds, "{sleeps} sleeps in {rounds} round trips: {before:?} -> {after:?}");
+    let woken = after.event_wakeups - before.event_wakeups;
+    assert!(woken < rounds / 2, "the engine was woken {woken} times: {before:?} -> {after:?}");
+}
+
 #[test]
 fn event_mode_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Event);
