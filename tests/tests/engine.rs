@@ -179,25 +179,8 @@ fn sparse_round_trips(mode: PollMode) {
 #[test]
 fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
     const PINGS: u64 = 20;
-    let (client_dev, _server_dev, pair) = sleeping_pair(PollMode::Event);
-    let (client, server) = (&pair.0, &pair.1);
-    server.post_recv(100);
-    let before = client_dev.stats();
-    thread::scope(|s| {
-        s.spawn(|| answer_pings(server, PINGS));
-        for i in 0..PINGS {
-            client.post_recv(200 + i);
-            // Sparse: the client's engine goes back to sleep.
-            thread::sleep(Duration::from_millis(3));
-            client.send(i, 8);
-            let spin = std::time::Instant::now();
-            while spin.elapsed() < Duration::from_micros(100) {
-                std::hint::spin_loop();
-            }
-            client.wait_recv(200 + i, "pong");
-        }
-    });
-    let after = client_dev.stats();
+    // Sparse: the client's engine goes back to sleep between them.
+    let (before, after) = late_pings(PINGS, Duration::from_millis(3), 0);
     // Fewer than half: a loaded machine may hold the thread up past the engine's deaf sleep.
     let woken = after.event_wakeups - before.event_wakeups;
     assert!(woken < PINGS / 2, "the engine was woken {woken} times: {before:?} -> {after:?}");
@@ -214,31 +197,9 @@ fn an_answer_that_comes_before_its_poster_waits_does_not_wake_the_engine() {
 #[test]
 fn posts_at_a_steady_pace_let_the_engine_sleep_until_shortly_before_the_next() {
     const PINGS: u64 = 14;
+    // The engine has seen the pace once the first posts are in.
     const FIRST: u64 = 4;
-    let (client_dev, _server_dev, pair) = sleeping_pair(PollMode::Event);
-    let (client, server) = (&pair.0, &pair.1);
-    server.post_recv(100);
-    let mut before = client_dev.stats();
-    thread::scope(|s| {
-        s.spawn(|| answer_pings(server, PINGS));
-        for i in 0..PINGS {
-            // The engine has seen the pace once the first posts are in.
-            if i == FIRST {
-                before = client_dev.stats();
-            }
-            client.post_recv(200 + i);
-            thread::sleep(Duration::from_millis(10));
-            client.send(i, 8);
-            // As if preempted by the peer it woke: the answer comes before this thread waits
-            // in its queue's poll, and would wake a hearing engine.
-            let spin = std::time::Instant::now();
-            while spin.elapsed() < Duration::from_micros(100) {
-                std::hint::spin_loop();
-            }
-            client.wait_recv(200 + i, "pong");
-        }
-    });
-    let after = client_dev.stats();
+    let (before, after) = late_pings(PINGS, Duration::from_millis(10), FIRST);
     let rounds = PINGS - FIRST;
     // Waking every millisecond, the engine slept ten times a round trip (100-101 here); now
     // four or five.
@@ -256,6 +217,34 @@ fn event_mode_engines_wake_on_the_network_and_the_doorbell() {
 #[test]
 fn adaptive_engines_wake_on_the_network_and_the_doorbell() {
     sparse_round_trips(PollMode::Adaptive);
+}
+
+/// `pings` 8 B Sends between a sleeping pair in event mode, each `gap` after the last answer,
+/// the poster spinning 100 µs before it waits for the answer, as if preempted by the peer it
+/// woke: the answer comes before it waits in its queue's poll, and would wake a hearing
+/// engine. The client device's stats before ping `first` and at the end.
+fn late_pings(pings: u64, gap: Duration, first: u64) -> (iwarp::EngineStats, iwarp::EngineStats) {
+    let (client_dev, _server_dev, pair) = sleeping_pair(PollMode::Event);
+    let (client, server) = (&pair.0, &pair.1);
+    server.post_recv(100);
+    let mut before = client_dev.stats();
+    thread::scope(|s| {
+        s.spawn(|| answer_pings(server, pings));
+        for i in 0..pings {
+            if i == first {
+                before = client_dev.stats();
+            }
+            client.post_recv(200 + i);
+            thread::sleep(gap);
+            client.send(i, 8);
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < Duration::from_micros(100) {
+                std::hint::spin_loop();
+            }
+            client.wait_recv(200 + i, "pong");
+        }
+    });
+    (before, client_dev.stats())
 }
 
 /// The server's side of the round trips: answers each of `rounds` pings (receives from wr_id
