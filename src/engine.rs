@@ -349,15 +349,19 @@ struct SleepCtl {
     hearing: bool,
     /// When that sleep ends at the latest (`None`: no limit).
     until: Option<Instant>,
-    /// Until when its sleeps hearing the links are bounded for posters ([`DEAF_WINDOW`] after
-    /// a post that would have made one deaf; `SleepCtl::hearing_bound`).
-    bounded_until: Option<Instant>,
-    /// The last such post, and the time since the one before it (`Engine::deafen`).
+    /// The last post that would have made one deaf (`Engine::deafen`), and the time since the
+    /// one before it. For [`DEAF_WINDOW`] after it, its sleeps hearing the links are bounded
+    /// for posters (`SleepCtl::hearing_bound`).
     last_post: Option<Instant>,
     post_gap: Option<Duration>,
 }
 
 impl SleepCtl {
+    /// Whether a post made a sleep deaf, or would have, within [`DEAF_WINDOW`] before `now`.
+    fn posters_deafen(&self, now: Instant) -> bool {
+        self.last_post.is_some_and(|last| now.saturating_duration_since(last) < DEAF_WINDOW)
+    }
+
     /// How long a sleep hearing the links that starts at `now` lasts while posters would make
     /// it deaf: [`DEAF_BOUND`], except where such posts came at a steady pace and the next is
     /// not due yet: then until shortly before it (by an eighth of the gap, at least two
@@ -648,7 +652,6 @@ impl Engine {
         let Some(quiet) = self.quiet.get_or_init(|| poll.doorbell_only().ok()).as_ref() else { return };
         let Ok(mut ctl) = self.sleep_ctl.try_lock() else { return };
         let now = Instant::now();
-        ctl.bounded_until = now.checked_add(DEAF_WINDOW);
         ctl.post_gap = ctl.last_post.map(|last| now.saturating_duration_since(last));
         ctl.last_post = Some(now);
         // Only a sleep that ends in time: arming a timer here instead cost this thread 8 us on a
@@ -1273,7 +1276,7 @@ impl Engine {
                 Some(busy) => Some(nap.map_or(busy, |n| n.min(busy))),
                 // While posters would make it deaf, a sleep hearing the links ends in time for
                 // them to (see `Engine::deafen`).
-                None if ctl.bounded_until.is_some_and(|b| b > now) => {
+                None if ctl.posters_deafen(now) => {
                     let bound = ctl.hearing_bound(now);
                     Some(nap.map_or(bound, |n| n.min(bound)))
                 }

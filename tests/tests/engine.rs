@@ -156,8 +156,9 @@ fn sparse_round_trips(mode: PollMode) {
         // thread (the application thread waiting for it, or the engine) or was picked up by
         // the waiting thread's own pass (adaptive mode), and the posts went out from the
         // posting thread at once. Not every one: after a post that made the engine's sleep
-        // deaf, its sleeps end every millisecond for a while (`EngineStats::deafened`), and a
-        // post made while it looks finds it awake and leaves the work to it.
+        // deaf, its sleeps end every millisecond for a while when the next post may come
+        // (`EngineStats::deafened`), and a post made while it looks finds it awake and leaves
+        // the work to it.
         let found = |s: &iwarp::EngineStats| s.app_polls + s.event_wakeups + s.waiting_passes;
         assert!(
             found(&a) - found(&b) >= PINGS,
